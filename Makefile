@@ -1,0 +1,53 @@
+# gpufeed — every target is idempotent on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: install run test lint typecheck unit bench bench-correlator dashboards clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+# Starts the agent in the foreground. On a host without NVIDIA GPUs the agent runs the
+# built-in simulated node (and says so); pass flags with ARGS="...".
+run: install
+	$(VENV)/bin/gpufeed agent $(ARGS)
+
+# promtool comes from Debian's prometheus package.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  echo "installing Debian's prometheus (promtool), prometheus-alertmanager, prometheus-node-exporter"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    prometheus prometheus-alertmanager prometheus-node-exporter >/dev/null; }
+
+lint: install
+	$(VENV)/bin/ruff check exporter tests bench dashboards
+	$(VENV)/bin/ruff format --check exporter tests bench dashboards
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+unit: install
+	$(PY) -m pytest -q -m "not slow"
+
+test: install promtool lint typecheck
+	$(PY) -m pytest -q
+
+bench: install promtool
+	$(PY) bench/run_all.py
+
+bench-correlator: install
+	$(PY) bench/correlator_accuracy.py
+
+dashboards: install
+	$(PY) -m gpufeed.dashboards_build
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

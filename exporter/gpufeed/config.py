@@ -1,0 +1,319 @@
+"""Agent configuration: a YAML file validated into frozen dataclasses.
+
+Every error names the key and the line it is on, because the person reading it is an SRE
+editing a config map at 3 a.m. Unknown keys are errors too: a typo must not silently
+disable a tier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_SDK_SOCKET = "/run/gpufeed/sdk.sock"
+TIER_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the file, key and line in its message."""
+
+
+@dataclass(frozen=True, slots=True)
+class TierConfig:
+    name: str
+    paths: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CorrelatorConfig:
+    threshold_ratio: float = 0.8
+    min_window_seconds: float = 60.0
+    merge_gap_seconds: float = 30.0
+    windows_log: str = "/var/lib/gpufeed/windows.jsonl"
+    windows_log_max_bytes: int = 16 * 1024 * 1024
+    windows_log_backups: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class SdkConfig:
+    socket_path: str = DEFAULT_SDK_SOCKET
+    max_jobs: int = 64
+    max_messages_per_second: int = 20000
+    job_grace_seconds: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobsConfig:
+    mapping_dir: str = ""  # dcgm-exporter compatible --hpc-job-mapping-dir; empty = off
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    interval_seconds: float = 1.0
+    collector_timeout_seconds: float = 0.0  # 0 = derived from the interval
+    tiers: tuple[TierConfig, ...] = ()
+    correlator: CorrelatorConfig = field(default_factory=CorrelatorConfig)
+    sdk: SdkConfig = field(default_factory=SdkConfig)
+    jobs: JobsConfig = field(default_factory=JobsConfig)
+
+    @property
+    def effective_timeout_seconds(self) -> float:
+        if self.collector_timeout_seconds > 0:
+            return self.collector_timeout_seconds
+        return max(0.5, 0.8 * self.interval_seconds)
+
+
+def load_config(path: str | Path | None) -> AgentConfig:
+    """Reads and validates a config file; None gives the defaults."""
+    if path is None:
+        return AgentConfig()
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config file: {exc.strerror or exc}") from exc
+    return parse_config(text, str(p))
+
+
+def parse_config(text: str, source: str = "<config>") -> AgentConfig:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{source}:{where}: invalid YAML: {problem}") from exc
+    if root is None:
+        return AgentConfig()
+    r = _Reader(source)
+    top = r.mapping(root, "config")
+    known = {"interval_seconds", "collector_timeout_seconds", "tiers", "correlator", "sdk", "jobs"}
+    r.no_unknown(top, known, "")
+    interval = r.number(top, "interval_seconds", 1.0, minimum=0.05, maximum=3600)
+    timeout = r.number(top, "collector_timeout_seconds", 0.0, minimum=0.0, maximum=3600)
+    tiers = r.tiers(top.get("tiers"))
+    corr = r.correlator(top.get("correlator"))
+    sdk = r.sdk(top.get("sdk"))
+    jobs = r.jobs(top.get("jobs"))
+    return AgentConfig(
+        interval_seconds=interval,
+        collector_timeout_seconds=timeout,
+        tiers=tiers,
+        correlator=corr,
+        sdk=sdk,
+        jobs=jobs,
+    )
+
+
+class _Reader:
+    """Walks composed YAML nodes so that every error can name its line."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, node: yaml.Node | None, key: str, msg: str) -> ConfigError:
+        line = f" line {node.start_mark.line + 1}" if node is not None else ""
+        return ConfigError(f"{self.source}:{line}: {key}: {msg}")
+
+    def mapping(self, node: yaml.Node, key: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, key, "expected a mapping of keys to values")
+        out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for k, v in node.value:
+            if not isinstance(k, yaml.ScalarNode):
+                raise self.fail(k, key, "keys must be plain strings")
+            if k.value in out:
+                raise self.fail(
+                    k, f"{key}.{k.value}" if key != "config" else k.value, "duplicate key"
+                )
+            out[k.value] = (k, v)
+        return out
+
+    def no_unknown(
+        self, m: dict[str, tuple[yaml.Node, yaml.Node]], known: set[str], prefix: str
+    ) -> None:
+        for name, (knode, _) in m.items():
+            if name not in known:
+                raise self.fail(
+                    knode,
+                    prefix + name,
+                    f"unknown key (known keys: {', '.join(sorted(known))})",
+                )
+
+    def scalar(self, node: yaml.Node) -> Any:
+        return yaml.safe_load(yaml.serialize(node))
+
+    def number(
+        self,
+        m: dict[str, tuple[yaml.Node, yaml.Node]],
+        key: str,
+        default: float,
+        *,
+        minimum: float,
+        maximum: float,
+        prefix: str = "",
+    ) -> float:
+        if key not in m:
+            return default
+        _, node = m[key]
+        value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(node, prefix + key, f"expected a number, got {_show(node)}")
+        if not minimum <= float(value) <= maximum:
+            raise self.fail(node, prefix + key, f"must be between {minimum} and {maximum}")
+        return float(value)
+
+    def integer(
+        self,
+        m: dict[str, tuple[yaml.Node, yaml.Node]],
+        key: str,
+        default: int,
+        *,
+        minimum: int,
+        maximum: int,
+        prefix: str = "",
+    ) -> int:
+        if key not in m:
+            return default
+        _, node = m[key]
+        value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(node, prefix + key, f"expected an integer, got {_show(node)}")
+        if not minimum <= value <= maximum:
+            raise self.fail(node, prefix + key, f"must be between {minimum} and {maximum}")
+        return value
+
+    def string(
+        self, m: dict[str, tuple[yaml.Node, yaml.Node]], key: str, default: str, prefix: str = ""
+    ) -> str:
+        if key not in m:
+            return default
+        _, node = m[key]
+        value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
+        if not isinstance(value, str):
+            raise self.fail(node, prefix + key, f"expected a string, got {_show(node)}")
+        return value
+
+    def tiers(self, entry: tuple[yaml.Node, yaml.Node] | None) -> tuple[TierConfig, ...]:
+        if entry is None:
+            return ()
+        _, node = entry
+        if isinstance(node, yaml.ScalarNode) and node.value in ("", "null", "~"):
+            return ()
+        m = self.mapping(node, "tiers")
+        out: list[TierConfig] = []
+        seen: dict[str, str] = {}
+        for name, (knode, vnode) in m.items():
+            key = f"tiers.{name}"
+            if not name or not set(name) <= TIER_NAME_CHARS or name == "unassigned":
+                raise self.fail(
+                    knode,
+                    key,
+                    "tier names are lower-case letters, digits and '_' (not 'unassigned')",
+                )
+            if isinstance(vnode, yaml.ScalarNode):
+                items = [vnode]
+            elif isinstance(vnode, yaml.SequenceNode):
+                items = list(vnode.value)
+            else:
+                raise self.fail(vnode, key, "expected a list of mount points or paths")
+            paths: list[str] = []
+            for item in items:
+                value = self.scalar(item) if isinstance(item, yaml.ScalarNode) else None
+                if not isinstance(value, str) or not value.startswith("/"):
+                    raise self.fail(item, key, f"expected an absolute path, got {_show(item)}")
+                norm = "/" + value.strip("/") if value != "/" else "/"
+                if norm in seen:
+                    raise self.fail(item, key, f"{norm} is already in tier {seen[norm]!r}")
+                seen[norm] = name
+                paths.append(norm)
+            if not paths:
+                raise self.fail(vnode, key, "a tier needs at least one path")
+            out.append(TierConfig(name, tuple(paths)))
+        return tuple(out)
+
+    def correlator(self, entry: tuple[yaml.Node, yaml.Node] | None) -> CorrelatorConfig:
+        d = CorrelatorConfig()
+        if entry is None:
+            return d
+        m = self.mapping(entry[1], "correlator")
+        p = "correlator."
+        self.no_unknown(
+            m,
+            {
+                "threshold_ratio",
+                "min_window_seconds",
+                "merge_gap_seconds",
+                "windows_log",
+                "windows_log_max_bytes",
+                "windows_log_backups",
+            },
+            p,
+        )
+        return CorrelatorConfig(
+            threshold_ratio=self.number(
+                m, "threshold_ratio", d.threshold_ratio, minimum=0.01, maximum=1.0, prefix=p
+            ),
+            min_window_seconds=self.number(
+                m, "min_window_seconds", d.min_window_seconds, minimum=0, maximum=86400, prefix=p
+            ),
+            merge_gap_seconds=self.number(
+                m, "merge_gap_seconds", d.merge_gap_seconds, minimum=0, maximum=86400, prefix=p
+            ),
+            windows_log=self.string(m, "windows_log", d.windows_log, prefix=p),
+            windows_log_max_bytes=self.integer(
+                m,
+                "windows_log_max_bytes",
+                d.windows_log_max_bytes,
+                minimum=4096,
+                maximum=1 << 40,
+                prefix=p,
+            ),
+            windows_log_backups=self.integer(
+                m, "windows_log_backups", d.windows_log_backups, minimum=0, maximum=100, prefix=p
+            ),
+        )
+
+    def sdk(self, entry: tuple[yaml.Node, yaml.Node] | None) -> SdkConfig:
+        d = SdkConfig()
+        if entry is None:
+            return d
+        m = self.mapping(entry[1], "sdk")
+        p = "sdk."
+        self.no_unknown(
+            m, {"socket_path", "max_jobs", "max_messages_per_second", "job_grace_seconds"}, p
+        )
+        return SdkConfig(
+            socket_path=self.string(m, "socket_path", d.socket_path, prefix=p),
+            max_jobs=self.integer(m, "max_jobs", d.max_jobs, minimum=1, maximum=10000, prefix=p),
+            max_messages_per_second=self.integer(
+                m,
+                "max_messages_per_second",
+                d.max_messages_per_second,
+                minimum=1,
+                maximum=10_000_000,
+                prefix=p,
+            ),
+            job_grace_seconds=self.number(
+                m, "job_grace_seconds", d.job_grace_seconds, minimum=0, maximum=86400, prefix=p
+            ),
+        )
+
+    def jobs(self, entry: tuple[yaml.Node, yaml.Node] | None) -> JobsConfig:
+        d = JobsConfig()
+        if entry is None:
+            return d
+        m = self.mapping(entry[1], "jobs")
+        self.no_unknown(m, {"mapping_dir"}, "jobs.")
+        return JobsConfig(mapping_dir=self.string(m, "mapping_dir", d.mapping_dir, prefix="jobs."))
+
+
+def _show(node: yaml.Node) -> str:
+    if isinstance(node, yaml.ScalarNode):
+        return repr(node.value)
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return "a mapping"
