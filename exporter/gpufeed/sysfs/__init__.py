@@ -1,0 +1,1 @@
+"""Readers for /sys trees, each taking `HostPaths` so fixtures and containers work."""
