@@ -16,11 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from storage_helpers import NODE1, by_mount, labels_of, node_paths
 
 from gpufeed.collectors.base import CollectorContext, HostPaths
 from gpufeed.collectors.storage import StorageCollector
 from gpufeed.config import AgentConfig, TierConfig, parse_config
+from storage_helpers import NODE1, by_mount, labels_of, node_paths
 
 ROOT = NODE1 / "root"
 # host mount point -> (f_blocks, f_bavail) in 4 KiB blocks
@@ -54,9 +54,7 @@ def collector(
     timeout: float | None = None,
 ) -> StorageCollector:
     ctx = CollectorContext(paths or node_paths(), AgentConfig(tiers=tiers))
-    return StorageCollector(
-        ctx, statvfs=statvfs or table_statvfs(), statfs_timeout_seconds=timeout
-    )
+    return StorageCollector(ctx, statvfs=statvfs or table_statvfs(), statfs_timeout_seconds=timeout)
 
 
 def test_unassigned_exports_block_and_network_mounts_once() -> None:
@@ -103,7 +101,10 @@ def test_block_counters_come_from_the_backing_device_line() -> None:
     assert weighted["/mnt/fast scratch"] == pytest.approx(106033.346)
     wtime = by_mount(fams, "gpufeed_storage_write_time_seconds_total")
     assert wtime["/mnt/scratch"] == pytest.approx(41009.221)
-    devices = {d["mountpoint"]: d.get("device") for d in labels_of(fams, "gpufeed_storage_read_bytes_total")}
+    devices = {
+        d["mountpoint"]: d.get("device")
+        for d in labels_of(fams, "gpufeed_storage_read_bytes_total")
+    }
     assert devices["/mnt/scratch"] == "dm-0"
 
 
@@ -120,8 +121,7 @@ def test_nfs_counters_from_mountstats_and_no_busy_time() -> None:
     for absent in ("io_time_seconds_total", "io_time_weighted_seconds_total"):
         assert "/mnt/datasets" not in by_mount(fams, "gpufeed_storage_" + absent)
     rtt = {
-        (d["mountpoint"], d["op"])
-        for d in labels_of(fams, "gpufeed_storage_nfs_rtt_seconds_total")
+        (d["mountpoint"], d["op"]) for d in labels_of(fams, "gpufeed_storage_nfs_rtt_seconds_total")
     }
     assert rtt == {(mp, op) for mp in ("/mnt/datasets", "/mnt/archive") for op in ("read", "write")}
 
@@ -201,7 +201,9 @@ def test_tiers_sharing_a_device_are_both_exported_with_a_warning(
     tiers = (TierConfig("hot", ("/mnt/scratch",)), TierConfig("ckpt", ("/var/cache/scratch",)))
     with caplog.at_level(logging.WARNING, logger="gpufeed.collectors.storage"):
         fams = collector(tiers).collect()
-    got = sorted((d["tier"], d["mountpoint"]) for d in labels_of(fams, "gpufeed_storage_read_bytes_total"))
+    got = sorted(
+        (d["tier"], d["mountpoint"]) for d in labels_of(fams, "gpufeed_storage_read_bytes_total")
+    )
     assert got == [("ckpt", "/var/cache/scratch"), ("hot", "/mnt/scratch")]
     assert any("same device 253:0" in r.getMessage() for r in caplog.records)
 
@@ -313,17 +315,16 @@ def test_hung_statvfs_marks_the_mount_stuck_and_starts_no_second_call() -> None:
 
 def test_hung_tier_path_maps_by_text_and_reports_stuck(monkeypatch: pytest.MonkeyPatch) -> None:
     """A tier path inside a hung mount cannot be stat'ed; its mount is still exported, stuck."""
-    import gpufeed.collectors.storage as storage_mod
+    from gpufeed.storage.pathresolve import resolve_in_root as real_resolve
 
     release = threading.Event()
-    real_resolve = storage_mod.resolve_in_root
 
     def slow_resolve(rootfs: Path, path: str) -> str:
         if path.startswith("/mnt/datasets/"):
             release.wait(30)
         return real_resolve(rootfs, path)
 
-    monkeypatch.setattr(storage_mod, "resolve_in_root", slow_resolve)
+    monkeypatch.setattr("gpufeed.collectors.storage.resolve_in_root", slow_resolve)
     try:
         c = collector((TierConfig("warm", ("/mnt/datasets/imagenet",)),), timeout=0.1)
         fams = c.collect()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from storage_helpers import NODE1, PARSERS
 
 from gpufeed.procfs.diskstats import parse_diskstats
 from gpufeed.procfs.escape import unescape_octal
 from gpufeed.procfs.mountinfo import parse_mountinfo
 from gpufeed.procfs.mountstats import parse_mountstats
+from storage_helpers import NODE1, PARSERS
 
 # (file, (major, minor), name, reads, read bytes, read s, writes, written bytes, write s,
 #  io s, weighted io s): expected values worked out by hand from the fixture lines.

@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-from storage_helpers import NODE1
 
 from gpufeed.storage.pathresolve import resolve_in_root
+from storage_helpers import NODE1
 
 ROOT = NODE1 / "root"
 

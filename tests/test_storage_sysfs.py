@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from storage_helpers import node_paths
 
 from gpufeed.sysfs.block import (
     block_device_by_dev,
@@ -11,6 +10,7 @@ from gpufeed.sysfs.block import (
     block_device_by_name,
     parse_dev,
 )
+from storage_helpers import node_paths
 
 # (major, minor) -> (name, kind, parent, dm_name, slaves, disks)
 TOPOLOGY = {

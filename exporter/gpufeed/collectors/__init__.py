@@ -7,5 +7,14 @@ from gpufeed.collectors.base import CollectorSpec
 
 def available() -> list[CollectorSpec]:
     """Every collector the agent knows; imports are local so `import gpufeed` stays light."""
-    specs: list[CollectorSpec] = []
+    from gpufeed.collectors.storage import StorageCollector
+
+    specs: list[CollectorSpec] = [
+        CollectorSpec(
+            name="storage",
+            help="per-tier I/O counters (diskstats, NFS mountstats) and capacity (statfs)",
+            default_enabled=True,
+            factory=StorageCollector,
+        ),
+    ]
     return specs
