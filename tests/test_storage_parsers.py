@@ -185,6 +185,19 @@ def test_mountstats_nfs4_reads_every_op_and_version() -> None:
     assert a.ops["WRITE"].transmissions == 1031
 
 
+def test_mountstats_op_filter_parses_only_the_ops_asked_for() -> None:
+    text = (NODE1 / "proc" / "self" / "mountstats").read_text()
+    nfs = parse_mountstats(text, ops={"READ", "WRITE"}).by_mountpoint()
+    assert {mp: sorted(m.ops) for mp, m in nfs.items()} == {
+        mp: ["READ", "WRITE"] for mp in MOUNTSTATS_NODE1
+    }
+    assert nfs["/mnt/datasets"].ops == {
+        k: v
+        for k, v in parse_mountstats(text).by_mountpoint()["/mnt/datasets"].ops.items()
+        if k in ("READ", "WRITE")
+    }
+
+
 def test_mountstats_garbage_lines_are_skipped() -> None:
     table = parse_mountstats((PARSERS / "mountstats-garbage.txt").read_text())
     assert table.bad_lines == (5, 6, 7, 10)

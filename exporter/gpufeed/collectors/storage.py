@@ -14,12 +14,13 @@ import os
 from collections.abc import Callable, Mapping
 from functools import partial
 
-from gpufeed.collectors.base import CollectorContext, HostPaths
+from gpufeed.collectors.base import CollectorContext
 from gpufeed.model import Families, Family
 from gpufeed.procfs.diskstats import DiskStats, DiskStatsTable, read_diskstats
 from gpufeed.procfs.mountinfo import MountInfo, mount_table_pid, read_mountinfo
 from gpufeed.procfs.mountstats import NFS_FSTYPES, NfsMountStats, read_mountstats
 from gpufeed.storage.bounded import BoundedCalls, Outcome
+from gpufeed.storage.devices import DeviceResolver
 from gpufeed.storage.pathresolve import resolve_in_root
 from gpufeed.storage.selection import (
     PathResolution,
@@ -28,17 +29,13 @@ from gpufeed.storage.selection import (
     select_unassigned,
     visible_mounts,
 )
-from gpufeed.sysfs.block import (
-    BlockDevice,
-    block_device_by_dev,
-    block_device_by_dm_name,
-    block_device_by_name,
-)
+from gpufeed.sysfs.block import BlockDevice
 
 log = logging.getLogger(__name__)
 
 StatvfsFn = Callable[[str], os.statvfs_result]
 
+_NFS_OPS = frozenset({"READ", "WRITE"})
 _MISSING_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
 
 P = "gpufeed_storage_"
@@ -83,6 +80,7 @@ class StorageCollector:
         # Budget for all filesystem calls of one collect, well inside the sampler's bound.
         self._budget_seconds = 2 * timeout
         self._calls = BoundedCalls(timeout, self._budget_seconds)
+        self._devices = DeviceResolver(ctx.paths)
         self._logged: set[str] = set()
 
     def close(self) -> None:
@@ -118,7 +116,9 @@ class StorageCollector:
             )
         mounts = visible_mounts(table.mounts)
         disk = self._diskstats()
-        devices = _DeviceResolver(self._paths, disk)
+
+        def devices(m: MountInfo) -> BlockDevice | None:
+            return self._devices.for_mount(m, disk)
 
         fams = Families()
         if self._tiers:
@@ -170,7 +170,7 @@ class StorageCollector:
     def _mountstats(self) -> dict[str, NfsMountStats]:
         where = self._paths.proc(mount_table_pid(self._paths), "mountstats")
         try:
-            table = read_mountstats(self._paths)
+            table = read_mountstats(self._paths, _NFS_OPS)
         except OSError as exc:
             self._once(
                 "mountstats",
@@ -371,37 +371,3 @@ def _path_resolution(outcome: Outcome[str]) -> PathResolution:
             return PathResolution("missing", reason=err.strerror or str(err))
         return PathResolution("missing", reason=str(err))
     return PathResolution("stuck")
-
-
-class _DeviceResolver:
-    """A mount's backing block device, resolved once per device per collect."""
-
-    def __init__(self, paths: HostPaths, disk: DiskStatsTable | None) -> None:
-        self._paths = paths
-        self._disk = disk
-        self._cache: dict[tuple[int, int] | str, BlockDevice | None] = {}
-
-    def __call__(self, m: MountInfo) -> BlockDevice | None:
-        if m.major != 0:
-            key: tuple[int, int] | str = m.dev
-        elif m.source.startswith("/dev/"):
-            key = m.source  # btrfs and friends show an anonymous 0:N; the source names the disk
-        else:
-            return None
-        if key not in self._cache:
-            self._cache[key] = self._resolve(m)
-        return self._cache[key]
-
-    def _resolve(self, m: MountInfo) -> BlockDevice | None:
-        if m.major != 0:
-            dev = block_device_by_dev(self._paths, m.major, m.minor)
-            if dev is None and self._disk is not None:
-                # sysfs not mounted or not readable: diskstats still names the device
-                s = self._disk.by_dev.get(m.dev)
-                if s is not None:
-                    dev = BlockDevice(s.name, s.major, s.minor, "unknown", "", "", (), (s.name,))
-            return dev
-        rest = m.source[len("/dev/") :]
-        if rest.startswith("mapper/"):
-            return block_device_by_dm_name(self._paths, rest[len("mapper/") :])
-        return block_device_by_name(self._paths, rest)

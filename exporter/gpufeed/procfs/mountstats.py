@@ -13,6 +13,7 @@ Every mount has a `device SOURCE mounted on MOUNTPOINT with fstype TYPE` line; N
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from gpufeed.collectors.base import HostPaths
@@ -83,8 +84,11 @@ class _Building:
         )
 
 
-def parse_mountstats(text: str) -> MountStatsTable:
-    """Parses mountstats and keeps the NFS mounts; lines that do not parse are skipped."""
+def parse_mountstats(text: str, ops: Collection[str] | None = None) -> MountStatsTable:
+    """Parses mountstats and keeps the NFS mounts; lines that do not parse are skipped.
+
+    `ops` limits the per-op lines parsed (an NFSv4 mount lists some 60) to those needed.
+    """
     out: list[NfsMountStats] = []
     bad: list[int] = []
     cur: _Building | None = None
@@ -108,14 +112,14 @@ def parse_mountstats(text: str) -> MountStatsTable:
             continue
         if cur is None:
             continue  # detail lines of a mount that is not NFS (none today) or after a bad line
-        if not _parse_detail(cur, line.split()):
+        if not _parse_detail(cur, line.split(), ops):
             bad.append(number)
     if cur is not None:
         out.append(cur.done())
     return MountStatsTable(tuple(out), tuple(bad))
 
 
-def _parse_detail(cur: _Building, words: list[str]) -> bool:
+def _parse_detail(cur: _Building, words: list[str], wanted: Collection[str] | None) -> bool:
     """Folds one indented line into `cur`; False when a line we rely on does not parse."""
     if not words:
         return True
@@ -127,6 +131,8 @@ def _parse_detail(cur: _Building, words: list[str]) -> bool:
         m = _OP.match(head)
         if m is None:
             return False
+        if wanted is not None and m.group(1) not in wanted:
+            return True
         op = _parse_op(words[1:])
         if op is None:
             return False
@@ -166,9 +172,9 @@ def _ints(words: list[str]) -> list[int] | None:
     return values if all(v >= 0 for v in values) else None
 
 
-def read_mountstats(paths: HostPaths) -> MountStatsTable:
+def read_mountstats(paths: HostPaths, ops: Collection[str] | None = None) -> MountStatsTable:
     """Reads mountstats from the same process as the mount table (raises OSError)."""
     text = paths.proc(mount_table_pid(paths), "mountstats").read_text(
         encoding="utf-8", errors="surrogateescape"
     )
-    return parse_mountstats(text)
+    return parse_mountstats(text, ops)
