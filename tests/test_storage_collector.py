@@ -334,3 +334,54 @@ def test_hung_tier_path_maps_by_text_and_reports_stuck(monkeypatch: pytest.Monke
     assert by_mount(fams, "gpufeed_storage_capacity_bytes") == {}
     assert by_mount(fams, "gpufeed_storage_read_bytes_total") == {"/mnt/datasets": 962881212416}
     assert labels_of(fams, "gpufeed_storage_tier_path_missing") == []
+
+
+def test_hangs_in_path_checks_and_statvfs_share_one_time_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tier path and a mount that both hang cost one budget (2 x timeout), not two."""
+    from gpufeed.storage.pathresolve import resolve_in_root as real_resolve
+
+    release = threading.Event()
+    real = table_statvfs()
+
+    def slow_resolve(rootfs: Path, path: str) -> str:
+        if path.startswith("/mnt/datasets/"):
+            release.wait(30)
+        return real_resolve(rootfs, path)
+
+    def statvfs(path: str) -> os.statvfs_result:
+        if path.endswith("/mnt/raid"):
+            release.wait(30)
+        return real(path)
+
+    monkeypatch.setattr("gpufeed.collectors.storage.resolve_in_root", slow_resolve)
+    tiers = (
+        TierConfig("warm", ("/mnt/datasets/imagenet",)),
+        TierConfig("cold", ("/mnt/raid",)),
+        TierConfig("hot", ("/mnt/scratch",)),
+    )
+    c = collector(tiers, statvfs=statvfs, timeout=0.1)
+    try:
+        t0 = time.monotonic()
+        first = c.collect()
+        assert time.monotonic() - t0 < 0.3
+        t0 = time.monotonic()
+        second = c.collect()
+        assert time.monotonic() - t0 < 0.1
+    finally:
+        release.set()
+    # first collect: the path check used 0.1 s, the raid statvfs the rest of the 0.2 s
+    # budget; the hot mount's statvfs (after raid in order) could not be tried in time
+    assert by_mount(first, "gpufeed_storage_mount_stuck") == {
+        "/mnt/datasets": 1.0,
+        "/mnt/raid": 1.0,
+    }
+    assert by_mount(second, "gpufeed_storage_mount_stuck") == {
+        "/mnt/datasets": 1.0,
+        "/mnt/raid": 1.0,
+        "/mnt/scratch": 0.0,
+    }
+    assert by_mount(second, "gpufeed_storage_capacity_bytes") == {
+        "/mnt/scratch": 500_000_000 * 4096
+    }

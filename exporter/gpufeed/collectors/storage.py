@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
 
@@ -114,6 +115,9 @@ class StorageCollector:
                 len(table.bad_lines),
                 table.bad_lines[0],
             )
+        # One deadline for every filesystem call of this collect, well inside the sampler's
+        # bound, however many tier paths and mounts hang for the first time.
+        deadline = time.monotonic() + self._budget_seconds
         mounts = visible_mounts(table.mounts)
         disk = self._diskstats()
 
@@ -122,7 +126,7 @@ class StorageCollector:
 
         fams = Families()
         if self._tiers:
-            resolved = self._resolve_tier_paths(mounts, fams)
+            resolved = self._resolve_tier_paths(mounts, fams, deadline)
             selection = select_tiers(mounts, self._tiers, resolved, devices)
             targets = selection.targets
             for key, tiers in selection.shared.items():
@@ -138,7 +142,7 @@ class StorageCollector:
             targets = select_unassigned(mounts, devices)
 
         nfs = self._mountstats() if any(t.mount.fstype in NFS_FSTYPES for t in targets) else {}
-        statfs = self._statfs_all(targets)
+        statfs = self._statfs_all(targets, deadline)
         for target in targets:
             self._emit(fams, target, disk, nfs, statfs)
         return fams.build()
@@ -192,7 +196,7 @@ class StorageCollector:
         return table.by_mountpoint()
 
     def _resolve_tier_paths(
-        self, mounts: list[MountInfo], fams: Families
+        self, mounts: list[MountInfo], fams: Families, deadline: float
     ) -> dict[str, PathResolution]:
         """Checks every configured path; a mount point from the table needs no filesystem call."""
         mountpoints = {m.mountpoint for m in mounts}
@@ -204,7 +208,7 @@ class StorageCollector:
                     out[path] = PathResolution("ok", path)
                 else:
                     calls.append((path, partial(resolve_in_root, self._paths.rootfs, path)))
-        for path, outcome in self._calls.run(calls).items():
+        for path, outcome in self._calls.run(calls, deadline).items():
             out[path] = _path_resolution(outcome)
         for tier in self._tiers:
             for path in tier.paths:
@@ -232,13 +236,15 @@ class StorageCollector:
                 )
         return out
 
-    def _statfs_all(self, targets: list[Target]) -> dict[str, Outcome[os.statvfs_result]]:
+    def _statfs_all(
+        self, targets: list[Target], deadline: float
+    ) -> dict[str, Outcome[os.statvfs_result]]:
         calls: list[tuple[str, Callable[[], os.statvfs_result]]] = []
         for t in targets:
             if not t.stuck_hint:
                 host = str(self._paths.root(t.mount.mountpoint))
                 calls.append((t.mount.mountpoint, partial(self._statvfs, host)))
-        results = self._calls.run(calls)
+        results = self._calls.run(calls, deadline)
         for mountpoint, outcome in results.items():
             key = f"statfs-{mountpoint}"
             if outcome.status == "stuck":
@@ -370,4 +376,6 @@ def _path_resolution(outcome: Outcome[str]) -> PathResolution:
         if isinstance(err, OSError) and err.errno in _MISSING_ERRNOS:
             return PathResolution("missing", reason=err.strerror or str(err))
         return PathResolution("missing", reason=str(err))
+    if outcome.status == "skipped":
+        return PathResolution("unchecked")
     return PathResolution("stuck")

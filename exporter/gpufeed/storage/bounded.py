@@ -60,8 +60,11 @@ class BoundedCalls:
         with self._lock:
             return {k: now - t for k, t in self._in_flight.items()}
 
-    def run(self, calls: Sequence[tuple[str, Callable[[], T]]]) -> dict[str, Outcome[T]]:
-        """Runs each (key, call); every key gets an outcome, within about overall_seconds."""
+    def run(
+        self, calls: Sequence[tuple[str, Callable[[], T]]], deadline: float | None = None
+    ) -> dict[str, Outcome[T]]:
+        """Runs each (key, call); every key gets an outcome by `deadline` (time.monotonic;
+        default: overall_seconds from now). Several runs can share one deadline."""
         results: dict[str, Outcome[T]] = {}
         pending: list[tuple[str, Callable[[], T]]] = []
         busy = self.in_flight()
@@ -70,7 +73,8 @@ class BoundedCalls:
                 results[key] = Outcome("stuck", stuck_seconds=busy[key])
             elif key not in results and all(key != k for k, _ in pending):
                 pending.append((key, fn))
-        deadline = time.monotonic() + self.overall_seconds
+        if deadline is None:
+            deadline = time.monotonic() + self.overall_seconds
         while pending:
             if time.monotonic() >= deadline:
                 for key, _ in pending:

@@ -35,7 +35,8 @@ class Target:
 class PathResolution:
     """How a configured path fared: resolved to a host path, missing, or not answered."""
 
-    status: str  # "ok", "missing", "stuck"
+    # ok; missing; stuck (its stat hung); unchecked (not reached in this collect's time)
+    status: str
     host_path: str = ""
     reason: str = ""
 
@@ -108,7 +109,8 @@ def select_tiers(
     """The mounts that hold each tier's configured paths, once per (tier, device).
 
     Paths that are missing are skipped (a typo must not silently map to "/"). A path whose
-    stat hung is mapped by its literal text, so its mount is still exported, as stuck.
+    stat hung is mapped by its literal text, so its mount is still exported, as stuck; one
+    not checked in time is mapped by its literal text too.
     Within one tier, paths on the same device (bind mounts) give one series, so a sum over
     the tier counts each I/O once; across tiers a shared device cannot be split and is
     reported in `shared`.
