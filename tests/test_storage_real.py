@@ -11,6 +11,7 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -50,11 +51,11 @@ def _need_tools() -> None:
 def _ensure_loop_nodes() -> None:
     """Containers often lack /dev/loop* nodes even where the loop driver works."""
     if not os.path.exists("/dev/loop-control"):
-        os.mknod("/dev/loop-control", 0o660 | 0o020000, os.makedev(10, 237))
+        os.mknod("/dev/loop-control", 0o660 | stat.S_IFCHR, os.makedev(10, 237))
     free = _run("losetup", "-f")  # asks loop-control for a free index
     if not os.path.exists(free):
         index = int(free.removeprefix("/dev/loop"))
-        os.mknod(free, 0o660 | 0o060000, os.makedev(7, index))
+        os.mknod(free, 0o660 | stat.S_IFBLK, os.makedev(7, index))
 
 
 @dataclass(frozen=True)

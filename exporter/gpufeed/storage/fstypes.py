@@ -55,7 +55,6 @@ NETWORK_FSTYPES = frozenset(
         "gpfs",
         "glusterfs",
         "wekafs",
-        "9p",
     }
 )
 
@@ -74,8 +73,6 @@ NETWORK_FUSE_SUBTYPES = frozenset(
         "blobfuse",
         "blobfuse2",
         "alluxio-fuse",
-        "lustre",
-        "weka",
     }
 )
 
