@@ -74,20 +74,23 @@ class XmitWaitClock:
         if ticks is None:
             return None
         prev = self._ticks.get(key)
-        if rate_bytes_per_second is None or rate_bytes_per_second <= 0:
-            # Without a rate the new ticks cannot be converted yet: keep them pending (the
-            # previous tick count stays the base) and report the total converted so far.
-            return self._seconds.get(key)
+        base = self._seconds.get(key, 0.0)
         if prev is None:
             delta = ticks
-            base = 0.0
         else:
             # A lower reading means the counter was reset (perfquery -R, driver reload).
             delta = ticks - prev if ticks >= prev else ticks
-            base = self._seconds[key]
+        if delta == 0:
+            seconds = base  # nothing new to convert: no rate needed
+        elif rate_bytes_per_second is None or rate_bytes_per_second <= 0:
+            # Without a rate the new ticks cannot be converted yet: keep them pending (the
+            # previous tick count stays the base) and report the total converted so far.
+            return self._seconds.get(key)
+        else:
+            seconds = base + delta * self._tick_bytes / rate_bytes_per_second
         self._ticks[key] = ticks
-        self._seconds[key] = base + delta * self._tick_bytes / rate_bytes_per_second
-        return self._seconds[key]
+        self._seconds[key] = seconds
+        return seconds
 
     def forget_except(self, keys: set[tuple[str, str]]) -> None:
         for gone in set(self._ticks) - keys:
