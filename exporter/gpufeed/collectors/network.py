@@ -75,11 +75,9 @@ class XmitWaitClock:
             return None
         prev = self._ticks.get(key)
         base = self._seconds.get(key, 0.0)
-        if prev is None:
-            delta = ticks
-        else:
-            # A lower reading means the counter was reset (perfquery -R, driver reload).
-            delta = ticks - prev if ticks >= prev else ticks
+        # No previous reading, or a lower one (the counter was reset by perfquery -R or a
+        # driver reload): every tick read is new.
+        delta = ticks if prev is None or ticks < prev else ticks - prev
         if delta == 0:
             seconds = base  # nothing new to convert: no rate needed
         elif rate_bytes_per_second is None or rate_bytes_per_second <= 0:
