@@ -206,3 +206,12 @@ def test_real_machine_values_are_sane_and_counters_never_decrease() -> None:
 
 
 MODERN_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def test_binary_garbage_in_one_psi_file(tree: Path) -> None:
+    (tree / "proc/pressure/cpu").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(PartialCollectionError, match="pressure/cpu") as info:
+        collector(tree).collect()
+    got = flat(info.value.families)
+    assert res(WAITING, "cpu") not in got
+    assert got[res(WAITING, "io")] == pytest.approx(98.765432)

@@ -282,3 +282,16 @@ def test_real_machine_counters_are_sane_and_never_decrease() -> None:
             seen = between[d["device"]]
             mid = seen.bytes_recv if name == RX else seen.bytes_sent
             assert value <= mid <= second[(name, labels)]
+
+
+def test_binary_garbage_in_sysfs_and_procfs_files(tree: Path) -> None:
+    (port_dir(tree, "mlx5_0") / "counters/port_xmit_data").write_bytes(b"\xff\xfe\x00\x01")
+    (tree / "sys/class/net/eno1/speed").write_bytes(b"\xff\xff\n")
+    got = flat(NetworkCollector(paths(tree)).collect())
+    assert (TX, rd("mlx5_0", "infiniband")) not in got
+    assert got[(RX, rd("mlx5_0", "infiniband"))] == 1234567890123 * 4
+    assert (SPEED, nd("eno1", "ethernet")) not in got
+    assert got[(RX, nd("eno1", "ethernet"))] == 918273645501
+    (tree / "proc/net/dev").write_bytes(b"\xff" * 300)
+    with pytest.raises(PartialCollectionError, match="netdev"):
+        NetworkCollector(paths(tree)).collect()

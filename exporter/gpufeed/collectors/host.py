@@ -85,7 +85,7 @@ class HostCollector:
     def _cpu(self, fams: Families, problems: list[str]) -> None:
         path = self._paths.proc("stat")
         try:
-            stat = parse_stat(path.read_text(), self._ticks)
+            stat = parse_stat(path.read_text(errors="replace"), self._ticks)
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
         for mode, seconds in stat.cpu_seconds.items():
@@ -97,7 +97,7 @@ class HostCollector:
         for resource in PSI_RESOURCES:
             path = self._paths.proc("pressure", resource)
             try:
-                text = path.read_text()
+                text = path.read_text(errors="replace")
             except OSError as exc:
                 if exc.errno in _NO_PSI_ERRNOS:
                     continue  # no PSI on this kernel: absent, not an error
@@ -120,7 +120,7 @@ class HostCollector:
 
     def _memory(self, fams: Families, problems: list[str]) -> None:
         path = self._paths.proc("meminfo")
-        info = parse_meminfo(path.read_text())
+        info = parse_meminfo(path.read_text(errors="replace"))
         problems.extend(f"{path}: {msg}" for msg in info.bad_lines)
         # Absent before Linux 3.14: left out, never estimated.
         fams.gauge(MEMORY_AVAILABLE, _HELP[MEMORY_AVAILABLE], {}, info.values.get("MemAvailable"))

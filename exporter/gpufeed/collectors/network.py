@@ -136,7 +136,7 @@ class NetworkCollector:
 
     def _collect_netdev(self, fams: Families, problems: list[str]) -> None:
         path = self._paths.proc("net", "dev")
-        netdev = parse_netdev(path.read_text())
+        netdev = parse_netdev(path.read_text(errors="replace"))
         problems.extend(f"{path}: {msg}" for msg in netdev.bad_lines)
         for counters in netdev.interfaces:
             iface = read_net_interface(self._paths, counters.interface)

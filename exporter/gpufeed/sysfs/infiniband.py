@@ -96,7 +96,9 @@ class _PortReader:
     def text(self, *parts: str) -> str | None:
         path = self.base.joinpath(*parts)
         try:
-            return path.read_text()
+            # Undecodable bytes become U+FFFD and then fail parsing with a message naming
+            # the file, instead of raising out of the reader.
+            return path.read_text(errors="replace")
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -199,6 +201,6 @@ def read_rdma_ports(paths: HostPaths) -> list[RdmaPort]:
 
 def _node_type(dev: Path) -> str | None:
     try:
-        return parse_state(dev.joinpath("node_type").read_text())[1]
+        return parse_state(dev.joinpath("node_type").read_text(errors="replace"))[1]
     except (OSError, ValueError):
         return None

@@ -59,14 +59,14 @@ def read_net_interface(paths: HostPaths, name: str) -> NetInterface | None:
         return None
     arphrd: int | None
     try:
-        arphrd = parse_net_type(base.joinpath("type").read_text())
+        arphrd = parse_net_type(base.joinpath("type").read_text(errors="replace"))
     except (OSError, ValueError):
         arphrd = None
     device = base.joinpath("device")
     has_device = device.is_symlink() or device.exists()
     speed: float | None
     try:
-        speed = parse_net_speed(base.joinpath("speed").read_text())
+        speed = parse_net_speed(base.joinpath("speed").read_text(errors="replace"))
     except (OSError, ValueError):
         # EINVAL on a link that is down, ENOENT on odd drivers: the speed is unknown.
         speed = None
