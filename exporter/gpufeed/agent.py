@@ -66,6 +66,20 @@ def register(subparsers: Any) -> None:
         choices=["debug", "info", "warning", "error"],
         help="log verbosity",
     )
+    p.add_argument(
+        "--otlp.endpoint",
+        dest="otlp_endpoint",
+        metavar="URL",
+        help="also push every metric as OTLP/HTTP to this URL (e.g. http://collector:4318/v1/metrics)",
+    )
+    p.add_argument(
+        "--otlp.interval",
+        dest="otlp_interval",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="how often to push OTLP",
+    )
     group = p.add_argument_group(
         "collectors", "switch each collector on or off (--collector.NAME / --no-collector.NAME)"
     )
@@ -119,6 +133,10 @@ def build_parts(args: argparse.Namespace) -> AgentParts:
     for spec in available():
         if getattr(args, f"collector_{spec.name}", spec.default_enabled):
             parts.collectors.append(spec.factory(ctx))
+    if args.otlp_endpoint:
+        from gpufeed.otlp import OtlpSink
+
+        parts.sinks.append(OtlpSink(args.otlp_endpoint, push_interval_seconds=args.otlp_interval))
     return parts
 
 
