@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.collectors.base import CollectorContext, HostPaths
+from gpufeed.collectors.base import CollectorContext, HostPaths, PartialCollectionError
 from gpufeed.collectors.storage import StorageCollector
 from gpufeed.config import AgentConfig, TierConfig, parse_config
 from storage_helpers import NODE1, by_mount, labels_of, node_paths
@@ -221,8 +221,10 @@ def test_missing_diskstats_keeps_capacity_and_nfs(
     (node / "proc" / "diskstats").unlink()
     c = collector(paths=node_paths(node), statvfs=table_statvfs(node / "root"))
     with caplog.at_level(logging.ERROR, logger="gpufeed.collectors.storage"):
-        c.collect()
-        fams = c.collect()
+        for _ in range(2):
+            with pytest.raises(PartialCollectionError, match="diskstats") as info:
+                c.collect()
+    fams = info.value.families
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "diskstats" in errors[0]
     read = by_mount(fams, "gpufeed_storage_read_bytes_total")
@@ -242,7 +244,10 @@ def test_missing_mountinfo_is_a_clear_failure(tmp_path: Path) -> None:
 def test_missing_mountstats_leaves_nfs_counters_out(tmp_path: Path) -> None:
     node = copy_node(tmp_path)
     (node / "proc" / "self" / "mountstats").unlink()
-    fams = collector(paths=node_paths(node), statvfs=table_statvfs(node / "root")).collect()
+    c = collector(paths=node_paths(node), statvfs=table_statvfs(node / "root"))
+    with pytest.raises(PartialCollectionError, match="mountstats: NFS counters left out") as info:
+        c.collect()
+    fams = info.value.families
     read = by_mount(fams, "gpufeed_storage_read_bytes_total")
     assert "/mnt/datasets" not in read and read["/mnt/scratch"] == 5120098304 * 512
     assert by_mount(fams, "gpufeed_storage_capacity_bytes")["/mnt/datasets"] == 2e9 * 4096
@@ -385,3 +390,12 @@ def test_hangs_in_path_checks_and_statvfs_share_one_time_budget(
     assert by_mount(second, "gpufeed_storage_capacity_bytes") == {
         "/mnt/scratch": 500_000_000 * 4096
     }
+
+
+def test_missing_files_that_no_mount_needs_are_not_a_failure(tmp_path: Path) -> None:
+    node = copy_node(tmp_path)
+    (node / "proc" / "self" / "mountstats").unlink()
+    (node / "proc" / "diskstats").unlink()
+    # only a tmpfs tier: neither diskstats nor mountstats is needed
+    fams = collector((TierConfig("shm", ("/dev/shm",)),), paths=node_paths(node)).collect()
+    assert [d["kind"] for d in labels_of(fams, "gpufeed_storage_mount_info")] == ["other"]

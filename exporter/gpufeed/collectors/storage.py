@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from functools import partial
 
-from gpufeed.collectors.base import CollectorContext
+from gpufeed.collectors.base import CollectorContext, PartialCollectionError
 from gpufeed.model import Families, Family
 from gpufeed.procfs.diskstats import DiskStats, DiskStatsTable, read_diskstats
 from gpufeed.procfs.mountinfo import MountInfo, mount_table_pid, read_mountinfo
@@ -141,10 +141,22 @@ class StorageCollector:
         else:
             targets = select_unassigned(mounts, devices)
 
-        nfs = self._mountstats() if any(t.mount.fstype in NFS_FSTYPES for t in targets) else {}
+        failed: list[str] = []
+        if disk is None and any(t.device is not None for t in targets):
+            failed.append(f"cannot read {self._paths.proc('diskstats')}: block counters left out")
+        nfs: dict[str, NfsMountStats] = {}
+        if any(t.mount.fstype in NFS_FSTYPES for t in targets):
+            nfs_or_none = self._mountstats()
+            if nfs_or_none is None:
+                where = self._paths.proc(mount_table_pid(self._paths), "mountstats")
+                failed.append(f"cannot read {where}: NFS counters left out")
+            nfs = nfs_or_none or {}
         statfs = self._statfs_all(targets, deadline)
         for target in targets:
             self._emit(fams, target, disk, nfs, statfs)
+        if failed:
+            # Success 0 for the interval, and what was read is still published.
+            raise PartialCollectionError("; ".join(failed), fams.build())
         return fams.build()
 
     def _diskstats(self) -> DiskStatsTable | None:
@@ -171,7 +183,7 @@ class StorageCollector:
             )
         return table
 
-    def _mountstats(self) -> dict[str, NfsMountStats]:
+    def _mountstats(self) -> dict[str, NfsMountStats] | None:
         where = self._paths.proc(mount_table_pid(self._paths), "mountstats")
         try:
             table = read_mountstats(self._paths, _NFS_OPS)
@@ -183,7 +195,7 @@ class StorageCollector:
                 where,
                 exc.strerror or exc,
             )
-            return {}
+            return None
         self._recovered("mountstats", "storage: %s readable again", where)
         if table.bad_lines:
             self._once(

@@ -1,1 +1,1 @@
-"""Pure parsers for /proc files, each with a thin reader that takes `HostPaths`."""
+"""Pure parsers for files under /proc: text in, typed values out, no I/O."""

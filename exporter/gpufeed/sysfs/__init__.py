@@ -1,1 +1,1 @@
-"""Readers for /sys trees, each taking `HostPaths` so fixtures and containers work."""
+"""Parsers and thin readers for files under /sys; the root comes from `HostPaths`."""
