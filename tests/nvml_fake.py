@@ -45,6 +45,9 @@ class FakeGpu:
     nvlink: bool = True
     nvlink_tx_kib: int = 3_000
     nvlink_rx_kib: int = 4_000
+    nvlink_links: int = 4  # per-link counters split the totals evenly
+    nvlink_aggregate: bool = True  # False: the driver refuses scope UINT_MAX (older drivers)
+    link_errors: dict[int, int] = field(default_factory=dict)  # link -> per-field return code
     mig_mode: int = 0
     gpm_supported: bool = True
     gpm_sm_util: float = 83.0
@@ -254,22 +257,34 @@ class FakeNvml:
         for slot, (fid, scope) in zip(values, field_ids, strict=True):
             slot.fieldId, slot.scopeId = fid, scope
             slot.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-            known = {
-                FIELD_PCIE_TX: (gpu.pcie_tx, 0),
-                FIELD_PCIE_RX: (gpu.pcie_rx, 0),
-                FIELD_NVLINK_TX: (gpu.nvlink_tx_kib, ALL_LINKS),
-                FIELD_NVLINK_RX: (gpu.nvlink_rx_kib, ALL_LINKS),
-            }
+            is_nvlink = fid in (FIELD_NVLINK_TX, FIELD_NVLINK_RX)
+            total = {
+                FIELD_PCIE_TX: gpu.pcie_tx,
+                FIELD_PCIE_RX: gpu.pcie_rx,
+                FIELD_NVLINK_TX: gpu.nvlink_tx_kib,
+                FIELD_NVLINK_RX: gpu.nvlink_rx_kib,
+            }.get(fid)
             if fid in gpu.field_errors:
                 slot.nvmlReturn = gpu.field_errors[fid]
-            elif fid not in known or scope != known[fid][1]:
+            elif total is None or (not is_nvlink and scope != 0):
                 slot.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
-            elif fid in (FIELD_NVLINK_TX, FIELD_NVLINK_RX) and not gpu.nvlink:
+            elif is_nvlink and not gpu.nvlink:
                 slot.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+            elif is_nvlink and not self._scope_ok(gpu, scope):
+                slot.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
+            elif is_nvlink and scope in gpu.link_errors:
+                slot.nvmlReturn = gpu.link_errors[scope]
             else:
                 slot.nvmlReturn = pynvml.NVML_SUCCESS
-                slot.value.ullVal = known[fid][0]
+                per_link = is_nvlink and scope != ALL_LINKS
+                slot.value.ullVal = total // gpu.nvlink_links if per_link else total
         return values
+
+    @staticmethod
+    def _scope_ok(gpu: FakeGpu, scope: int) -> bool:
+        if scope == ALL_LINKS:
+            return gpu.nvlink_aggregate
+        return scope < gpu.nvlink_links
 
     def _procs(self, h: Any, fn: str) -> list[Any]:
         gpu = self._gpu(h, fn)

@@ -161,8 +161,33 @@ def test_missing_field_is_dropped_from_later_batches(nvml: Any, open_backend: An
     (g,) = backend.sample()
     assert g.nvlink_transmit_bytes_total is None and g.nvlink_receive_bytes_total is None
     assert g.pcie_transmit_bytes_total == 111_000
-    backend.sample()
+    backend.sample()  # tries the links one by one once (a PCIe-only board refuses them too)
+    (g,) = backend.sample()
     assert fake.field_value_calls[-1][1] == [(197, 0), (198, 0)]
+    assert g.nvlink_transmit_bytes_total is None and g.pcie_receive_bytes_total == 222_000
+
+
+def test_driver_refusing_all_links_scope_gets_the_links_summed(
+    nvml: Any, open_backend: Any
+) -> None:
+    fake = nvml([FakeGpu(UUID0, nvlink_aggregate=False, nvlink_links=4)])
+    backend = open_backend()
+    (g,) = backend.sample()
+    assert g.nvlink_transmit_bytes_total is None  # the refused aggregate
+    (g,) = backend.sample()
+    assert g.nvlink_transmit_bytes_total == 3_000 * 1024
+    assert g.nvlink_receive_bytes_total == 4_000 * 1024
+    (g,) = backend.sample()
+    tx_scopes = [scope for fid, scope in fake.field_value_calls[-1][1] if fid == 138]
+    assert tx_scopes == [0, 1, 2, 3]  # links the GPU does not have were dropped
+    assert g.nvlink_transmit_bytes_total == 3_000 * 1024
+    # one link failing in a sample: the sum is left out, not exported low
+    fake.gpus[0].link_errors[2] = pynvml.NVML_ERROR_TIMEOUT
+    (g,) = backend.sample()
+    assert g.nvlink_transmit_bytes_total is None and g.pcie_transmit_bytes_total == 111_000
+    del fake.gpus[0].link_errors[2]
+    (g,) = backend.sample()
+    assert g.nvlink_transmit_bytes_total == 3_000 * 1024
 
 
 def test_field_values_call_unsupported_stops_asking(nvml: Any, open_backend: Any) -> None:
@@ -402,3 +427,21 @@ def test_xid_watcher_does_not_block_sampling(nvml: Any, open_backend: Any) -> No
     samples = [backend.sample() for _ in range(3)]  # would hang here if sampling waited
     assert all(s.up for batch in samples for s in batch)
     fake.release_waits.set()
+
+
+def test_gpu_lost_while_setting_up_gpm_does_not_stop_the_backend(
+    nvml: Any, open_backend: Any
+) -> None:
+    fake = nvml()
+    fake.gpus[1].errors["nvmlGpmQueryDeviceSupport"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    g0, g1 = open_backend().sample()
+    assert g0.up and g0.sm_active_ratio == pytest.approx(0.83)
+    assert not g1.up
+
+
+def test_sample_after_close_is_empty(nvml: Any, open_backend: Any) -> None:
+    fake = nvml()
+    backend = open_backend()
+    backend.close()
+    assert backend.sample() == []
+    assert fake.initialised == 0

@@ -162,6 +162,7 @@ class NvmlBackend:
             nv.NVML_ERROR_FUNCTION_NOT_FOUND,
         }
         self._lost_codes = {nv.NVML_ERROR_GPU_IS_LOST}
+        self._field_refused = self._absent_codes | {nv.NVML_ERROR_INVALID_ARGUMENT}
         try:
             nv.nvmlInit()
         except nv.NVMLError as exc:
@@ -177,8 +178,7 @@ class NvmlBackend:
         self._driver_version = self._driver()
         self._devices = [self._open(i) for i in range(count)]
         for dev in self._devices:
-            if not dev.lost:
-                self._gpm_start(dev)
+            self._start_gpm(dev)
         self._start_watcher()
 
     # -- GpuBackend ----------------------------------------------------------------------
@@ -191,6 +191,8 @@ class NvmlBackend:
         return [d.identity for d in self._devices]
 
     def sample(self) -> list[GpuSample]:
+        if self._closed:
+            return []
         started = time.perf_counter()
         for index in self._xid_counts.take_lost():
             if 0 <= index < len(self._devices) and not self._devices[index].lost:
@@ -391,8 +393,7 @@ class NvmlBackend:
             self._backoff = self._reinit_initial
             self._next_reinit = None
         for dev in self._devices:
-            if not dev.lost:
-                self._gpm_start(dev)
+            self._start_gpm(dev)
         self._start_watcher()
 
     def _reopen(self, dev: _Device) -> None:
@@ -499,7 +500,13 @@ class NvmlBackend:
         return tuple((name, bool(bits & bit)) for name, bit in CLOCK_EVENT_REASONS)
 
     def _field_counters(self, dev: _Device) -> dict[str, float]:
-        """Every counter field of this GPU in one nvmlDeviceGetFieldValues call."""
+        """Every counter field of this GPU in one nvmlDeviceGetFieldValues call.
+
+        A field the GPU refuses is dropped from later batches. An NVLink aggregate
+        (scope ALL_NVLINKS) the driver refuses is replaced, once, by one entry per link,
+        summed; a sum with a link missing in this sample is left out rather than exported
+        low, because a dip in a counter reads as a reset.
+        """
         specs = dev.fields
         if not specs or "field_values" in dev.unsupported:
             return {}
@@ -509,29 +516,49 @@ class NvmlBackend:
         if values is None:
             return {}
         out: dict[str, float] = {}
+        incomplete: set[str] = set()
         keep: list[FieldSpec] = []
         for spec, value in zip(specs, values, strict=False):
             ret = int(value.nvmlReturn)
-            if ret == nv.NVML_SUCCESS:
-                number = _field_number(value)
-                if number is not None:
-                    out[spec.sample_attr] = number * spec.bytes_per_unit
+            number = _field_number(value) if ret == nv.NVML_SUCCESS else None
+            if number is not None:
+                out[spec.sample_attr] = (
+                    out.get(spec.sample_attr, 0.0) + number * spec.bytes_per_unit
+                )
                 keep.append(spec)
             elif ret in self._lost_codes:
                 raise _GpuLost(f"field {spec.field_id}: {nv.NVMLError(ret)}")
-            elif ret in self._absent_codes or ret == nv.NVML_ERROR_INVALID_ARGUMENT:
-                # INVALID_ARGUMENT here means "field id unknown to this driver".
+            elif spec.scope_id == ALL_NVLINKS and ret in self._field_refused:
+                links = int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))
+                keep.extend(
+                    FieldSpec(spec.sample_attr, spec.field_id, link, spec.bytes_per_unit)
+                    for link in range(links)
+                )
                 self._once(
-                    ("absent", dev.index, spec.sample_attr),
+                    ("per-link", dev.index, spec.sample_attr),
                     logging.INFO,
-                    "GPU %d: %s not available (%s); left out from now on",
+                    "GPU %d: %s: all-links total refused (%s); summing the links instead",
                     dev.index,
                     spec.sample_attr,
                     nv.NVMLError(ret),
                 )
+            elif ret in self._field_refused:
+                # INVALID_ARGUMENT here means "field id (or link) unknown to this driver".
+                self._once(
+                    ("absent", dev.index, spec.sample_attr, spec.scope_id),
+                    logging.DEBUG if spec.scope_id not in (0, ALL_NVLINKS) else logging.INFO,
+                    "GPU %d: %s (scope %d) not available (%s); left out from now on",
+                    dev.index,
+                    spec.sample_attr,
+                    spec.scope_id,
+                    nv.NVMLError(ret),
+                )
             else:
+                incomplete.add(spec.sample_attr)
                 keep.append(spec)
         dev.fields = tuple(keep)
+        for attr in incomplete:
+            out.pop(attr, None)
         return out
 
     def _running(self, dev: _Device) -> tuple[GpuProcess, ...]:
@@ -547,6 +574,15 @@ class NvmlBackend:
         return tuple(out)
 
     # -- GPM (Hopper and newer): SM activity between two samples -------------------------
+
+    def _start_gpm(self, dev: _Device) -> None:
+        """GPM baseline outside a reading pass (start-up, re-initialisation)."""
+        if dev.lost:
+            return
+        try:
+            self._gpm_start(dev)
+        except _GpuLost as exc:
+            self._mark_lost(dev, str(exc))
 
     def _gpm_start(self, dev: _Device) -> None:
         if "gpm" in dev.unsupported or dev.gpm_prev is not None:
