@@ -445,3 +445,15 @@ def test_sample_after_close_is_empty(nvml: Any, open_backend: Any) -> None:
     backend.close()
     assert backend.sample() == []
     assert fake.initialised == 0
+
+
+def test_driver_without_event_wait_stops_the_watcher_not_the_backend(
+    nvml: Any, open_backend: Any
+) -> None:
+    fake = nvml(missing={"nvmlEventSetWait_v2"})
+    backend = open_backend(watch_xid=True, event_timeout_ms=20)
+    assert wait_for(lambda: fake.calls["nvmlEventSetWait_v2"] >= 1)
+    g0, g1 = backend.sample()
+    assert g0.up and g1.up and g0.xid_errors_total == ()
+    time.sleep(0.1)
+    assert fake.calls["nvmlEventSetWait_v2"] == 1  # gave up instead of spinning

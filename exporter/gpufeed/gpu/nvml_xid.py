@@ -145,8 +145,15 @@ class XidWatcher:
             try:
                 data = nv.nvmlEventSetWait_v2(self._event_set, self._timeout_ms)
             except nv.NVMLError as exc:
-                if getattr(exc, "value", None) == timeout_code:
+                code = getattr(exc, "value", None)
+                if code == timeout_code:
                     continue
+                if code == nv.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    log.warning(
+                        "XID errors will not be counted: this driver has no %s",
+                        "nvmlEventSetWait_v2",
+                    )
+                    return
                 # GPU_IS_LOST, UNKNOWN, ...: keep watching the other GPUs, without spinning.
                 self._warn_once(f"wait-{getattr(exc, 'value', '')}", "XID watcher: %s", exc)
                 self._stop.wait(pause)
