@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -141,3 +143,12 @@ def test_build_off_and_simulated_need_no_nvml() -> None:
     assert collector is None and "off" in reason
     with pytest.raises(ValueError, match="simulated"):
         build_gpu_collector("simulated")
+
+
+def test_importing_the_gpu_layer_does_not_load_pynvml() -> None:
+    code = (
+        "import sys, gpufeed.collectors.gpu, gpufeed.gpu.select, gpufeed.gpu.nvml; "
+        "sys.exit(1 if 'pynvml' in sys.modules else 0)"
+    )
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parent.parent / "exporter")}
+    assert subprocess.run([sys.executable, "-c", code], env=env, timeout=60).returncode == 0

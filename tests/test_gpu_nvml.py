@@ -251,6 +251,10 @@ def test_lost_gpu_comes_back_after_reinit_back_off(
     assert g1.up and g1.utilization_ratio == pytest.approx(0.97) and g0.up
     assert backend.next_reinit_at is None
     assert fake.initialised == 1  # every shutdown matched its init
+    # a new loss starts the back-off from the beginning again
+    fake.gpus[0].lost = True
+    backend.sample()
+    assert backend.next_reinit_at == 1060.0
 
 
 def test_gpu_lost_at_start_up_recovers(nvml: Any, open_backend: Any, clock: Clock) -> None:
