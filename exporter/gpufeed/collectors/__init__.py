@@ -7,5 +7,21 @@ from gpufeed.collectors.base import CollectorSpec
 
 def available() -> list[CollectorSpec]:
     """Every collector the agent knows; imports are local so `import gpufeed` stays light."""
-    specs: list[CollectorSpec] = []
+    from gpufeed.collectors.host import HostCollector
+    from gpufeed.collectors.network import NetworkCollector
+
+    specs: list[CollectorSpec] = [
+        CollectorSpec(
+            name="network",
+            help="netdev bytes and link speed; InfiniBand/RoCE port bytes, speed, transmit wait",
+            default_enabled=True,
+            factory=lambda ctx: NetworkCollector(ctx.paths),
+        ),
+        CollectorSpec(
+            name="host",
+            help="CPU seconds by mode, logical CPUs, pressure stall information, MemAvailable",
+            default_enabled=True,
+            factory=lambda ctx: HostCollector(ctx.paths),
+        ),
+    ]
     return specs
