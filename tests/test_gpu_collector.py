@@ -152,3 +152,28 @@ def test_importing_the_gpu_layer_does_not_load_pynvml() -> None:
     )
     env = {"PYTHONPATH": str(Path(__file__).resolve().parent.parent / "exporter")}
     assert subprocess.run([sys.executable, "-c", code], env=env, timeout=60).returncode == 0
+
+
+def test_gpu_collector_in_the_real_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's sampler runs the collector on its worker thread; a lost GPU is a value,
+    not a collector failure."""
+    from gpufeed.gpu.nvml import NvmlBackend
+    from gpufeed.sampler import Sampler
+
+    fake = FakeNvml([FakeGpu("GPU-x"), FakeGpu("GPU-y")])
+    fake.install(monkeypatch.setattr)
+    sampler = Sampler(
+        [GpuCollector(NvmlBackend(watch_xid=False))], interval_seconds=1.0, timeout_seconds=5.0
+    )
+    try:
+        first = sampler.sample_once().text
+        fake.gpus[1].lost = True
+        second = sampler.sample_once().text
+    finally:
+        sampler.stop()
+    assert b'gpufeed_gpu_up{gpu="1",uuid="GPU-y"} 1.0' in first
+    assert b'gpufeed_gpu_up{gpu="1",uuid="GPU-y"} 0.0' in second
+    assert b'gpufeed_gpu_power_watts{gpu="0",uuid="GPU-x"} 612.345' in second
+    assert b'gpufeed_gpu_power_watts{gpu="1"' not in second
+    assert b'gpufeed_collector_success{collector="gpu"} 1.0' in second
+    assert fake.initialised == 0  # the sampler closed the collector, which shut NVML down
