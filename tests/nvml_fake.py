@@ -135,6 +135,7 @@ class FakeNvml:
         self._handles = [
             _pointer(0x1000_0000 + 0x100 * i, pynvml.c_nvmlDevice_t) for i in range(len(gpus))
         ]
+        self._index = {_key(h): i for i, h in enumerate(self._handles)}
 
     def install(self, setattr_fn: Callable[[Any, str, Any], Any]) -> None:
         """`setattr_fn` is pytest's monkeypatch.setattr (or anything with its signature)."""
@@ -156,8 +157,7 @@ class FakeNvml:
         return self._handles[index]
 
     def _gpu(self, handle: Any, fn: str) -> FakeGpu:
-        index = [_key(h) for h in self._handles].index(_key(handle))
-        gpu = self.gpus[index]
+        gpu = self.gpus[self._index[_key(handle)]]
         if gpu.lost:
             raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
         if fn in gpu.errors:
@@ -251,7 +251,7 @@ class FakeNvml:
 
     def _nvmlDeviceGetFieldValues(self, h: Any, field_ids: list[Any]) -> Any:
         gpu = self._gpu(h, "nvmlDeviceGetFieldValues")
-        index = [_key(x) for x in self._handles].index(_key(h))
+        index = self._index[_key(h)]
         self.field_value_calls.append((index, [tuple(f) for f in field_ids]))
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
         for slot, (fid, scope) in zip(values, field_ids, strict=True):
@@ -320,7 +320,7 @@ class FakeNvml:
 
     def _nvmlGpmSampleGet(self, h: Any, sample: Any) -> Any:
         gpu = self._gpu(h, "nvmlGpmSampleGet")
-        index = self.gpus.index(gpu)
+        index = self._index[_key(h)]
         if _key(sample) not in self._gpm_samples:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         self._gpm_samples[_key(sample)] = (index, gpu.gpm_sm_util)
@@ -345,9 +345,9 @@ class FakeNvml:
         return _pointer(0x5000_0000, pynvml.c_nvmlEventSet_t)
 
     def _nvmlDeviceRegisterEvents(self, h: Any, types: int, event_set: Any) -> None:
-        gpu = self._gpu(h, "nvmlDeviceRegisterEvents")
+        self._gpu(h, "nvmlDeviceRegisterEvents")  # raises for a lost GPU or an injected error
         assert types & pynvml.nvmlEventTypeXidCriticalError
-        self.registered.add(self.gpus.index(gpu))
+        self.registered.add(self._index[_key(h)])
 
     def _nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> Any:
         self.in_wait.set()
