@@ -128,10 +128,13 @@ def test_collector_over_nvml_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     fake.install(monkeypatch.setattr)
     collector, reason = build_gpu_collector("nvml")
     assert isinstance(collector, GpuCollector) and "2 GPU(s)" in reason
+    assert collector.last_samples == ()
     try:
         got = series(collector.collect())
     finally:
         collector.close()
+    assert [p.pid for p in collector.last_samples[0].processes] == [4242]
+    assert collector.last_samples[1].processes == () and not collector.last_samples[1].up
     assert got[("gpufeed_gpu_up", (("gpu", "0"), ("uuid", "GPU-x")))] == 1.0
     assert got[("gpufeed_gpu_up", (("gpu", "1"), ("uuid", "")))] == 0.0
     assert got[("gpufeed_gpu_utilization_ratio", (("gpu", "0"), ("uuid", "GPU-x")))] == 0.97

@@ -121,13 +121,22 @@ class GpuCollector:
 
     def __init__(self, backend: GpuBackend) -> None:
         self._backend = backend
+        self._last: tuple[GpuSample, ...] = ()
 
     @property
     def backend(self) -> GpuBackend:
         return self._backend
 
+    @property
+    def last_samples(self) -> tuple[GpuSample, ...]:
+        """The readings behind the last `collect()` (processes per GPU for the job layer),
+        so other parts need not ask NVML a second time. Replaced whole, never mutated."""
+        return self._last
+
     def collect(self) -> list[Family]:
-        return gpu_families(self._backend.sample(), self._backend.name)
+        samples = tuple(self._backend.sample())
+        self._last = samples
+        return gpu_families(samples, self._backend.name)
 
     def close(self) -> None:
         self._backend.close()
