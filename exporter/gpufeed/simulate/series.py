@@ -221,8 +221,12 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
                     gi=j, sample=fam + "_count")  # fmt: skip
             add("gpufeed_job_checkpoint_written_bytes_total", "counter", jl, COUNTER,
                 lay.jc(j, lay.j_ckpt_bytes), gate=JOB_PRESENT, gi=j)  # fmt: skip
-        # per-tier I/O comes from cgroup accounting, not the SDK: present without it too
+        # per-tier I/O comes from cgroup accounting, not the SDK: present without it too,
+        # for the tiers the job touches (cgroup io.stat lists only devices it used)
+        touched = {job.data_tier, job.checkpoint_tier} | {ph.tier for ph in job.phases if ph.tier}
         for t, tier in enumerate(s.tiers):
+            if tier.name not in touched:
+                continue
             tl = {**jl, "tier": tier.name}
             add("gpufeed_job_storage_read_bytes_total", "counter", tl, COUNTER,
                 lay.jc(j, lay.j_tier_read + t), gate=JOB_PRESENT, gi=j)  # fmt: skip
