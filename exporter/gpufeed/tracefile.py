@@ -172,12 +172,12 @@ def merge_segments(segments: Iterable[dict[str, Block]], out: Path) -> None:
         for fam, header in order.items():
             f.write(header.encode())
             for seg in seg_list:
-                block = seg.get(fam)
-                if block is None:
+                part = seg.get(fam)
+                if part is None:
                     continue
-                with open(block.path, "rb") as src:
-                    src.seek(block.start)
-                    left = block.end - block.start
+                with open(part.path, "rb") as src:
+                    src.seek(part.start)
+                    left = part.end - part.start
                     while left > 0:
                         chunk = src.read(min(_COPY_CHUNK, left))
                         if not chunk:

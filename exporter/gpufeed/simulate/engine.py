@@ -148,7 +148,7 @@ class Engine:
         return _JobNow(ph.phase != "idle", ph, inst, t - self._starts[j][i], params)
 
     def _events_now(self, tau: float) -> list[tuple[int, float, list[float]]]:
-        out = []
+        out: list[tuple[int, float, list[float]]] = []
         if not self.scenario.repeat and tau >= self._cycle:
             return out
         cycle, t = divmod(tau, self._cycle)
@@ -205,8 +205,12 @@ class Engine:
             cum[lay.gc(g, L.C_NVL_TX)] = uptime * boot.uniform(1e9, 2e10)
             cum[lay.gc(g, L.C_NVL_RX)] = cum[lay.gc(g, L.C_NVL_TX)] * boot.uniform(0.98, 1.02)
         for t, tier in enumerate(self.scenario.tiers):
-            r_ops = uptime * boot.uniform(0.02, 0.2) * tier.read_bytes_per_second / tier.request_bytes
-            w_ops = uptime * boot.uniform(0.01, 0.1) * tier.write_bytes_per_second / tier.request_bytes
+            r_ops = (
+                uptime * boot.uniform(0.02, 0.2) * tier.read_bytes_per_second / tier.request_bytes
+            )
+            w_ops = (
+                uptime * boot.uniform(0.01, 0.1) * tier.write_bytes_per_second / tier.request_bytes
+            )
             cum[lay.tc(t, L.T_READS)] = r_ops
             cum[lay.tc(t, L.T_WRITES)] = w_ops
             cum[lay.tc(t, L.T_READ_B)] = r_ops * tier.request_bytes
@@ -378,7 +382,9 @@ class Engine:
                     rate = tier.read_bytes_per_second * (0.02 + 0.08 * p[1])
                     tier_lat_mult[src] = max(tier_lat_mult[src], 10 + 30 * p[2])
                 else:
-                    rate = max(0.0, tier.read_bytes_per_second * (0.97 + 0.03 * p[1]) - tier_read[src])
+                    rate = max(
+                        0.0, tier.read_bytes_per_second * (0.97 + 0.03 * p[1]) - tier_read[src]
+                    )
                     tier_lat_mult[src] = max(tier_lat_mult[src], 3 + 5 * p[2])
                     tier_saturated[src] = True
                 reads.append((src, rate))
@@ -530,7 +536,7 @@ class Engine:
             target = 30.0 + 48.0 * power / limit + (14.0 if "thermal" in gpu_reason[g] else 0.0)
             temps[g] += (target - temps[g]) * alpha
             gauges[base + L.G_TEMP] = round(temps[g])
-            if u < 0.05 and not held or u < 0.02:
+            if (u < 0.05 and not held) or u < 0.02:
                 clk = 0.17 * n.gpu_max_sm_clock_hertz
                 reason_now = gpu_reason[g] or "gpu_idle"
             else:
@@ -557,8 +563,12 @@ class Engine:
             r_ops = read / tier.request_bytes
             w_ops = write / tier.request_bytes
             lat_n = math.exp(gauss(0, 0.12))
-            r_lat = tier.read_latency_seconds * tier_lat_mult[t] * (1 + 0.3 * min(1.0, load)) * lat_n
-            w_lat = tier.write_latency_seconds * tier_lat_mult[t] * (1 + 0.3 * min(1.0, load)) * lat_n
+            r_lat = (
+                tier.read_latency_seconds * tier_lat_mult[t] * (1 + 0.3 * min(1.0, load)) * lat_n
+            )
+            w_lat = (
+                tier.write_latency_seconds * tier_lat_mult[t] * (1 + 0.3 * min(1.0, load)) * lat_n
+            )
             queue = r_ops * r_lat + w_ops * w_lat
             c = lay.tc(t, 0)
             incs[c + L.T_READ_B] = read * dt
@@ -579,22 +589,26 @@ class Engine:
             gauges[lay.g_tier_free + t] = tier.capacity_bytes * tier.free_ratio - kept % window
 
         # ---- network ports ------------------------------------------------------------
-        nfs_read = sum(min(tier_read[t], x.read_bytes_per_second) for t, x in enumerate(s.tiers) if x.device is None)
+        nfs_read = sum(
+            min(tier_read[t], x.read_bytes_per_second)
+            for t, x in enumerate(s.tiers)
+            if x.device is None
+        )
         nfs_write = sum(min(tier_write[t], x.write_bytes_per_second) for t, x in enumerate(s.tiers) if x.device is None)  # fmt: skip
-        for p, port in enumerate(s.ports):
-            c = lay.pc(p, 0)
+        for pi, port in enumerate(s.ports):
+            c = lay.pc(pi, 0)
             speed = port.speed_bytes_per_second
-            frac = min(0.99, port_frac[p])
+            frac = min(0.99, port_frac[pi])
             rxb = frac * speed * (1 + gauss(0, 0.01))
             txb = frac * speed * (1 + gauss(0, 0.01))
-            if p in self._eth_ports:
+            if pi in self._eth_ports:
                 share = 1.0 / len(self._eth_ports)
                 rxb += nfs_read * share
                 txb += nfs_write * share
             incs[c + L.P_RX] = min(rxb, speed) * dt
             incs[c + L.P_TX] = min(txb, speed) * dt
             if port.counts_transmit_wait:
-                incs[c + L.P_WAIT] = min(1.0, port_wait[p]) * dt
+                incs[c + L.P_WAIT] = min(1.0, port_wait[pi]) * dt
 
         # ---- host -----------------------------------------------------------------------
         cpus = float(n.cpus)

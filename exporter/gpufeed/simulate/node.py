@@ -15,7 +15,7 @@ from gpufeed.model import Family
 from gpufeed.simulate import layout as L
 from gpufeed.simulate.engine import Engine, Truth
 from gpufeed.simulate.scenario import CLOCK_EVENT_REASONS, Scenario
-from gpufeed.simulate.series import gpu_identities, node_series, render
+from gpufeed.simulate.series import gpu_identities, gpu_series, node_series, render
 
 Clock = Callable[[], float]
 
@@ -36,6 +36,7 @@ class SimulatedNode:
         self.engine = Engine(scenario, seed, pace=pace, resolution_seconds=resolution_seconds)
         self.identities = gpu_identities(scenario, seed)
         self._node_defs = node_series(scenario, self.engine.layout, self.identities)
+        self._gpu_defs = gpu_series(scenario, self.engine.layout, self.identities)
         self._clock = clock
         self.started_at_seconds = clock()
 
@@ -95,6 +96,18 @@ class SimulatedNode:
         gauges, counters, k = self.engine.values_at(t)
         up, present = self.engine.presence(k)
         return render(self._node_defs, gauges, counters, up, present)
+
+    def gpu_families(self, elapsed_seconds: float | None = None) -> list[Family]:
+        """The GPU families as the GPU collector renders them (trace generator, tests)."""
+        t = self.elapsed() if elapsed_seconds is None else elapsed_seconds
+        gauges, counters, k = self.engine.values_at(t)
+        up, present = self.engine.presence(k)
+        return render(self._gpu_defs, gauges, counters, up, present)
+
+    def families(self, elapsed_seconds: float | None = None) -> list[Family]:
+        """Every family of the node at one instant: GPU ones first, then the rest."""
+        t = self.elapsed() if elapsed_seconds is None else elapsed_seconds
+        return self.gpu_families(t) + self.node_families(t)
 
 
 class SimulatedNodeCollector:

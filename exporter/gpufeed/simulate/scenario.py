@@ -11,6 +11,7 @@ Errors name the key and the line, in the same style as the agent's config file.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -240,6 +241,35 @@ class _ScenarioReader(_Reader):
             events=events,
         )
 
+    def number(
+        self,
+        m: Mapping_,
+        key: str,
+        default: float,
+        *,
+        minimum: float,
+        maximum: float,
+        prefix: str = "",
+    ) -> float:
+        # PyYAML follows YAML 1.1, where `25e9` (no sign, no dot) is a string; sizes and
+        # rates are written that way, so plain-scalar strings that read as numbers count.
+        if key in m:
+            node = m[key][1]
+            if isinstance(node, yaml.ScalarNode) and node.style is None:
+                raw = self.scalar(node)
+                if isinstance(raw, str):
+                    try:
+                        value = float(raw)
+                    except ValueError:
+                        value = math.nan
+                    if math.isfinite(value):
+                        if not minimum <= value <= maximum:
+                            raise self.fail(
+                                node, prefix + key, f"must be between {minimum:g} and {maximum:g}"
+                            )
+                        return value
+        return super().number(m, key, default, minimum=minimum, maximum=maximum, prefix=prefix)
+
     def boolean(self, m: Mapping_, key: str, default: bool, prefix: str = "") -> bool:
         if key not in m:
             return default
@@ -308,7 +338,9 @@ class _ScenarioReader(_Reader):
                 if raw is not None and not isinstance(raw, str):
                     raise self.fail(dnode, p + "device", "expected a device name or null (NFS)")
                 device = raw
-            mount = self.string(t, "mountpoint", d.mountpoint if name in defaults else f"/mnt/{name}", prefix=p)
+            mount = self.string(
+                t, "mountpoint", d.mountpoint if name in defaults else f"/mnt/{name}", prefix=p
+            )
             if not mount.startswith("/"):
                 raise self.fail(t["mountpoint"][1], p + "mountpoint", "expected an absolute path")
             out.append(
@@ -339,11 +371,17 @@ class _ScenarioReader(_Reader):
             key = f"fabric[{i}]"
             m = self.mapping(item, key)
             p = key + "."
-            self.no_unknown(m, {"device", "fabric", "port", "speed_bytes_per_second", "transmit_wait"}, p)
+            self.no_unknown(
+                m, {"device", "fabric", "port", "speed_bytes_per_second", "transmit_wait"}, p
+            )
             if "device" not in m:
                 raise self.fail(item, key, "missing key: device")
             fabric = self.choice(m, "fabric", "ethernet", FABRICS, prefix=p)
-            port = self.string(m, "port", "1" if fabric != "ethernet" else "", prefix=p) if "port" in m or fabric != "ethernet" else ""
+            port = (
+                self.string(m, "port", "1" if fabric != "ethernet" else "", prefix=p)
+                if "port" in m or fabric != "ethernet"
+                else ""
+            )
             out.append(
                 PortSpec(
                     device=self.string(m, "device", "", prefix=p),
@@ -355,7 +393,9 @@ class _ScenarioReader(_Reader):
             )  # fmt: skip
         return tuple(out)
 
-    def jobs_spec(self, entry: Entry | None, node: NodeSpec, tiers: set[str]) -> tuple[JobSpec, ...]:
+    def jobs_spec(
+        self, entry: Entry | None, node: NodeSpec, tiers: set[str]
+    ) -> tuple[JobSpec, ...]:
         if entry is None:
             return ()
         out: list[JobSpec] = []
@@ -372,16 +412,26 @@ class _ScenarioReader(_Reader):
                     raise self.fail(item, key, f"missing key: {required}")
             job_id = self.string(m, "id", "", prefix=p)
             if not job_id or len(job_id) > 128:
-                raise self.fail(m["id"][1], p + "id", "expected a non-empty id of at most 128 characters")
+                raise self.fail(
+                    m["id"][1], p + "id", "expected a non-empty id of at most 128 characters"
+                )
             if any(j.job_id == job_id for j in out):
                 raise self.fail(m["id"][1], p + "id", f"job id {job_id!r} is used twice")
             gpus: list[int] = []
             for g in self.sequence(m["gpus"], p + "gpus"):
                 value = self.scalar(g) if isinstance(g, yaml.ScalarNode) else None
-                if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < node.gpus:
-                    raise self.fail(g, p + "gpus", f"expected a GPU index 0..{node.gpus - 1}, got {_show(g)}")
+                if (
+                    isinstance(value, bool)
+                    or not isinstance(value, int)
+                    or not 0 <= value < node.gpus
+                ):
+                    raise self.fail(
+                        g, p + "gpus", f"expected a GPU index 0..{node.gpus - 1}, got {_show(g)}"
+                    )
                 if value in held:
-                    raise self.fail(g, p + "gpus", f"GPU {value} is already held by job {held[value]!r}")
+                    raise self.fail(
+                        g, p + "gpus", f"GPU {value} is already held by job {held[value]!r}"
+                    )
                 held[value] = job_id
                 gpus.append(value)
             if not gpus:
@@ -414,7 +464,9 @@ class _ScenarioReader(_Reader):
             return fallback
         name = self.string(m, key, "", prefix=p)
         if name not in tiers:
-            raise self.fail(m[key][1], p + key, f"unknown tier {name!r} (tiers: {', '.join(sorted(tiers))})")
+            raise self.fail(
+                m[key][1], p + key, f"unknown tier {name!r} (tiers: {', '.join(sorted(tiers))})"
+            )
         return name
 
     def phases_spec(
@@ -438,17 +490,29 @@ class _ScenarioReader(_Reader):
             tier = ""
             if "tier" in m:
                 if phase not in ("data_loading", "checkpointing", "startup"):
-                    raise self.fail(m["tier"][1], p + "tier", "only data_loading, checkpointing and startup take a tier")
+                    raise self.fail(
+                        m["tier"][1],
+                        p + "tier",
+                        "only data_loading, checkpointing and startup take a tier",
+                    )
                 tier = self.string(m, "tier", "", prefix=p)
                 if tier not in tiers:
-                    raise self.fail(m["tier"][1], p + "tier", f"unknown tier {tier!r} (tiers: {', '.join(sorted(tiers))})")
+                    raise self.fail(
+                        m["tier"][1],
+                        p + "tier",
+                        f"unknown tier {tier!r} (tiers: {', '.join(sorted(tiers))})",
+                    )
             gpu = -1
             if "gpu" in m:
                 if phase != "gpu_error":
                     raise self.fail(m["gpu"][1], p + "gpu", "only gpu_error takes a gpu")
                 gpu = self.integer(m, "gpu", -1, minimum=0, maximum=4096, prefix=p)
                 if gpu not in gpus:
-                    raise self.fail(m["gpu"][1], p + "gpu", f"GPU {gpu} is not one of the job's GPUs {list(gpus)}")
+                    raise self.fail(
+                        m["gpu"][1],
+                        p + "gpu",
+                        f"GPU {gpu} is not one of the job's GPUs {list(gpus)}",
+                    )
             reason = ""
             if phase == "throttling":
                 reason = self.choice(m, "reason", "hw_slowdown", THROTTLE_REASONS, prefix=p)
@@ -499,15 +563,27 @@ class _ScenarioReader(_Reader):
                         gl: list[int] = []
                         for g in self.sequence(m["gpus"], p + "gpus"):
                             v = self.scalar(g) if isinstance(g, yaml.ScalarNode) else None
-                            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < node.gpus:
-                                raise self.fail(g, p + "gpus", f"expected a GPU index 0..{node.gpus - 1}")
+                            if (
+                                isinstance(v, bool)
+                                or not isinstance(v, int)
+                                or not 0 <= v < node.gpus
+                            ):
+                                raise self.fail(
+                                    g, p + "gpus", f"expected a GPU index 0..{node.gpus - 1}"
+                                )
                             gl.append(v)
                         gpus = tuple(gl)
                     if not job and not gpus:
                         raise self.fail(item, k, "a thermal event needs `job` or `gpus`")
-                    reason = self.choice(m, "reason", "hw_thermal_slowdown", THERMAL_REASONS, prefix=p)
+                    reason = self.choice(
+                        m, "reason", "hw_thermal_slowdown", THERMAL_REASONS, prefix=p
+                    )
                 if kind == "dip" and seconds > MAX_DIP_SECONDS:
-                    raise self.fail(m["seconds"][1], p + "seconds", f"a dip longer than {MAX_DIP_SECONDS:g} s is not a confounder: make it a phase")
+                    raise self.fail(
+                        m["seconds"][1],
+                        p + "seconds",
+                        f"a dip longer than {MAX_DIP_SECONDS:g} s is not a confounder: make it a phase",
+                    )
             out.append(EventSpec(kind, at, seconds, tier, job, gpus, reason))
         return tuple(out)
 

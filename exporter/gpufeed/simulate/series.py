@@ -95,9 +95,7 @@ def gpu_identities(scenario: Scenario, seed: int) -> list[GpuIdentity]:
     return out
 
 
-def gpu_series(
-    scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]
-) -> list[SeriesDef]:
+def gpu_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -> list[SeriesDef]:
     """GPU series as the GPU collector renders them (used by the trace generator)."""
     out: list[SeriesDef] = []
 
@@ -125,7 +123,15 @@ def gpu_series(
             if i == L.G_SMACT and not scenario.node.sm_active:
                 continue
             add(fam, "gauge", base, GAUGE, lay.gg(g, i), g=g)
-        add("gpufeed_gpu_memory_total_bytes", "gauge", base, CONST, 0, scenario.node.gpu_memory_bytes, g=g)
+        add(
+            "gpufeed_gpu_memory_total_bytes",
+            "gauge",
+            base,
+            CONST,
+            0,
+            scenario.node.gpu_memory_bytes,
+            g=g,
+        )
         for r, reason in enumerate(CLOCK_EVENT_REASONS):
             add("gpufeed_gpu_clock_event_active", "gauge", {**base, "reason": reason}, GAUGE,
                 lay.gg(g, L.G_REASONS + r), g=g)  # fmt: skip
@@ -180,12 +186,25 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
             lab["port"] = port.port
         add("gpufeed_network_receive_bytes_total", "counter", lab, COUNTER, lay.pc(p, L.P_RX))
         add("gpufeed_network_transmit_bytes_total", "counter", lab, COUNTER, lay.pc(p, L.P_TX))
-        add("gpufeed_network_speed_bytes_per_second", "gauge", lab, CONST, 0, port.speed_bytes_per_second)
+        add(
+            "gpufeed_network_speed_bytes_per_second",
+            "gauge",
+            lab,
+            CONST,
+            0,
+            port.speed_bytes_per_second,
+        )
         if port.counts_transmit_wait:
             add("gpufeed_network_transmit_wait_seconds_total", "counter", lab, COUNTER,
                 lay.pc(p, L.P_WAIT))  # fmt: skip
     for i, mode in enumerate(L.CPU_MODES):
-        add("gpufeed_host_cpu_seconds_total", "counter", {"mode": mode}, COUNTER, lay.hc(L.H_CPU + i))
+        add(
+            "gpufeed_host_cpu_seconds_total",
+            "counter",
+            {"mode": mode},
+            COUNTER,
+            lay.hc(L.H_CPU + i),
+        )
     add("gpufeed_host_cpus", "gauge", {}, CONST, 0, float(s.node.cpus))
     for i, res in enumerate(L.PRESSURE_SOME):
         add("gpufeed_host_pressure_waiting_seconds_total", "counter", {"resource": res}, COUNTER,
