@@ -7,6 +7,7 @@ import json
 import subprocess
 from collections import defaultdict
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -74,10 +75,10 @@ def test_labels_cover_every_gpu_and_match_utilization(trace: Generated) -> None:
             assert not inside
         elif rec["cause"] is not None:
             assert not inside or max(inside) < 0.8, rec
-    for key, intervals in spans.items():  # contiguous, covering the whole trace
+    for intervals in spans.values():  # contiguous, covering the whole trace
         intervals.sort()
         assert intervals[0][0] == 1_700_000_000.0
-        assert all(a[1] == b[0] for a, b in zip(intervals, intervals[1:], strict=False))
+        assert all(a[1] == b[0] for a, b in pairwise(intervals))
         assert intervals[-1][1] == 1_700_000_000.0 + (4 * 240 + 1) * 15.0
     assert len(spans) == 3 * 8
     assert None in causes and "idle" in causes
@@ -145,12 +146,10 @@ def test_sdk_off_means_no_sdk_series_and_a_given_scenario_runs_on_every_node(
 
 
 @pytest.mark.slow
-def test_promtool_accepts_a_generated_trace(
-    trace: tuple[Path, Path, object], tmp_path: Path
-) -> None:
-    path, _, stats = trace
+def test_promtool_accepts_a_generated_trace(trace: Generated, tmp_path: Path) -> None:
+    db = tmp_path / "db"
     out = subprocess.run(
-        ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(path), str(tmp_path / "db")],
+        ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(trace.path), str(db)],
         capture_output=True,
         text=True,
         timeout=300,
