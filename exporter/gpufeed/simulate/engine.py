@@ -116,6 +116,7 @@ class Engine:
                 acc += ph.seconds
             self._starts.append(starts)
         self._cycle = s.cycle_seconds
+        self._periods = [job.period_seconds for job in s.jobs]
         self._job_of_gpu = [-1] * s.node.gpus
         for j, job in enumerate(s.jobs):
             for g in job.gpus:
@@ -132,7 +133,7 @@ class Engine:
 
     def _job_now(self, j: int, tau: float) -> _JobNow:
         job = self.scenario.jobs[j]
-        period = job.period_seconds
+        period = self._periods[j]
         if not self.scenario.repeat and tau >= period:
             return _JobNow(False, None, -1, 0.0, [])
         cycle, t = divmod(tau, period)
@@ -294,7 +295,12 @@ class Engine:
         tau = k * dt * self.pace
         step_tau = dt * self.pace
         rng = random.Random(mix(self.seed, 1, k))
-        gauss, unif = rng.gauss, rng.uniform
+        unif, rnd = rng.uniform, rng.random
+
+        def gauss(mu: float, sd: float) -> float:
+            # a sum of three uniforms: close enough to normal for noise, and 10x cheaper
+            return mu + sd * 2.0 * (rnd() + rnd() + rnd() - 1.5)
+
         gauges = [0.0] * lay.n_gauges
         incs = [0.0] * lay.n_counters
         jobs = [self._job_now(j, tau) for j in range(len(s.jobs))]

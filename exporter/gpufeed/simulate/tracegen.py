@@ -121,29 +121,40 @@ def generate_trace(
 
 
 def _values(engine: Engine, defs: Sequence[SeriesDef], steps: int) -> list[array[float]]:
-    """Every series' value at every step (NaN where absent), read column by column."""
+    """Every series' value at every step (NaN where absent), built column by column."""
     nan = math.nan
-    cols: list[list[float]] = [[] for _ in defs]
-    # resolve each definition once into (kind, index, gate...) for the hot loop
-    plan = [(d.source, d.index, d.const, d.gate, d.gate_index, d.integer) for d in defs]
+    gauge_rows: list[list[float]] = []
+    counter_rows: list[list[float]] = []
+    up_rows: list[list[bool]] = []
+    present_rows: list[list[bool]] = []
     for k, (gauges, counters) in enumerate(engine.iter_cells(steps)):
+        # each cell's lists are fresh objects, so keeping references is safe
+        gauge_rows.append(gauges)
+        counter_rows.append(counters)
         up, present = engine.presence(k)
-        for col, (src, idx, const, gate, gi, integer) in zip(cols, plan, strict=True):
-            if (gate == GPU_UP and not up[gi]) or (gate == JOB_PRESENT and not present[gi]):
-                col.append(nan)
-                continue
-            if src == GAUGE:
-                v = gauges[idx]
-            elif src == COUNTER:
-                v = counters[idx]
-                if integer:
-                    v = float(math.floor(v))
-                elif gate == NONZERO and v == 0:
-                    v = nan
-            else:
-                v = const
-            col.append(v)
-    return [array("d", c) for c in cols]
+        up_rows.append(up)
+        present_rows.append(present)
+    cols: list[array[float]] = []
+    for d in defs:
+        i = d.index
+        if d.source == GAUGE:
+            col = [row[i] for row in gauge_rows]
+        elif d.source == COUNTER:
+            col = [row[i] for row in counter_rows]
+            if d.integer:
+                col = [float(math.floor(v)) for v in col]
+            elif d.gate == NONZERO:
+                col = [v if v != 0 else nan for v in col]
+        else:
+            col = [d.const] * steps
+        if d.gate == GPU_UP:
+            g = d.gate_index
+            col = [v if row[g] else nan for v, row in zip(col, up_rows, strict=True)]
+        elif d.gate == JOB_PRESENT:
+            j = d.gate_index
+            col = [v if row[j] else nan for v, row in zip(col, present_rows, strict=True)]
+        cols.append(array("d", col))
+    return cols
 
 
 def _write_trace(
@@ -165,11 +176,10 @@ def _write_trace(
                     if d.family != fam:
                         continue
                     prefix = d.sample + om_labels(d.labels + inst) + " "
+                    # repr is the shortest exact float text; `1.0` is valid OpenMetrics
                     lines = [
-                        prefix + (str(int(v)) if v.is_integer() and -1e15 < v < 1e15 else repr(v)) + s
-                        for v, s in zip(vals, suffixes, strict=True)
-                        if v == v
-                    ]  # fmt: skip
+                        f"{prefix}{v!r}{s}" for v, s in zip(vals, suffixes, strict=True) if v == v
+                    ]
                     samples += len(lines)
                     f.write("".join(lines))
         f.write(EOF_LINE)
