@@ -59,3 +59,15 @@ def test_agent_serves_metrics_and_healthz_and_stops_on_sigterm(run_agent: Any) -
     assert status == 200 and health.startswith(b"ok")
     proc.terminate()
     assert proc.wait(15) == 0
+
+
+def test_explicit_nvml_without_a_driver_fails_clearly() -> None:
+    import ctypes.util
+
+    if ctypes.util.find_library("nvidia-ml"):
+        import pytest
+
+        pytest.skip("this host has an NVIDIA driver")
+    res = run("agent", "--gpu.backend", "nvml", "--web.listen-address", "127.0.0.1:19024")
+    assert res.returncode == 2
+    assert "--gpu.backend=nvml:" in res.stderr and "not found" in res.stderr

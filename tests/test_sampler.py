@@ -1,6 +1,7 @@
 import threading
 import time
 
+from gpufeed.collectors.base import PartialCollectionError
 from gpufeed.model import Families, Family
 from gpufeed.sampler import Sampler
 
@@ -35,6 +36,26 @@ class Hanging:
 
     def close(self) -> None:
         self.release.set()
+
+
+class Partial:
+    name = "partial"
+
+    def collect(self) -> list[Family]:
+        f = Families()
+        f.gauge("gpufeed_test_partial", "read before the failure", {}, 7.0)
+        raise PartialCollectionError("/proc/stat: No such file", f.build())
+
+    def close(self) -> None:
+        pass
+
+
+def test_partial_failure_publishes_what_was_read_and_reports_failure() -> None:
+    sampler = Sampler([Partial()], interval_seconds=1.0, timeout_seconds=0.5)
+    text = sampler.sample_once().text.decode()
+    sampler.stop()
+    assert "gpufeed_test_partial 7.0" in text
+    assert 'gpufeed_collector_success{collector="partial"} 0.0' in text
 
 
 class Raising:

@@ -18,6 +18,7 @@ from typing import Any
 from gpufeed.collectors import available
 from gpufeed.collectors.base import Collector, CollectorContext, HostPaths
 from gpufeed.config import AgentConfig, ConfigError, load_config
+from gpufeed.gpu.select import BACKEND_KINDS
 from gpufeed.sampler import Sampler
 from gpufeed.snapshot import Processor, Sink
 
@@ -65,6 +66,16 @@ def register(subparsers: Any) -> None:
         default="info",
         choices=["debug", "info", "warning", "error"],
         help="log verbosity",
+    )
+    p.add_argument(
+        "--gpu.backend",
+        dest="gpu_backend",
+        choices=BACKEND_KINDS,
+        default="auto",
+        help=(
+            "where GPU metrics come from: auto (NVML if a driver is present, else no GPU "
+            "collector, one log line), nvml (NVML or exit with an error), simulated, off"
+        ),
     )
     p.add_argument(
         "--otlp.endpoint",
@@ -133,11 +144,28 @@ def build_parts(args: argparse.Namespace) -> AgentParts:
     for spec in available():
         if getattr(args, f"collector_{spec.name}", spec.default_enabled):
             parts.collectors.append(spec.factory(ctx))
+    gpu = _gpu_collector(args)
+    if gpu is not None:
+        parts.collectors.append(gpu)
     if args.otlp_endpoint:
         from gpufeed.otlp import OtlpSink
 
         parts.sinks.append(OtlpSink(args.otlp_endpoint, push_interval_seconds=args.otlp_interval))
     return parts
+
+
+def _gpu_collector(args: argparse.Namespace) -> Collector | None:
+    from gpufeed.collectors.gpu import build_gpu_collector
+    from gpufeed.gpu.nvml import NvmlUnavailable
+
+    try:
+        collector, reason = build_gpu_collector(args.gpu_backend)
+    except NvmlUnavailable as exc:
+        raise UsageError(f"--gpu.backend=nvml: {exc}") from exc
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    log.info("%s", reason)
+    return collector
 
 
 def run(args: argparse.Namespace) -> int:

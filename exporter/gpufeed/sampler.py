@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpufeed import __version__
-from gpufeed.collectors.base import Collector
+from gpufeed.collectors.base import Collector, PartialCollectionError
 from gpufeed.exposition import render_text
 from gpufeed.model import Families, Family
 from gpufeed.snapshot import CollectorStatus, Processor, Sink, Snapshot
@@ -78,6 +78,10 @@ class _Worker:
             try:
                 self.result = self.collector.collect()
                 self.error = ""
+            except PartialCollectionError as exc:
+                # Failed, but what it did read is still published.
+                self.result = exc.families
+                self.error = f"{type(exc).__name__}: {exc}"
             except Exception as exc:  # a collector's failure must not end the agent
                 self.result = []
                 self.error = f"{type(exc).__name__}: {exc}"
@@ -184,6 +188,7 @@ class Sampler:
             if w.error:
                 self._log_error(w.name, w.error)
                 statuses.append(CollectorStatus(w.name, False, w.duration_seconds, w.error))
+                families.extend(w.result)  # partial results; empty for ordinary failures
                 continue
             self._logged_errors.pop(w.name, None)
             statuses.append(CollectorStatus(w.name, True, w.duration_seconds))
