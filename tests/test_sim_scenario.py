@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpufeed.config import ConfigError
+from gpufeed.simulate.node import SimulatedNode
 from gpufeed.simulate.scenario import (
     PHASES,
     ScenarioError,
@@ -62,7 +63,11 @@ def test_docs_example_is_a_valid_scenario() -> None:
     start = text.index("```yaml\n", text.index("## A full example")) + len("```yaml\n")
     example = text[start : text.index("```", start)]
     s = parse_scenario(example, "docs example")
-    assert s.jobs and s.events
+    assert [j.job_id for j in s.jobs] == ["pretrain-1", "finetune-2"] and len(s.events) == 3
+    assert [t.name for t in s.tiers] == ["hot", "warm", "cold"]
+    node = SimulatedNode(s, seed=1, clock=lambda: 0.0)
+    for t in (0.0, 250.0, 500.0, 700.0):
+        assert node.families(t)
 
 
 @pytest.mark.parametrize(

@@ -29,3 +29,11 @@ class SimulatedGpuBackend:
 
     def close(self) -> None:
         return None
+
+
+def default_backend() -> SimulatedGpuBackend:
+    """The built-in scenario's GPUs on the wall clock (for `bench/gpu_sampling.py
+    --backend gpufeed.gpu.simulated:default_backend`)."""
+    from gpufeed.simulate.scenario import default_scenario
+
+    return SimulatedGpuBackend(SimulatedNode(default_scenario(), seed=1))

@@ -23,11 +23,12 @@ def build_simulated_node(
     scenario_path: str | None,
     seed: int = 1,
     pace: float = 1.0,
-    clock: Callable[[], float] = time.time,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[SimulatedGpuBackend, list[Collector], SimulatedNode]:
     """The simulated GPU backend, the `simulated` collector, and the node they share.
 
-    `scenario_path` None runs the built-in scenario. Raises `ScenarioError` (a
+    `scenario_path` None runs the built-in scenario. `clock` only needs to advance in
+    seconds (default `time.monotonic`); the snapshot timestamps come from the sampler. Raises `ScenarioError` (a
     `ConfigError`) with file, key and line for a bad scenario.
     """
     from gpufeed.gpu.simulated import SimulatedGpuBackend

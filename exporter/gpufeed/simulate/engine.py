@@ -89,7 +89,7 @@ class _State:
 class Engine:
     """Computes cells on demand and remembers recent ones; thread-safe."""
 
-    HISTORY_CELLS = 512
+    HISTORY_CELLS = 64  # enough for collectors reading the same instant a little apart
 
     def __init__(
         self, scenario: Scenario, seed: int, *, pace: float = 1.0, resolution_seconds: float = 1.0

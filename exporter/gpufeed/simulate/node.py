@@ -27,7 +27,7 @@ class SimulatedNode:
         *,
         seed: int = 1,
         pace: float = 1.0,
-        clock: Clock = time.time,
+        clock: Clock = time.monotonic,
         resolution_seconds: float = 1.0,
     ) -> None:
         self.scenario = scenario
@@ -39,9 +39,13 @@ class SimulatedNode:
         self._gpu_defs = gpu_series(scenario, self.engine.layout, self.identities)
         self._clock = clock
         self.started_at_seconds = clock()
+        self._latest = 0.0
 
     def elapsed(self) -> float:
-        return max(0.0, self._clock() - self.started_at_seconds)
+        """Seconds since start; never goes back, so a clock stepped backwards pauses the
+        simulation instead of replaying it from the start."""
+        self._latest = max(self._latest, self._clock() - self.started_at_seconds)
+        return self._latest
 
     def ground_truth(self, elapsed_seconds: float | None = None) -> dict[int, Truth]:
         """The true cause per GPU now (or at an elapsed time): for labelling, not /metrics."""
