@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpufeed.simulate import layout as L
+from gpufeed.simulate.phases import JobContext, JobLoad, Noise, job_load
 from gpufeed.simulate.scenario import CLOCK_EVENT_REASONS, JobSpec, PhaseSpec, Scenario
 
 _MASK = (1 << 64) - 1
@@ -290,351 +291,247 @@ class Engine:
     # ---- one cell of physics ---------------------------------------------------------------
 
     def _cell(self, st: _State) -> tuple[list[float], list[float], list[float], list[float]]:
-        s, lay, n = self.scenario, self.layout, self.scenario.node
-        k, dt = st.k, self.res
-        tau = k * dt * self.pace
-        step_tau = dt * self.pace
-        rng = random.Random(mix(self.seed, 1, k))
-        unif, rnd = rng.uniform, rng.random
-
-        def gauss(mu: float, sd: float) -> float:
-            # a sum of three uniforms: close enough to normal for noise, and 10x cheaper
-            return mu + sd * 2.0 * (rnd() + rnd() + rnd() - 1.5)
-
-        gauges = [0.0] * lay.n_gauges
-        incs = [0.0] * lay.n_counters
+        """Gauges, counter increments, temperatures and epoch marks of cell `st.k`."""
+        s = self.scenario
+        k = st.k
+        tau = k * self.res * self.pace
+        noise = Noise(mix(self.seed, 1, k))
+        c = _Cell(self.layout, s, noise)
         jobs = [self._job_now(j, tau) for j in range(len(s.jobs))]
         events = self._events_now(tau)
         epochs = list(st.last_epoch_end)
-
-        n_tiers = len(s.tiers)
-        tier_read = [t.background_read_bytes_per_second * unif(0.6, 1.4) for t in s.tiers]
-        tier_write = [t.background_write_bytes_per_second * unif(0.6, 1.4) for t in s.tiers]
-        tier_lat_mult = [1.0] * n_tiers
-        tier_saturated = [False] * n_tiers
-        cpu = {"user": 0.8, "system": 0.4, "iowait": 0.02, "irq": 0.05, "softirq": 0.1,
-               "steal": 0.0, "nice": 0.02}  # fmt: skip
-        psi_cpu = unif(0.005, 0.03)
-        psi_io = unif(0.002, 0.015)
-        psi_io_full = psi_io * unif(0.2, 0.5)
-        port_frac = [unif(0.002, 0.01) for _ in s.ports]
-        port_wait = [unif(0.0005, 0.004) for _ in s.ports]
-        mem_used_host = 0.0
-
-        # busy-tier confounder: another tenant drives a tier to its ceiling
-        for e, _, ep in events:
+        for e, _, ep in events:  # another tenant drives a tier to its ceiling
             ev = s.events[e]
             if ev.kind == "busy_tier":
                 t = self._tier_index[ev.tier]
-                tier_read[t] = s.tiers[t].read_bytes_per_second * (0.6 + 0.4 * ep[0])
-                tier_write[t] = s.tiers[t].write_bytes_per_second * 0.3 * ep[1]
-                tier_lat_mult[t] = max(tier_lat_mult[t], 2.5 + 3 * ep[2])
-                tier_saturated[t] = True
-
-        gpu_util = [0.0] * n.gpus
-        gpu_clock = [1.0] * n.gpus
-        gpu_reason: list[str] = [""] * n.gpus
-        gpu_mem = [0.0] * n.gpus
-        gpu_nvl = [0.0] * n.gpus
-        gpu_pcie_rx = [0.0] * n.gpus
-        gpu_pcie_tx = [0.0] * n.gpus
-        gpu_up = [True] * n.gpus
-        gpu_power_cap = [False] * n.gpus
-        xid_gpu = -1
-
+                c.tier_read[t] = s.tiers[t].read_bytes_per_second * (0.6 + 0.4 * ep[0])
+                c.tier_write[t] = s.tiers[t].write_bytes_per_second * 0.3 * ep[1]
+                c.tier_latency[t] = max(c.tier_latency[t], 2.5 + 3 * ep[2])
+                c.tier_saturated[t] = True
         for j, now in enumerate(jobs):
-            job = s.jobs[j]
-            if not now.present or now.phase is None:
-                continue
-            ph, p = now.phase, now.params
-            ng = len(job.gpus)
-            phase = ph.phase
-            data_t = self._tier_index[job.data_tier]
-            ckpt_t = self._tier_index[job.checkpoint_tier]
-            dtier = s.tiers[data_t]
-            healthy_read = job.data_read_bytes_per_second or min(
-                3e9, 0.25 * dtier.read_bytes_per_second
-            )
-            # phase-level (per instance) level of utilization and how noisy it is
-            util, sd, hi = 0.0, 0.0, 0.72
-            sdk = dict.fromkeys(L.SDK_PHASES, 0.0)
-            ib, wait, nvl = unif(0.25, 0.4), unif(0.001, 0.006), unif(0.12, 0.2)
-            reads: list[tuple[int, float]] = []
-            writes: list[tuple[int, float]] = []
-            clock, reason = 1.0, ""
-            mem = self._working_set[j]
-            rx = tx = 0.0  # PCIe per GPU
-            u_cpu, s_cpu, w_cpu, si_cpu = 1.5 * ng, 0.3 * ng, 0.02 * ng, 0.05 * ng
-            if phase == "compute":
-                util, sd, hi = 0.93 + 0.045 * p[0], 0.015, 1.0
-                sdk.update(compute=0.9, data_wait=0.03, communication=0.05, other=0.02)
-            elif phase == "startup":
-                util, sd = 0.06 * p[0], 0.02
-                frac = min(1.0, now.t_in_phase / max(1.0, 0.6 * ph.seconds))
-                mem = 0.03 + (mem - 0.03) * frac
-                src = self._tier_index[ph.tier] if ph.tier else ckpt_t
-                rate = s.tiers[src].read_bytes_per_second * (0.45 + 0.3 * p[1])
-                reads.append((src, rate))
-                rx = min(n.pcie_bytes_per_second * 0.8, rate / ng)
-                sdk["startup"] = 1.0
-                ib, nvl = 0.005, 0.002
-                u_cpu, s_cpu, w_cpu = 1.0 * ng, 0.5 * ng, 0.5 * ng
-                epochs[j] = (k + 1) * dt  # the first epoch is timed from training start
-            elif phase == "data_loading":
-                src = self._tier_index[ph.tier] if ph.tier else data_t
-                tier = s.tiers[src]
-                util, sd = 0.08 + 0.3 * p[0], 0.05
-                if ph.guise == "contended":
-                    rate = tier.read_bytes_per_second * (0.02 + 0.08 * p[1])
-                    tier_lat_mult[src] = max(tier_lat_mult[src], 10 + 30 * p[2])
-                else:
-                    rate = max(
-                        0.0, tier.read_bytes_per_second * (0.97 + 0.03 * p[1]) - tier_read[src]
-                    )
-                    tier_lat_mult[src] = max(tier_lat_mult[src], 3 + 5 * p[2])
-                    tier_saturated[src] = True
-                reads.append((src, rate))
-                rx = rate / ng
-                wd = 0.65 + 0.2 * p[3]
-                sdk.update(data_wait=wd, compute=(1 - wd) * 0.8, communication=(1 - wd) * 0.2)
-                ib, nvl = 0.02 + 0.03 * p[4], 0.02
-                u_cpu, s_cpu, w_cpu = 0.6 * ng, 0.3 * ng, (1.5 + 1.5 * p[5]) * ng + 2
-                psi_io = max(psi_io, 0.25 + 0.35 * p[6])
-                psi_io_full = max(psi_io_full, psi_io * (0.35 + 0.25 * p[7]))
-            elif phase == "preprocessing":
-                util, sd = 0.15 + 0.3 * p[0], 0.04
-                reads.append((data_t, healthy_read * util / 0.95))
-                wd = 0.55 + 0.25 * p[1]
-                sdk.update(data_wait=wd, compute=(1 - wd) * 0.85, communication=(1 - wd) * 0.15)
-                ib, nvl = 0.05, 0.03
-                u_cpu = n.cpus * (0.93 + 0.05 * p[2])
-                s_cpu = n.cpus * 0.03
-                psi_cpu = max(psi_cpu, 0.45 + 0.4 * p[3])
-            elif phase == "checkpointing":
-                dst = self._tier_index[ph.tier] if ph.tier else ckpt_t
-                util, sd = 0.04 * p[0], 0.01
-                rate = s.tiers[dst].write_bytes_per_second * (0.85 + 0.12 * p[1])
-                writes.append((dst, rate))
-                tier_lat_mult[dst] = max(tier_lat_mult[dst], 2 + 3 * p[2])
-                # device-to-host copy of the state first, then the GPUs just wait
-                tx = rate / ng * (3.0 if now.t_in_phase < 0.3 * ph.seconds else 0.2)
-                sdk.update(checkpoint=0.97, other=0.03)
-                ib, nvl = 0.01, 0.005
-                u_cpu, s_cpu, w_cpu = 0.5 * ng, 1.0 * ng, 0.8 * ng
-                psi_io = max(psi_io, 0.08 + 0.17 * p[3])
-                psi_io_full = max(psi_io_full, psi_io * 0.3)
-                if now.t_in_phase + step_tau >= ph.seconds - 1e-9:
-                    self._observe(incs, j, lay.j_ckpt_hist, L.CHECKPOINT_BUCKETS_SECONDS,
-                                  ph.seconds / self.pace)  # fmt: skip
-                incs[lay.jc(j, lay.j_ckpt_bytes)] += rate * dt * job.sdk
-            elif phase == "network":
-                util, sd = 0.3 + 0.3 * p[0], 0.04
-                cm = 0.45 + 0.25 * p[1]
-                sdk.update(communication=cm, compute=1 - cm)
-                if ph.guise == "congested":
-                    ib, wait, nvl = 0.04 + 0.11 * p[2], 0.35 + 0.5 * p[3], 0.04
-                else:
-                    ib, wait, nvl = 0.93 + 0.055 * p[2], 0.02 + 0.06 * p[3], 0.85 + 0.1 * p[4]
-                reads.append((data_t, healthy_read * util / 0.95))
-                u_cpu, s_cpu, si_cpu = 1.0 * ng, 0.4 * ng, 0.3 * ng
-            elif phase == "throttling":
-                util, sd = 0.45 + 0.23 * p[0], 0.03
-                clock = 0.3 + 0.2 * p[1]
-                reason = ph.reason or "hw_slowdown"
-                sdk.update(compute=0.9, communication=0.08, data_wait=0.02)
-                reads.append((data_t, healthy_read * util / 0.95))
-                ib, nvl = ib * util, nvl * util
-            elif phase == "gpu_error":
-                lost = _lost_gpu(job, ph)
-                gpu_up[lost] = False
-                if now.t_in_phase < step_tau:
-                    xid_gpu = lost
-                util, sd = 0.0, 0.0
-                ib, wait, nvl = 0.0, 0.0, 0.0
-                u_cpu, s_cpu, w_cpu = 0.1 * ng, 0.05 * ng, 0.0
-            # short dips and thermal events on this job (confounders)
-            dip = False
-            thermal_gpus: dict[int, str] = {}
-            for e, _, ep in events:
-                ev = s.events[e]
-                if ev.kind == "dip" and ev.job_id == job.job_id and phase == "compute":
-                    dip = True
-                    util, sd = 0.15 + 0.25 * ep[0], 0.03
-                    sdk = dict.fromkeys(L.SDK_PHASES, 0.0)
-                    sdk["eval"] = 1.0
-                if ev.kind == "thermal":
-                    for g in ev.gpus or (job.gpus if ev.job_id == job.job_id else ()):
-                        thermal_gpus[g] = ev.reason
-            step_mult = util / 0.95 if phase in ("compute", "data_loading", "preprocessing",
-                                                   "network", "throttling") else 0.0  # fmt: skip
-            if dip:
-                step_mult = 0.0
-            if phase == "compute" and not dip:
-                reads.append((data_t, healthy_read * (1 + gauss(0, 0.08))))
-                rx = healthy_read / ng
-            for g in job.gpus:
-                u = util + gauss(0, sd) if sd else util
-                gpu_util[g] = min(hi, max(0.0, u))
-                gpu_clock[g] = clock * (0.985 + gauss(0, 0.006)) if util > 0.05 else clock
-                gpu_reason[g] = reason
-                if g in thermal_gpus and phase == "compute":
-                    gpu_clock[g] *= 0.82 + 0.08 * p[6]
-                    gpu_reason[g] = thermal_gpus[g]
-                gpu_power_cap[g] = reason == "sw_power_cap"
-                gpu_mem[g] = mem
-                gpu_nvl[g] = 0.0 if ng == 1 else nvl * (1 + gauss(0, 0.03))
-                gpu_pcie_rx[g] = rx * (1 + gauss(0, 0.05)) + 2e8
-                gpu_pcie_tx[g] = tx * (1 + gauss(0, 0.05)) + 1e8
-            # the job's rails (one InfiniBand port per GPU pair)
-            if self._ib_ports:
-                rails = {self._ib_ports[(g // 2) % len(self._ib_ports)] for g in job.gpus}
-                for r in rails:
-                    port_frac[r] += ib * (1 + gauss(0, 0.02))
-                    port_wait[r] = max(port_wait[r], wait * (1 + gauss(0, 0.1)))
-            for t, rate in reads:
-                rate = max(0.0, rate)
-                tier_read[t] += rate
-                incs[lay.jc(j, lay.j_tier_read + t)] += rate * dt
-            for t, rate in writes:
-                tier_write[t] += rate
-                incs[lay.jc(j, lay.j_tier_write + t)] += rate * dt
-            if job.sdk:
-                for i, name in enumerate(L.SDK_PHASES):
-                    if sdk[name]:
-                        incs[lay.jc(j, lay.j_phase + i)] += sdk[name] * dt * (1 + gauss(0, 0.01))
-                steps_before = st.cum[lay.jc(j, lay.j_steps)]
-                steps = job.steps_per_second * step_mult * dt * self.pace
-                incs[lay.jc(j, lay.j_steps)] += steps
-                spe = job.steps_per_epoch
-                if steps and (steps_before + steps) // spe > steps_before // spe:
-                    t_end = (k + 1) * dt
-                    self._observe(incs, j, lay.j_epoch_hist, L.EPOCH_BUCKETS_SECONDS,
-                                  t_end - epochs[j])  # fmt: skip
-                    epochs[j] = t_end
-            cpu["user"] += u_cpu * (1 + gauss(0, 0.03))
-            cpu["system"] += s_cpu * (1 + gauss(0, 0.03))
-            cpu["iowait"] += w_cpu * (1 + gauss(0, 0.05))
-            cpu["softirq"] += si_cpu
-            mem_used_host += ng * 24 * 2**30
+            if now.present and now.phase is not None:
+                self._add_job(c, st, j, now, events, epochs)
+        temps = self._gpus(c, st, jobs)
+        self._tiers(c, st)
+        self._ports(c)
+        self._host(c)
+        return c.gauges, c.incs, temps, epochs
 
-        # ---- GPUs ---------------------------------------------------------------------
+    def _add_job(
+        self,
+        c: _Cell,
+        st: _State,
+        j: int,
+        now: _JobNow,
+        events: list[tuple[int, float, list[float]]],
+        epochs: list[float],
+    ) -> None:
+        s, lay, noise, dt = self.scenario, self.layout, c.noise, self.res
+        job, ph = s.jobs[j], now.phase
+        assert ph is not None
+        ctx = JobContext(job, ph, now.params, now.t_in_phase, s.node, s.tiers,
+                         self._tier_index, c.tier_read, self._working_set[j], noise)  # fmt: skip
+        a = job_load(ctx)
+        step_tau = dt * self.pace
+        if ph.phase == "startup":
+            epochs[j] = (st.k + 1) * dt  # the first epoch is timed from training start
+        if ph.phase == "gpu_error":
+            c.up[a.lost_gpu] = False
+            if now.t_in_phase < step_tau:  # the XID is seen once, when the GPU falls off
+                c.incs[lay.gc(a.lost_gpu, L.C_XID79)] = 1.0
+        if ph.phase == "checkpointing" and now.t_in_phase + step_tau >= ph.seconds - 1e-9:
+            self._observe(c.incs, j, lay.j_ckpt_hist, L.CHECKPOINT_BUCKETS_SECONDS,
+                          ph.seconds / self.pace)  # fmt: skip
+        # confounders on this job: a short dip, thermal throttling at full load
+        thermal: dict[int, str] = {}
+        for e, _, ep in events:
+            ev = s.events[e]
+            if ev.kind == "dip" and ev.job_id == job.job_id and ph.phase == "compute":
+                a.util, a.util_sd, a.step_fraction = 0.15 + 0.25 * ep[0], 0.03, 0.0
+                a.sdk = dict.fromkeys(L.SDK_PHASES, 0.0)
+                a.sdk["eval"] = 1.0
+            elif ev.kind == "thermal" and ph.phase == "compute":
+                for g in ev.gpus or (job.gpus if ev.job_id == job.job_id else ()):
+                    thermal[g] = ev.reason
+        for t, mult in a.tier_latency.items():
+            c.tier_latency[t] = max(c.tier_latency[t], mult)
+        for t in a.saturated:
+            c.tier_saturated[t] = True
+        multi = len(job.gpus) > 1
+        for g in job.gpus:
+            u = a.util + noise.gauss(0, a.util_sd) if a.util_sd else a.util
+            c.util[g] = min(a.util_max, max(0.0, u))
+            clock = a.clock_fraction
+            c.clock[g] = clock * (0.985 + noise.gauss(0, 0.006)) if a.util > 0.05 else clock
+            c.reason[g] = a.reason
+            if g in thermal:
+                c.clock[g] *= 0.82 + 0.08 * now.params[6]
+                c.reason[g] = thermal[g]
+            c.held[g] = True
+            c.memory[g] = a.memory_fraction
+            c.nvlink[g] = a.nvlink_fraction * (1 + noise.gauss(0, 0.03)) if multi else 0.0
+            c.pcie_rx[g] = a.pcie_rx_per_gpu * (1 + noise.gauss(0, 0.05)) + 2e8
+            c.pcie_tx[g] = a.pcie_tx_per_gpu * (1 + noise.gauss(0, 0.05)) + 1e8
+        if self._ib_ports:  # the job's rails: one InfiniBand port per GPU pair
+            rails = {self._ib_ports[(g // 2) % len(self._ib_ports)] for g in job.gpus}
+            for r in sorted(rails):
+                c.port_fraction[r] += a.rail_fraction * (1 + noise.gauss(0, 0.02))
+                wait = a.transmit_wait * (1 + noise.gauss(0, 0.1))
+                c.port_wait[r] = max(c.port_wait[r], wait)
+        for t, rate in a.reads:
+            rate = max(0.0, rate)
+            c.tier_read[t] += rate
+            c.incs[lay.jc(j, lay.j_tier_read + t)] += rate * dt
+        for t, rate in a.writes:
+            c.tier_write[t] += rate
+            c.incs[lay.jc(j, lay.j_tier_write + t)] += rate * dt
+        if job.sdk:
+            self._sdk(c, st, j, a, epochs)
+        c.cpu["user"] += a.cpu_user * (1 + noise.gauss(0, 0.03))
+        c.cpu["system"] += a.cpu_system * (1 + noise.gauss(0, 0.03))
+        c.cpu["iowait"] += a.cpu_iowait * (1 + noise.gauss(0, 0.05))
+        c.cpu["softirq"] += a.cpu_softirq
+        c.psi_cpu = max(c.psi_cpu, a.cpu_pressure)
+        c.psi_io = max(c.psi_io, a.io_pressure)
+        c.psi_io_full = max(c.psi_io_full, a.io_pressure_full)
+        c.host_memory_used += len(job.gpus) * 24 * 2**30
+
+    def _sdk(self, c: _Cell, st: _State, j: int, a: JobLoad, epochs: list[float]) -> None:
+        """What the job's SDK reports: phase seconds, steps, checkpoint bytes, epochs."""
+        lay, dt, job = self.layout, self.res, self.scenario.jobs[j]
+        for i, name in enumerate(L.SDK_PHASES):
+            if a.sdk[name]:
+                c.incs[lay.jc(j, lay.j_phase + i)] += (
+                    a.sdk[name] * dt * (1 + c.noise.gauss(0, 0.01))
+                )
+        c.incs[lay.jc(j, lay.j_ckpt_bytes)] += a.checkpoint_bytes_per_second * dt
+        # the timeline runs `pace` times faster, and so does the job's progress
+        steps = job.steps_per_second * a.step_fraction * dt * self.pace
+        before = st.cum[lay.jc(j, lay.j_steps)]
+        c.incs[lay.jc(j, lay.j_steps)] += steps
+        spe = job.steps_per_epoch
+        if steps and (before + steps) // spe > before // spe:
+            t_end = (st.k + 1) * dt
+            self._observe(c.incs, j, lay.j_epoch_hist, L.EPOCH_BUCKETS_SECONDS, t_end - epochs[j])
+            epochs[j] = t_end
+
+    def _gpus(self, c: _Cell, st: _State, jobs: list[_JobNow]) -> list[float]:
+        n, lay, dt, noise = self.scenario.node, self.layout, self.res, c.noise
+        gauges, incs = c.gauges, c.incs
         temps = list(st.temps)
         idle_w, limit = n.gpu_idle_power_watts, n.gpu_power_limit_watts
-        alpha = 1 - math.exp(-dt / 30.0)
+        alpha = 1 - math.exp(-dt / 30.0)  # temperature follows power with a 30 s lag
         for g in range(n.gpus):
             base = lay.gg(g, 0)
-            held = self._job_of_gpu[g] >= 0 and jobs[self._job_of_gpu[g]].present
-            u = gpu_util[g]
-            gauges[base + L.G_UP] = 1.0 if gpu_up[g] else 0.0
+            held, u = c.held[g], c.util[g]
+            gauges[base + L.G_UP] = 1.0 if c.up[g] else 0.0
             gauges[base + L.G_UTIL] = u
-            gauges[base + L.G_SMACT] = min(1.0, u * (0.62 + 0.2 * rng.random()))
-            gauges[base + L.G_MEMBW] = min(1.0, u * (0.5 + 0.15 * rng.random()))
-            mem_frac = gpu_mem[g] if held else 0.006
+            gauges[base + L.G_SMACT] = min(1.0, u * (0.62 + 0.2 * noise.random()))
+            gauges[base + L.G_MEMBW] = min(1.0, u * (0.5 + 0.15 * noise.random()))
+            mem_frac = c.memory[g] if held else 0.006
             gauges[base + L.G_MEMUSED] = round(n.gpu_memory_bytes * mem_frac / 2**20) * 2**20
-            if gpu_power_cap[g]:
-                power = limit * (0.97 + 0.03 * rng.random())
+            if c.reason[g] == "sw_power_cap":
+                power = limit * (0.97 + 0.03 * noise.random())
             elif u > 0.01 or held:
-                power = idle_w + (limit - idle_w) * min(1.0, 0.08 + 0.85 * u * gpu_clock[g])
+                power = idle_w + (limit - idle_w) * min(1.0, 0.08 + 0.85 * u * c.clock[g])
             else:
                 power = idle_w
-            power *= 1 + gauss(0, 0.015)
+            power *= 1 + noise.gauss(0, 0.015)
             gauges[base + L.G_POWER] = power
-            target = 30.0 + 48.0 * power / limit + (14.0 if "thermal" in gpu_reason[g] else 0.0)
-            temps[g] += (target - temps[g]) * alpha
+            hot = 14.0 if "thermal" in c.reason[g] else 0.0
+            temps[g] += (30.0 + 48.0 * power / limit + hot - temps[g]) * alpha
             gauges[base + L.G_TEMP] = round(temps[g])
-            if (u < 0.05 and not held) or u < 0.02:
+            if (u < 0.05 and not held) or u < 0.02:  # nothing runs: idle clocks
                 clk = 0.17 * n.gpu_max_sm_clock_hertz
-                reason_now = gpu_reason[g] or "gpu_idle"
+                reason = c.reason[g] or "gpu_idle"
             else:
-                clk = gpu_clock[g] * n.gpu_max_sm_clock_hertz
-                reason_now = gpu_reason[g]
+                clk = c.clock[g] * n.gpu_max_sm_clock_hertz
+                reason = c.reason[g]
             gauges[base + L.G_CLOCK] = round(clk / 15e6) * 15e6  # 15 MHz steps, as NVML reports
-            if reason_now:
-                gauges[base + L.G_REASONS + _REASON_INDEX[reason_now]] = 1.0
-            c = lay.gc(g, 0)
-            incs[c + L.C_ENERGY] = power * dt
-            incs[c + L.C_PCIE_RX] = gpu_pcie_rx[g] * dt if held else 5e6 * dt
-            incs[c + L.C_PCIE_TX] = gpu_pcie_tx[g] * dt if held else 2e6 * dt
-            nv = gpu_nvl[g] * n.nvlink_bytes_per_second * dt
-            incs[c + L.C_NVL_TX] = nv
-            incs[c + L.C_NVL_RX] = nv * (1 + gauss(0, 0.01))
-            if g == xid_gpu:
-                incs[c + L.C_XID79] = 1.0
+            if reason:
+                gauges[base + L.G_REASONS + _REASON_INDEX[reason]] = 1.0
+            gc = lay.gc(g, 0)
+            incs[gc + L.C_ENERGY] = power * dt
+            incs[gc + L.C_PCIE_RX] = (c.pcie_rx[g] if held else 5e6) * dt
+            incs[gc + L.C_PCIE_TX] = (c.pcie_tx[g] if held else 2e6) * dt
+            nv = c.nvlink[g] * n.nvlink_bytes_per_second * dt
+            incs[gc + L.C_NVL_TX] = nv
+            incs[gc + L.C_NVL_RX] = nv * (1 + noise.gauss(0, 0.01))
+        return temps
 
-        # ---- storage tiers --------------------------------------------------------------
-        for t, tier in enumerate(s.tiers):
-            read = min(tier_read[t], tier.read_bytes_per_second * (0.985 + 0.015 * rng.random()))
-            write = min(tier_write[t], tier.write_bytes_per_second * (0.985 + 0.015 * rng.random()))
-            load = read / tier.read_bytes_per_second + write / tier.write_bytes_per_second
+    def _tiers(self, c: _Cell, st: _State) -> None:
+        lay, dt, noise = self.layout, self.res, c.noise
+        for t, tier in enumerate(self.scenario.tiers):
+            rnd = noise.random
+            read = min(c.tier_read[t], tier.read_bytes_per_second * (0.985 + 0.015 * rnd()))
+            write = min(c.tier_write[t], tier.write_bytes_per_second * (0.985 + 0.015 * rnd()))
+            c.tier_read[t], c.tier_write[t] = read, write
+            load = min(1.0, read / tier.read_bytes_per_second + write / tier.write_bytes_per_second)
             r_ops = read / tier.request_bytes
             w_ops = write / tier.request_bytes
-            lat_n = math.exp(gauss(0, 0.12))
-            r_lat = (
-                tier.read_latency_seconds * tier_lat_mult[t] * (1 + 0.3 * min(1.0, load)) * lat_n
-            )
-            w_lat = (
-                tier.write_latency_seconds * tier_lat_mult[t] * (1 + 0.3 * min(1.0, load)) * lat_n
-            )
-            queue = r_ops * r_lat + w_ops * w_lat
-            c = lay.tc(t, 0)
-            incs[c + L.T_READ_B] = read * dt
-            incs[c + L.T_WRITE_B] = write * dt
-            incs[c + L.T_READS] = r_ops * dt
-            incs[c + L.T_WRITES] = w_ops * dt
-            incs[c + L.T_READ_T] = r_ops * r_lat * dt
-            incs[c + L.T_WRITE_T] = w_ops * w_lat * dt
-            if tier.device is not None:
+            slow = c.tier_latency[t] * (1 + 0.3 * load) * math.exp(noise.gauss(0, 0.12))
+            r_lat = tier.read_latency_seconds * slow
+            w_lat = tier.write_latency_seconds * slow
+            queue = r_ops * r_lat + w_ops * w_lat  # Little's law: in flight = rate x latency
+            base = lay.tc(t, 0)
+            incs = c.incs
+            incs[base + L.T_READ_B] = read * dt
+            incs[base + L.T_WRITE_B] = write * dt
+            incs[base + L.T_READS] = r_ops * dt
+            incs[base + L.T_WRITES] = w_ops * dt
+            incs[base + L.T_READ_T] = r_ops * r_lat * dt
+            incs[base + L.T_WRITE_T] = w_ops * w_lat * dt
+            if tier.device is not None:  # block devices count busy time; NFS does not
                 busy = 1 - math.exp(-queue)
-                if tier_saturated[t]:
-                    busy = max(busy, 0.97 + 0.028 * rng.random())
-                incs[c + L.T_IO_T] = busy * dt
-                incs[c + L.T_IO_W] = queue * dt
+                if c.tier_saturated[t]:
+                    busy = max(busy, 0.97 + 0.028 * rnd())
+                incs[base + L.T_IO_T] = busy * dt
+                incs[base + L.T_IO_W] = queue * dt
             # free space: checkpoints pile up, a retention job deletes old ones
-            kept = 0.5 * st.cum[c + L.T_WRITE_B]
+            kept = 0.5 * st.cum[base + L.T_WRITE_B]
             window = 0.1 * tier.capacity_bytes
-            gauges[lay.g_tier_free + t] = tier.capacity_bytes * tier.free_ratio - kept % window
+            c.gauges[lay.g_tier_free + t] = tier.capacity_bytes * tier.free_ratio - kept % window
 
-        # ---- network ports ------------------------------------------------------------
-        nfs_read = sum(
-            min(tier_read[t], x.read_bytes_per_second)
-            for t, x in enumerate(s.tiers)
-            if x.device is None
-        )
-        nfs_write = sum(min(tier_write[t], x.write_bytes_per_second) for t, x in enumerate(s.tiers) if x.device is None)  # fmt: skip
+    def _ports(self, c: _Cell) -> None:
+        s, lay, dt, noise = self.scenario, self.layout, self.res, c.noise
+        # NFS traffic crosses the ethernet ports
+        nfs = [t for t, tier in enumerate(s.tiers) if tier.device is None]
+        nfs_read = sum(c.tier_read[t] for t in nfs)
+        nfs_write = sum(c.tier_write[t] for t in nfs)
         for pi, port in enumerate(s.ports):
-            c = lay.pc(pi, 0)
+            base = lay.pc(pi, 0)
             speed = port.speed_bytes_per_second
-            frac = min(0.99, port_frac[pi])
-            rxb = frac * speed * (1 + gauss(0, 0.01))
-            txb = frac * speed * (1 + gauss(0, 0.01))
+            frac = min(0.99, c.port_fraction[pi])
+            rx = frac * speed * (1 + noise.gauss(0, 0.01))
+            tx = frac * speed * (1 + noise.gauss(0, 0.01))
             if pi in self._eth_ports:
-                share = 1.0 / len(self._eth_ports)
-                rxb += nfs_read * share
-                txb += nfs_write * share
-            incs[c + L.P_RX] = min(rxb, speed) * dt
-            incs[c + L.P_TX] = min(txb, speed) * dt
+                rx += nfs_read / len(self._eth_ports)
+                tx += nfs_write / len(self._eth_ports)
+            c.incs[base + L.P_RX] = min(rx, speed) * dt
+            c.incs[base + L.P_TX] = min(tx, speed) * dt
             if port.counts_transmit_wait:
-                incs[c + L.P_WAIT] = min(1.0, port_wait[pi]) * dt
+                c.incs[base + L.P_WAIT] = min(1.0, c.port_wait[pi]) * dt
 
-        # ---- host -----------------------------------------------------------------------
+    def _host(self, c: _Cell) -> None:
+        n, lay, dt, noise = self.scenario.node, self.layout, self.res, c.noise
         cpus = float(n.cpus)
-        busy_total = sum(cpu.values())
-        if busy_total > cpus * 0.995:  # demand beyond the machine: scale, nothing is idle
-            scale = cpus * (0.99 + 0.005 * rng.random()) / busy_total
+        cpu = c.cpu
+        busy = sum(cpu.values())
+        if busy > cpus * 0.995:  # demand beyond the machine: scaled down, nothing idle
+            scale = cpus * (0.99 + 0.005 * noise.random()) / busy
             cpu = {m: v * scale for m, v in cpu.items()}
-            busy_total = sum(cpu.values())
-        cpu["idle"] = cpus - busy_total
+            busy = sum(cpu.values())
+        cpu["idle"] = cpus - busy
         for i, mode in enumerate(L.CPU_MODES):
-            incs[lay.hc(L.H_CPU + i)] = max(0.0, cpu[mode]) * dt
-        some = (psi_cpu, psi_io, unif(0.0005, 0.002))
-        full = (psi_io_full, unif(0.0001, 0.0005))
+            c.incs[lay.hc(L.H_CPU + i)] = max(0.0, cpu[mode]) * dt
+        some = (c.psi_cpu, c.psi_io, noise.uniform(0.0005, 0.002))
+        full = (c.psi_io_full, noise.uniform(0.0001, 0.0005))
         for i, v in enumerate(some):
-            incs[lay.hc(L.H_SOME + i)] = min(1.0, v * (1 + gauss(0, 0.05))) * dt
+            c.incs[lay.hc(L.H_SOME + i)] = min(1.0, v * (1 + noise.gauss(0, 0.05))) * dt
         for i, v in enumerate(full):
-            incs[lay.hc(L.H_FULL + i)] = min(1.0, v * (1 + gauss(0, 0.05))) * dt
-        avail = n.memory_bytes * 0.86 - mem_used_host - n.memory_bytes * 0.02 * rng.random()
-        gauges[lay.g_mem_available] = round(max(n.memory_bytes * 0.02, avail) / 4096) * 4096
-        return gauges, incs, temps, epochs
+            c.incs[lay.hc(L.H_FULL + i)] = min(1.0, v * (1 + noise.gauss(0, 0.05))) * dt
+        avail = n.memory_bytes * (0.86 - 0.02 * noise.random()) - c.host_memory_used
+        c.gauges[lay.g_mem_available] = round(max(n.memory_bytes * 0.02, avail) / 4096) * 4096
 
     def _observe(
         self, incs: list[float], j: int, base: int, buckets: tuple[float, ...], value: float
@@ -647,6 +544,39 @@ class Engine:
         incs[lay.jc(j, base + nb)] += 1  # +Inf
         incs[lay.jc(j, base + nb + 1)] += value  # sum
         incs[lay.jc(j, base + nb + 2)] += 1  # count
+
+
+class _Cell:
+    """Scratch space of one cell: what every job adds up to, before it becomes values."""
+
+    def __init__(self, lay: L.Layout, s: Scenario, noise: Noise) -> None:
+        n = s.node.gpus
+        u = noise.uniform
+        self.noise = noise
+        self.gauges = [0.0] * lay.n_gauges
+        self.incs = [0.0] * lay.n_counters
+        # every tier carries some traffic of other tenants
+        self.tier_read = [t.background_read_bytes_per_second * u(0.6, 1.4) for t in s.tiers]
+        self.tier_write = [t.background_write_bytes_per_second * u(0.6, 1.4) for t in s.tiers]
+        self.tier_latency = [1.0] * len(s.tiers)
+        self.tier_saturated = [False] * len(s.tiers)
+        self.cpu = {"user": 0.8, "system": 0.4, "iowait": 0.02, "irq": 0.05, "softirq": 0.1,
+                    "steal": 0.0, "nice": 0.02}  # fmt: skip
+        self.psi_cpu = u(0.005, 0.03)
+        self.psi_io = u(0.002, 0.015)
+        self.psi_io_full = self.psi_io * u(0.2, 0.5)
+        self.port_fraction = [u(0.002, 0.01) for _ in s.ports]
+        self.port_wait = [u(0.0005, 0.004) for _ in s.ports]
+        self.host_memory_used = 0.0
+        self.up = [True] * n
+        self.held = [False] * n
+        self.util = [0.0] * n
+        self.clock = [1.0] * n
+        self.reason = [""] * n
+        self.memory = [0.0] * n
+        self.nvlink = [0.0] * n
+        self.pcie_rx = [0.0] * n
+        self.pcie_tx = [0.0] * n
 
 
 def _lost_gpu(job: JobSpec, ph: PhaseSpec) -> int:
