@@ -152,3 +152,37 @@ def promtool_samples(table: str) -> int:
         if len(cols) >= 5 and cols[4].isdigit():
             total += int(cols[4])
     return total
+
+
+@pytest.mark.slow
+@pytest.mark.root
+def test_disk_full_stops_recording_cleanly_and_loses_only_a_torn_line(tmp_path: Path) -> None:
+    """On a real (tmpfs) filesystem that fills up: one error, no exception, and once there
+    is room again the leftovers become a valid trace of everything written before."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mnt)], check=True)
+    unmounted = False
+    try:
+        path = mnt / "trace.om"
+        rec = TraceRecorder(path)
+        written = 0
+        for s in snapshots(60):
+            rec.write(s)  # must never raise
+            written += 1
+        assert rec._failed, "96 KiB should not hold 60 snapshots"
+        rec.close()  # assembling needs room too: it fails, logged, and keeps the leftovers
+        subprocess.run(["mount", "-o", "remount,size=16m", str(mnt)], check=True)
+        assert not path.exists()  # no room for the final trace: the leftovers are kept
+        assert finalize_recording(path) == path
+        summary = check_trace(path)
+        per_snapshot = series_count(snapshots(1)[0])
+        assert 0 < summary.samples < written * per_snapshot
+        # nothing is left open on the filesystem
+        unmounted = subprocess.run(["umount", str(mnt)], check=False).returncode == 0
+        assert unmounted
+    finally:
+        if not unmounted:
+            subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -50,7 +50,9 @@ def _parts(path: Path) -> list[Path]:
 
 
 def _spools(path: Path) -> list[Path]:
-    return sorted(p for p in path.parent.glob(path.name + ".spool*") if p.is_dir())
+    """Spool directories in time order: sealed ones (`.spool.000003`), then the current one."""
+    found = [p for p in path.parent.glob(path.name + ".spool*") if p.is_dir()]
+    return sorted(found, key=lambda p: (p.name == path.name + ".spool", p.name))
 
 
 def finalize_recording(path: str | Path, out: str | Path | None = None) -> Path | None:
@@ -113,35 +115,47 @@ class TraceRecorder:
         self._lock = threading.Lock()
         self._assembler: threading.Thread | None = None
         self._closed = False
+        self._failed = False
 
     @property
     def segments_written(self) -> int:
         return len(self._segments)
 
     def write(self, snapshot: Snapshot) -> None:
-        ts = snapshot.timestamp_seconds
         with self._lock:
-            if self._closed or ts <= self._last_ts:
-                return  # a series' samples must have strictly increasing timestamps
-            self._last_ts = ts
-            if self._segment_start is None:
-                self._segment_start = ts
-            elif ts - self._segment_start >= self._segment_seconds and self._has_data:
-                self._rotate()
-                self._segment_start = ts
-            suffix = " " + om_timestamp(ts) + "\n"
-            extra = self._extra
-            for fam in snapshot.families:
-                if not fam.samples:
-                    continue
-                key = om_base_name(fam.name, fam.type)
-                text = "".join(
-                    f"{s.name}{om_labels(s.labels + extra)} {om_value(s.value)}{suffix}"
-                    for s in fam.samples
-                )
-                self._spool.append(key, om_header(fam.name, fam.type, fam.help), text)
-                self._has_data = True
-            self._spool.flush()
+            if self._closed or self._failed:
+                return
+            try:
+                self._write(snapshot)
+            except OSError as exc:
+                # Disk full, or the directory is gone: stop here, so that what is on disk
+                # ends at most in one torn line, which recovery drops. One log line.
+                self._failed = True
+                log.error("recording to %s stopped: %s", self.path, exc)
+
+    def _write(self, snapshot: Snapshot) -> None:
+        ts = snapshot.timestamp_seconds
+        if ts <= self._last_ts:
+            return  # a series' samples must have strictly increasing timestamps
+        self._last_ts = ts
+        if self._segment_start is None:
+            self._segment_start = ts
+        elif ts - self._segment_start >= self._segment_seconds and self._has_data:
+            self._rotate()
+            self._segment_start = ts
+        suffix = " " + om_timestamp(ts) + "\n"
+        extra = self._extra
+        for fam in snapshot.families:
+            if not fam.samples:
+                continue
+            key = om_base_name(fam.name, fam.type)
+            text = "".join(
+                f"{s.name}{om_labels(s.labels + extra)} {om_value(s.value)}{suffix}"
+                for s in fam.samples
+            )
+            self._spool.append(key, om_header(fam.name, fam.type, fam.help), text)
+            self._has_data = True
+        self._spool.flush()
 
     def _rotate(self) -> None:
         """Seals the current spool as a numbered part, assembled in the background."""
@@ -155,8 +169,12 @@ class TraceRecorder:
         self._segments.append(blocks)
 
         def assemble() -> None:
-            blocks.update(assemble_spool(sealed, part))
-            FamilySpool(sealed).remove()
+            try:
+                blocks.update(assemble_spool(sealed, part))
+                FamilySpool(sealed).remove()
+            except OSError as exc:  # the sealed spool stays on disk for recovery
+                self._failed = True
+                log.error("sealing a segment of %s failed: %s", self.path, exc)
 
         self._assembler = threading.Thread(target=assemble, name="recorder-segment", daemon=True)
         self._assembler.start()
@@ -174,12 +192,19 @@ class TraceRecorder:
             if self._closed:
                 return
             self._closed = True
-            if self._has_data:
-                self._rotate()
-            self._join_assembler()
-            self._spool.remove()
-            if self._segments:
-                merge_segments(self._segments, self.path)
-                for n in range(1, len(self._segments) + 1):
-                    _part_path(self.path, n).unlink(missing_ok=True)
-                log.info("recording written to %s", self.path)
+            try:
+                if self._has_data and not self._failed:
+                    self._rotate()
+                self._join_assembler()
+                if self._failed:  # put what is on disk together, as after a crash
+                    self._spool.close()
+                    finalize_recording(self.path)
+                    return
+                self._spool.remove()
+                if self._segments:
+                    merge_segments(self._segments, self.path)
+                    for n in range(1, len(self._segments) + 1):
+                        _part_path(self.path, n).unlink(missing_ok=True)
+                    log.info("recording written to %s", self.path)
+            except OSError as exc:
+                log.error("finishing the recording %s failed: %s (parts are kept)", self.path, exc)

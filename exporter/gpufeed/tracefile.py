@@ -96,9 +96,17 @@ class FamilySpool:
             f.flush()
 
     def close(self) -> None:
+        """Closes every spool file, even when some cannot flush (disk full): the file is
+        closed anyway and keeps what reached the disk."""
+        error: OSError | None = None
         for f in self._files.values():
-            f.close()
+            try:
+                f.close()
+            except OSError as exc:
+                error = error or exc
         self._files.clear()
+        if error is not None:
+            raise error
 
     def remove(self) -> None:
         self.close()
