@@ -156,3 +156,15 @@ def test_promtool_accepts_a_generated_trace(trace: Generated, tmp_path: Path) ->
     )
     assert out.returncode == 0, out.stderr
     assert promtool_samples(out.stdout) == trace.stats.samples
+
+
+def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpufeed.simulate.tracegen import main
+
+    out, labels = tmp_path / "c.om", tmp_path / "c.jsonl"
+    args = [str(out), "--labels", str(labels), "--nodes", "1", "--hours", "0.1", "--sdk", "no"]
+    assert main(args) == 0
+    summary = check_trace(out)
+    assert "gpufeed_job_steps" not in summary.families
+    assert f"{summary.samples} samples" in capsys.readouterr().err
+    assert read_labels(labels)

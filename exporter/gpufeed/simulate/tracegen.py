@@ -23,7 +23,9 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
+from gpufeed.gpu.backend import GpuIdentity
 from gpufeed.simulate.engine import Engine, mix
 from gpufeed.simulate.generator import random_scenario
 from gpufeed.simulate.scenario import Scenario, load_scenario
@@ -43,6 +45,7 @@ from gpufeed.tracefile import EOF_LINE, om_header, om_labels, om_timestamp
 
 DEFAULT_START_UNIX = 1_700_000_000.0
 ScenarioSource = Scenario | Callable[[int, int, float], Scenario] | None
+_TruthKey = tuple[str | None, str, str, str, str]  # cause, job, phase, guise, confounder
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,20 +191,19 @@ def _write_trace(
 
 
 def _write_labels(
-    out: object, engine: Engine, instance: str, ids: Sequence[object], steps: int,
+    out: IO[str], engine: Engine, instance: str, ids: Sequence[GpuIdentity], steps: int,
     step_s: float, start_unix: float,
 ) -> None:  # fmt: skip
-    write = out.write  # type: ignore[attr-defined]
     n = engine.scenario.node.gpus
-    current: list[tuple[object, ...] | None] = [None] * n
+    current: list[_TruthKey | None] = [None] * n
     began = [0] * n
 
-    def emit(g: int, key: tuple[object, ...], k0: int, k1: int) -> None:
+    def emit(g: int, key: _TruthKey, k0: int, k1: int) -> None:
         cause, job_id, phase, guise, confounder = key
         rec = {
             "instance": instance,
             "gpu": str(g),
-            "uuid": ids[g].uuid,  # type: ignore[attr-defined]
+            "uuid": ids[g].uuid,
             "job_id": job_id,
             "start": start_unix + k0 * step_s,
             "end": start_unix + k1 * step_s,
@@ -210,20 +212,22 @@ def _write_labels(
             "guise": guise,
             "confounder": confounder,
         }
-        write(json.dumps(rec, separators=(",", ":")) + "\n")
+        out.write(json.dumps(rec, separators=(",", ":")) + "\n")
 
     for k in range(steps):
         truth = engine.ground_truth(k * step_s)
         for g in range(n):
             t = truth[g]
             key = (t.cause, t.job_id, t.phase, t.guise, t.confounder)
-            if key != current[g]:
-                if current[g] is not None:
-                    emit(g, current[g], began[g], k)  # type: ignore[arg-type]
+            prev = current[g]
+            if key != prev:
+                if prev is not None:
+                    emit(g, prev, began[g], k)
                 current[g], began[g] = key, k
     for g in range(n):
-        if current[g] is not None:
-            emit(g, current[g], began[g], steps)  # type: ignore[arg-type]
+        prev = current[g]
+        if prev is not None:
+            emit(g, prev, began[g], steps)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
