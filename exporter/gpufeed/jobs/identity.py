@@ -71,7 +71,7 @@ def parse_cgroup(text: str) -> JobIdentity | None:
         if len(parts) != 3:
             continue
         _, controllers, path = parts
-        hit = _job_in_path(path)
+        hit = job_in_cgroup_path(path)
         if hit is None:
             continue
         scheduler, job_id, job_dir = hit
@@ -87,7 +87,7 @@ def parse_cgroup(text: str) -> JobIdentity | None:
     return JobIdentity(found[0], found[1], tuple(dirs))
 
 
-def _job_in_path(path: str) -> tuple[str, str, str] | None:
+def job_in_cgroup_path(path: str) -> tuple[str, str, str] | None:
     """(scheduler, job id, job-level directory) if the cgroup path is inside a job."""
     parts = [p for p in path.split("/") if p]
     for i, part in enumerate(parts):
