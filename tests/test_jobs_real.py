@@ -201,11 +201,11 @@ def check_phases(fams: list[Family], job_id: str, own: dict[str, float]) -> None
     assert written == own["checkpoint_bytes"]
 
 
-def check_job_info_and_io(
-    ctx: CollectorContext, sdk: SdkCollector, job_id: str, pid: int, hot: Tier, warm: Tier
-) -> None:
+def check_job_info(ctx: CollectorContext, sdk: SdkCollector, job_id: str, pid: int) -> None:
+    """While the training process lives: NVML would list it on a GPU; which job is it?"""
     ident = GpuIdentity(0, "GPU-test", "none", "0", "0000:00:00.0")
-    jobs = JobsCollector(ctx, lambda: [GpuSample(ident, processes=(GpuProcess(pid),))], sdk.job_for_pid)
+    gpu = GpuSample(ident, processes=(GpuProcess(pid),))
+    jobs = JobsCollector(ctx, lambda: [gpu], sdk.job_for_pid)
     ((info,),) = [f.samples for f in jobs.collect()]
     assert dict(info.labels) == {
         "job_id": job_id,
@@ -214,6 +214,11 @@ def check_job_info_and_io(
         "scheduler": "slurm",
         "name": "tiny-mlp",
     }
+
+
+def check_job_io(
+    ctx: CollectorContext, sdk: SdkCollector, job_id: str, hot: Tier, warm: Tier
+) -> None:
     job_io = JobIoCollector(
         ctx, lambda: {hot.dev: "hot", warm.dev: "warm"}, sdk_job_pids=sdk.pids_by_job
     )
@@ -271,11 +276,12 @@ def _run_case(
     proc = None
     try:
         proc, own = run_training(cmd, {**env, "SLURM_JOB_ID": job_id}, cg, out)
+        check_job_info(ctx, sdk, job_id, int(own["pid"]))
+        proc.communicate(timeout=30)  # the job closes: the SDK sends what it still holds
+        assert proc.returncode == 0
         fams = wait_for(sdk, job_id, own["steps"], own["checkpoints"])
         check_phases(fams, job_id, own)
-        check_job_info_and_io(ctx, sdk, job_id, int(own["pid"]), hot, warm)
-        proc.communicate(timeout=30)
-        assert proc.returncode == 0
+        check_job_io(ctx, sdk, job_id, hot, warm)
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()

@@ -45,13 +45,18 @@ def server(tmp_path: Path) -> Iterator[SdkServer]:
 
 
 def wait_received(srv: SdkServer, n: int, timeout: float = 5.0) -> None:
+    wait_value(srv, "gpufeed_sdk_messages_received_total", n, timeout)
+
+
+def wait_value(srv: SdkServer, name: str, want: float, timeout: float = 5.0, **labels: str) -> None:
+    """Datagrams are processed by the server's thread: wait until `name` reaches `want`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        got = value(srv.families(), "gpufeed_sdk_messages_received_total") or 0
-        if got >= n:
+        got = value(srv.families(), name, **labels) or 0
+        if got >= want:
             return
         time.sleep(0.005)
-    raise AssertionError(f"server received fewer than {n} datagrams")
+    raise AssertionError(f"{name}{labels} did not reach {want}")
 
 
 def test_sdk_and_agent_share_the_wire_format() -> None:
@@ -65,6 +70,7 @@ def test_sdk_and_agent_share_the_wire_format() -> None:
         wire.MAX_NAME_BYTES,
     )
     assert sdk.DEFAULT_SOCKET == DEFAULT_SDK_SOCKET
+    assert sdk.MAX_DATAGRAM_BYTES == wire.MAX_DATAGRAM_BYTES
 
 
 def test_socket_is_created_0660_and_removed_on_stop(tmp_path: Path) -> None:
@@ -122,7 +128,10 @@ class SlowIterable:
             yield i
 
 
-def test_track_phase_checkpoint_epoch_reach_the_agent(server: SdkServer, tmp_path: Path) -> None:
+def test_track_phase_checkpoint_epoch_reach_the_agent(
+    server: SdkServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sdk, "_startup_reported", False)
     job = sdk.Job("resnet-test", socket=server.socket_path)
     assert job.job_id == os.environ.get("SLURM_JOB_ID", "resnet-test")
     ckpt = tmp_path / "ckpt.bin"
@@ -137,9 +146,9 @@ def test_track_phase_checkpoint_epoch_reach_the_agent(server: SdkServer, tmp_pat
         ckpt.write_bytes(b"x" * 12345)
     job.epoch()
     job.close()
-    # startup + 6 steps + end-of-data wait + eval + checkpoint + epoch + close
-    wait_received(server, 12)
-    assert job.events_dropped == 0
+    # events: startup, 6 steps, the end-of-data wait, eval, checkpoint, epoch, close
+    assert (job.events_sent, job.events_dropped) == (12, 0)
+    wait_value(server, "gpufeed_job_epoch_seconds_count", 1, job_id=job.job_id)
     fams = server.families()
     jid = job.job_id
     assert value(fams, "gpufeed_job_steps_total", job_id=jid) == steps == 6
@@ -164,7 +173,7 @@ def test_nested_phases_are_not_counted_twice(server: SdkServer) -> None:
         with job.checkpoint():
             time.sleep(0.05)
     job.close()
-    wait_received(server, 4)
+    wait_value(server, "gpufeed_job_steps_total", 1, job_id=job.job_id)
     fams = server.families()
     jid = job.job_id
     ckpt = value(fams, "gpufeed_job_phase_seconds_total", job_id=jid, phase="checkpoint")
@@ -181,26 +190,33 @@ def test_unknown_phase_is_a_clear_error() -> None:
         pass
 
 
-def test_without_an_agent_events_are_dropped_and_counted(tmp_path: Path) -> None:
+def test_without_an_agent_events_are_dropped_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sdk, "_startup_reported", False)
     job = sdk.Job("lonely", socket=str(tmp_path / "nobody.sock"))
     for _ in job.track(range(3)):
         pass
     job.epoch()
-    assert job.events_sent == 0
-    assert job.events_dropped >= 4
+    job.close()
+    # startup, 3 steps, the end-of-data wait, the epoch, close
+    assert (job.events_sent, job.events_dropped) == (0, 7)
 
 
 def test_agent_restart_reconnects(tmp_path: Path) -> None:
     path = str(tmp_path / "sdk.sock")
     job = sdk.Job("restart", socket=path)
-    job.epoch()  # no agent yet
+    job.epoch()
+    job._flush()  # no agent yet: dropped
     srv = SdkServer(path, max_jobs=4, max_messages_per_second=1000, grace_seconds=1)
     srv.start()
     try:
         job._retry_at = 0.0  # skip the one-second reconnect back-off
         job.epoch()
-        wait_received(srv, 1)
-        assert job.events_sent == 1
+        job.close()
+        wait_received(srv, 2)
+        assert (job.events_sent, job.events_dropped) == (2, 1)
+        assert value(srv.families(), "gpufeed_job_epoch_seconds_count", job_id=job.job_id) == 1
     finally:
         srv.stop()
 
@@ -222,7 +238,7 @@ def test_several_processes_of_one_job_add_up(server: SdkServer) -> None:
     ]
     outs = [p.communicate(timeout=60)[0] for p in procs]
     assert [o.strip() for o in outs] == [b"0", b"0", b"0"]
-    wait_received(server, 3 * 8)
+    wait_value(server, "gpufeed_job_steps_total", 15, job_id="ddp")
     fams = server.families()
     assert value(fams, "gpufeed_job_steps_total", job_id="ddp") == 15
 
@@ -236,7 +252,7 @@ def test_garbage_is_dropped_by_reason(server: SdkServer) -> None:
     bad_phase = bad_phase[:4] + bytes([200]) + bad_phase[5:]
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     s.connect(server.socket_path)
-    for payload in (b"", b"x" * 5000, b"\x00" * 40, bad_version, bad_phase, good):
+    for payload in (b"", b"x" * 9000, b"\x00" * 40, bad_version, bad_phase, good):
         s.send(payload)
     s.close()
     wait_received(server, 6)
@@ -349,3 +365,17 @@ def test_import_gpufeed_and_sdk_stay_light() -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(sdk.__file__).parents[1])}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, check=True)
     assert out.stdout.strip() == b"[]"
+
+
+def test_steps_are_summed_in_the_process_not_sent_one_by_one(
+    server: SdkServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sdk, "_startup_reported", False)
+    job = sdk.Job("batched", socket=server.socket_path)
+    for _ in job.track(range(5000)):
+        pass
+    job.close()
+    assert (job.events_sent, job.events_dropped) == (5000 + 3, 0)  # + startup, end wait, close
+    wait_value(server, "gpufeed_job_steps_total", 5000, job_id=job.job_id)
+    received = value(server.families(), "gpufeed_sdk_messages_received_total")
+    assert received is not None and received < 100  # one datagram per FLUSH_SECONDS or so

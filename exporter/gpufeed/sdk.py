@@ -9,20 +9,22 @@
     job.epoch()
     job.close()
 
-Each event is one datagram on a Unix socket (the agent's `--sdk.socket`), sent with
-MSG_DONTWAIT: when the agent is absent or its queue is full the event is dropped and counted
-in `Job.events_dropped`; the training loop never waits for the agent.
+Events go as datagrams on a Unix socket (the agent's `--sdk.socket`), sent with
+MSG_DONTWAIT: when the agent is absent or its queue is full they are dropped and counted
+in `Job.events_dropped`; the training loop never waits for the agent. Steps and phase
+times are summed in the process and sent every FLUSH_SECONDS (see `Job`).
 
 This file is deliberately self-contained (standard library only, no gpufeed imports, Python
-3.8 syntax): `gpufeed run` loads it by path into programs that run in another Python
+3.8 syntax, annotations unevaluated): `gpufeed run` loads it by path into programs that run in another Python
 environment, where gpufeed is not installed. The agent's decoder (gpufeed.jobs.wire) holds
 the same format; a test checks that the two agree.
 
-Wire format v1, little-endian, one event per datagram:
+Wire format v1, little-endian; a datagram holds one or more messages back to back, at most
+MAX_DATAGRAM_BYTES in all, each:
     magic "gf" | version u8 | kind u8 | phase u8 | reserved u8 (0) | id_len u8 | name_len u8
     | a f64 | b f64 | n i64 | job id (utf-8, id_len bytes) | name (utf-8, name_len bytes)
-    STEP:       a = data_wait seconds, b = compute seconds, n = steps
-    PHASE:      phase = index in PHASES, a = seconds
+    STEP:       a = data_wait seconds, b = compute seconds, n = steps (sums since the last)
+    PHASE:      phase = index in PHASES, a = seconds (a sum since the last)
     CHECKPOINT: a = seconds, n = bytes written (-1: unknown)
     EPOCH:      a = seconds
     CLOSE:      the process is done with the job
@@ -30,12 +32,14 @@ Wire format v1, little-endian, one event per datagram:
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket as _socket
 import struct
 import time
 from contextlib import contextmanager
-from typing import Iterable, Iterator, Optional, TypeVar  # noqa: UP035 (runs on Python 3.8)
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 WIRE_VERSION = 1
 MAGIC = b"gf"
@@ -48,11 +52,15 @@ PHASES = ("compute", "data_wait", "checkpoint", "communication", "startup", "eva
 HEADER = struct.Struct("<2sBBBBBBddq")
 MAX_JOB_ID_BYTES = 128
 MAX_NAME_BYTES = 64
+MAX_DATAGRAM_BYTES = 8192
 # Same value as gpufeed.config.DEFAULT_SDK_SOCKET (not imported: this file stands alone).
 DEFAULT_SOCKET = "/run/gpufeed/sdk.sock"
 SOCKET_ENV = "GPUFEED_SOCKET"
 _RECONNECT_SECONDS = 1.0
+FLUSH_SECONDS = 0.1
 _PHASE_INDEX = {name: i for i, name in enumerate(PHASES)}
+_DATA_WAIT = _PHASE_INDEX["data_wait"]
+_STARTUP = _PHASE_INDEX["startup"]
 
 T = TypeVar("T")
 
@@ -61,9 +69,17 @@ _startup_reported = False
 
 class Job:
     """One job as seen from one process. Several processes of a job (ranks, workers) each
-    make their own `Job` with the same name; the agent adds them up."""
+    make their own `Job` with the same name; the agent adds them up.
 
-    def __init__(self, name: str, socket: Optional[str] = None) -> None:  # noqa: UP045
+    Steps and phase times are added up in the process and sent as sums at most every
+    FLUSH_SECONDS (checked at each event), at close() and at exit: a socket send wakes the
+    agent and can cost more than the whole 10 microsecond budget on a busy host, while
+    adding to a float costs well under one. Checkpoints and epochs, each a histogram
+    observation, are queued and go out whole with the same flush. `events_sent` /
+    `events_dropped` count events (a step, a phase block, a checkpoint ...), not datagrams.
+    """
+
+    def __init__(self, name: str, socket: str | None = None) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ValueError("gpufeed.Job needs a non-empty name")
         self.name = name
@@ -75,13 +91,22 @@ class Job:
         name_bytes = _truncate_utf8(name, MAX_NAME_BYTES)
         self._lens = (len(job_bytes), len(name_bytes))
         self._suffix = job_bytes + name_bytes
-        self._sock: Optional[_socket.socket] = None  # noqa: UP045
+        self._sock: _socket.socket | None = None
         self._retry_at = 0.0
         self._closed = False
         # Seconds spent in explicit phases (phase(), checkpoint()) so far: what a loop body
         # or an enclosing phase subtracts, so that phases never count the same second twice.
         self._inner_seconds = 0.0
         self._epoch_started = time.perf_counter()
+        # sums not yet sent: data_wait and compute of steps, steps, seconds per phase index
+        self._acc_wait = 0.0
+        self._acc_compute = 0.0
+        self._acc_steps = 0
+        self._acc_phase = [0.0] * len(PHASES)
+        self._acc_observations: list[tuple[int, float, int]] = []  # checkpoints, epochs
+        self._acc_events = 0
+        self._flush_at = time.perf_counter() + FLUSH_SECONDS
+        atexit.register(self._flush)
 
     # -- the API ---------------------------------------------------------------------------
 
@@ -90,25 +115,25 @@ class Job:
         until the following next() is compute, and every item is one step."""
         self._report_startup()
         clock = time.perf_counter
-        send = self._send
         started = clock()
         it = iter(iterable)  # DataLoader starts its workers here: part of the first wait
         wait = 0.0
-        body_start: Optional[float] = None  # noqa: UP045
+        body_start: float | None = None
         inner_at_yield = 0.0
         try:
             while True:
                 t0 = clock()
                 if body_start is not None:
                     compute = t0 - body_start - (self._inner_seconds - inner_at_yield)
-                    send(KIND_STEP, 0, wait, max(compute, 0.0), 1)
+                    self._add_step(wait, compute, t0)
                     body_start = None
                 else:
                     t0 = started  # the first item: iter() is part of its wait
                 try:
                     item = next(it)
                 except StopIteration:
-                    send(KIND_PHASE, _PHASE_INDEX["data_wait"], clock() - t0, 0.0, 0)
+                    now = clock()
+                    self._add_phase(_DATA_WAIT, now - t0, now)
                     return
                 body_start = clock()
                 wait = body_start - t0
@@ -116,8 +141,9 @@ class Job:
                 yield item
         finally:
             if body_start is not None:  # left the loop with break or an exception
-                compute = clock() - body_start - (self._inner_seconds - inner_at_yield)
-                send(KIND_STEP, 0, wait, max(compute, 0.0), 1)
+                now = clock()
+                compute = now - body_start - (self._inner_seconds - inner_at_yield)
+                self._add_step(wait, compute, now)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -130,12 +156,13 @@ class Job:
         try:
             yield
         finally:
-            own = max(time.perf_counter() - t0 - (self._inner_seconds - inner0), 0.0)
+            now = time.perf_counter()
+            own = max(now - t0 - (self._inner_seconds - inner0), 0.0)
             self._inner_seconds += own
-            self._send(KIND_PHASE, index, own, 0.0, 0)
+            self._add_phase(index, own, now)
 
     @contextmanager
-    def checkpoint(self, path: Optional[str] = None) -> Iterator[None]:  # noqa: UP045
+    def checkpoint(self, path: str | None = None) -> Iterator[None]:
         """The block's duration is a checkpoint; with a path, the bytes it holds afterwards
         (a file's size, or the sum over a directory's files) are checkpoint bytes written."""
         inner0 = self._inner_seconds
@@ -146,26 +173,33 @@ class Job:
             own = max(time.perf_counter() - t0 - (self._inner_seconds - inner0), 0.0)
             self._inner_seconds += own
             size = path_bytes(path) if path is not None else -1
-            self._send(KIND_CHECKPOINT, 0, own, 0.0, size)
+            self._emit(KIND_CHECKPOINT, own, size)
 
     def epoch(self) -> None:
         """An epoch boundary: the time since the previous one (or since the Job was made)."""
         now = time.perf_counter()
-        self._send(KIND_EPOCH, 0, now - self._epoch_started, 0.0, 0)
+        self._emit(KIND_EPOCH, now - self._epoch_started, 0)
         self._epoch_started = now
 
     def close(self) -> None:
-        """Tells the agent this process is done; the job's series go after its grace period
-        once every process of the job has closed or exited."""
+        """Sends what is pending and tells the agent this process is done; the job's series
+        go after the agent's grace period once every process of the job has closed or
+        exited."""
         if self._closed:
             return
-        self._send(KIND_CLOSE, 0, 0.0, 0.0, 0)
+        self._flush()
+        close = HEADER.pack(MAGIC, WIRE_VERSION, KIND_CLOSE, 0, 0, *self._lens, 0.0, 0.0, 0)
+        if self._send(close + self._suffix):
+            self.events_sent += 1
+        else:
+            self.events_dropped += 1
         self._closed = True
+        atexit.unregister(self._flush)
         if self._sock is not None:
             self._sock.close()
             self._sock = None
 
-    # -- transport ---------------------------------------------------------------------------
+    # -- batching ----------------------------------------------------------------------------
 
     def _report_startup(self) -> None:
         """Once per process: the time from process start to the first loop is start-up."""
@@ -175,31 +209,84 @@ class Job:
         _startup_reported = True
         age = process_age_seconds()
         if age is not None:
-            self._send(KIND_PHASE, _PHASE_INDEX["startup"], age, 0.0, 0)
+            self._add_phase(_STARTUP, age, time.perf_counter())
 
-    def _send(self, kind: int, phase: int, a: float, b: float, n: int) -> None:
-        if self._closed:
-            self.events_dropped += 1
+    def _add_step(self, wait: float, compute: float, now: float) -> None:
+        self._acc_wait += wait
+        self._acc_compute += compute if compute > 0.0 else 0.0
+        self._acc_steps += 1
+        self._acc_events += 1
+        if now >= self._flush_at:
+            self._flush()
+
+    def _add_phase(self, index: int, seconds: float, now: float) -> None:
+        self._acc_phase[index] += seconds
+        self._acc_events += 1
+        if now >= self._flush_at:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Sends the pending sums and observations, packed into as few datagrams as fit;
+        if any datagram fails, all the flush's events count as dropped."""
+        self._flush_at = time.perf_counter() + FLUSH_SECONDS
+        events = self._acc_events
+        if not events:
             return
-        msg = HEADER.pack(MAGIC, WIRE_VERSION, kind, phase, 0, *self._lens, a, b, n)
+        pack, head = HEADER.pack, (MAGIC, WIRE_VERSION)
+        lens, suffix = self._lens, self._suffix
+        msgs = []
+        if self._acc_steps or self._acc_wait or self._acc_compute:
+            msgs.append(
+                pack(*head, KIND_STEP, 0, 0, *lens, self._acc_wait, self._acc_compute, self._acc_steps)
+                + suffix
+            )
+        for index, seconds in enumerate(self._acc_phase):
+            if seconds > 0.0:
+                msgs.append(pack(*head, KIND_PHASE, index, 0, *lens, seconds, 0.0, 0) + suffix)
+        for kind, a, n in self._acc_observations:
+            msgs.append(pack(*head, kind, 0, 0, *lens, a, 0.0, n) + suffix)
+        self._acc_observations = []
+        self._acc_wait = self._acc_compute = 0.0
+        self._acc_steps = self._acc_events = 0
+        self._acc_phase = [0.0] * len(PHASES)
+        ok = True
+        per_datagram = max(MAX_DATAGRAM_BYTES // len(msgs[0]), 1) if msgs else 1
+        for i in range(0, len(msgs), per_datagram):
+            ok = self._send(b"".join(msgs[i : i + per_datagram])) and ok
+        if ok:
+            self.events_sent += events
+        else:
+            self.events_dropped += events
+
+    def _emit(self, kind: int, a: float, n: int) -> None:
+        """A checkpoint or an epoch: an observation of its own, sent with the next flush."""
+        self._acc_observations.append((kind, a, n))
+        self._acc_events += 1
+        if time.perf_counter() >= self._flush_at:
+            self._flush()
+
+    # -- transport ---------------------------------------------------------------------------
+
+    def _send(self, datagram: bytes) -> bool:
+        if self._closed:
+            return False
         sock = self._sock
         if sock is None:
             sock = self._connect()
             if sock is None:
-                self.events_dropped += 1
-                return
+                return False
         try:
-            sock.send(msg + self._suffix, _socket.MSG_DONTWAIT)
-            self.events_sent += 1
+            sock.send(datagram, _socket.MSG_DONTWAIT)
+            return True
         except BlockingIOError:  # the agent's queue is full: drop, never wait
-            self.events_dropped += 1
+            return False
         except OSError:  # the agent went away (restart): reconnect later
-            self.events_dropped += 1
             sock.close()
             self._sock = None
             self._retry_at = time.monotonic() + _RECONNECT_SECONDS
+            return False
 
-    def _connect(self) -> Optional[_socket.socket]:  # noqa: UP045
+    def _connect(self) -> _socket.socket | None:
         now = time.monotonic()
         if now < self._retry_at:
             return None
@@ -244,7 +331,7 @@ def resolve_job_id(name: str) -> str:
     return name
 
 
-def process_age_seconds() -> Optional[float]:  # noqa: UP045
+def process_age_seconds() -> float | None:
     """Seconds since this process started, from /proc; None where /proc is not there."""
     try:
         with open("/proc/self/stat", encoding="utf-8", errors="replace") as f:

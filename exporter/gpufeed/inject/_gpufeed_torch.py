@@ -88,7 +88,7 @@ class _StepState:
             return
         j = job()
         compute = now - self.body_start - (j._inner_seconds - self.inner0)
-        j._send(1, 0, self.wait, max(compute, 0.0), 1)  # KIND_STEP
+        j._add_step(self.wait, compute, now)
         self.body_start = None
 
     def flush(self) -> None:
@@ -144,7 +144,8 @@ def patch_torch(torch: ModuleType) -> None:
         try:
             batch = orig_next(self)
         except StopIteration:
-            j._send(2, 1, time.perf_counter() - t0, 0.0, 0)  # PHASE data_wait
+            now = time.perf_counter()
+            j._add_phase(1, now - t0, now)  # the wait for the end of the data: data_wait
             raise
         now = time.perf_counter()
         st.wait, st.body_start, st.inner0 = now - t0, now, j._inner_seconds
@@ -217,7 +218,7 @@ class _checkpoint:  # noqa: N801 (used like a function)
         _local.depth -= 1
         own = max(time.perf_counter() - self.t0 - (self.j._inner_seconds - self.inner0), 0.0)
         self.j._inner_seconds += own
-        self.j._send(3, 0, own, 0.0, self.nbytes)  # KIND_CHECKPOINT
+        self.j._emit(3, own, self.nbytes)  # KIND_CHECKPOINT
 
 
 # -- torch.distributed.checkpoint -------------------------------------------------------------

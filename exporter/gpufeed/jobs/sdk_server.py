@@ -177,23 +177,29 @@ class SdkServer:
 
     def handle(self, data: bytes, pid: int, truncated: bool = False) -> str | None:
         """Validates and applies one datagram from process `pid` (0 = unknown); returns the
-        drop reason or None. The receiving thread calls this; tests may too."""
-        now = self._clock()
-        with self._lock:
-            self._received += 1
-            reason = self._admit(data, pid, truncated, now)
-            if reason is not None:
-                self._dropped[reason] += 1
-            return reason
+        first drop reason or None. The receiving thread calls this; tests may too.
 
-    def _admit(self, data: bytes, pid: int, truncated: bool, now: float) -> str | None:
+        Counting is per message; a datagram refused whole (bad framing, bad field) counts
+        as one message, since how many it claimed to hold cannot be trusted."""
+        now = self._clock()
+        decoded = wire.REASON_SIZE if truncated else wire.decode_datagram(data)
+        with self._lock:
+            if isinstance(decoded, str):
+                self._received += 1
+                self._dropped[decoded] += 1
+                return decoded
+            self._received += len(decoded)
+            first: str | None = None
+            for msg in decoded:
+                reason = self._admit(msg, pid, now)
+                if reason is not None:
+                    self._dropped[reason] += 1
+                    first = first or reason
+            return first
+
+    def _admit(self, msg: wire.Message, pid: int, now: float) -> str | None:
         if not self._bucket.take(now):
             return wire.REASON_RATE
-        if truncated:
-            return wire.REASON_SIZE
-        msg = wire.decode(data)
-        if isinstance(msg, str):
-            return msg
         ident = self._identity(pid)
         if ident is not None and ident.scheduler != SCHEDULER_PROCESS:
             # The scheduler's id from the kernel beats the one the process sent: it joins

@@ -1,8 +1,10 @@
 """The agent's decoder for SDK datagrams (format v1, described in gpufeed/sdk.py).
 
-Everything that arrives on the socket is untrusted: `decode` either returns a `Message`
-whose every field is in range, or the name of the rule it broke (the `reason` label of
-gpufeed_sdk_messages_dropped_total). It never raises.
+A datagram holds one or more messages back to back (the SDK sends a whole flush in one).
+Everything that arrives on the socket is untrusted: `decode_datagram` either returns the
+messages, every field of each in range, or the name of the first rule the datagram broke
+(the `reason` label of gpufeed_sdk_messages_dropped_total); one bad message spoils the whole
+datagram, since what follows it cannot be trusted to be framed right. It never raises.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ PHASES: Final = ("compute", "data_wait", "checkpoint", "communication", "startup
 HEADER: Final = struct.Struct("<2sBBBBBBddq")
 MAX_JOB_ID_BYTES: Final = 128
 MAX_NAME_BYTES: Final = 64
-MAX_DATAGRAM_BYTES: Final = HEADER.size + MAX_JOB_ID_BYTES + MAX_NAME_BYTES
+MAX_MESSAGE_BYTES: Final = HEADER.size + MAX_JOB_ID_BYTES + MAX_NAME_BYTES
+MAX_DATAGRAM_BYTES: Final = 8192
 
 # The longest duration one event may carry; anything longer is a broken clock or a forgery.
 MAX_EVENT_SECONDS: Final = 30 * 86400.0
@@ -62,11 +65,26 @@ class Message:
     checkpoint_bytes: int | None = None  # CHECKPOINT only; None = not reported
 
 
-def decode(data: bytes) -> Message | str:
-    """A validated message, or the drop reason."""
+def decode_datagram(data: bytes) -> list[Message] | str:
+    """The datagram's validated messages, or the drop reason."""
     if len(data) < HEADER.size or len(data) > MAX_DATAGRAM_BYTES:
         return REASON_SIZE
-    magic, version, kind, phase, reserved, id_len, name_len, a, b, n = HEADER.unpack_from(data)
+    out: list[Message] = []
+    offset = 0
+    while offset < len(data):
+        got = _decode_one(data, offset)
+        if isinstance(got, str):
+            return got
+        msg, offset = got
+        out.append(msg)
+    return out
+
+
+def _decode_one(data: bytes, offset: int) -> tuple[Message, int] | str:
+    if len(data) - offset < HEADER.size:
+        return REASON_SIZE
+    head = HEADER.unpack_from(data, offset)
+    magic, version, kind, phase, reserved, id_len, name_len, a, b, n = head
     if magic != MAGIC:
         return REASON_SCHEMA
     if version != WIRE_VERSION:
@@ -75,10 +93,19 @@ def decode(data: bytes) -> Message | str:
         return REASON_SCHEMA
     if not 0 < id_len <= MAX_JOB_ID_BYTES or not 0 < name_len <= MAX_NAME_BYTES:
         return REASON_NAME_LENGTH
-    if len(data) != HEADER.size + id_len + name_len:
+    start = offset + HEADER.size
+    end = start + id_len + name_len
+    if end > len(data):
         return REASON_SIZE
-    job_id = _label_text(data[HEADER.size : HEADER.size + id_len])
-    name = _label_text(data[HEADER.size + id_len :])
+    msg = _message(kind, phase, a, b, n, data[start : start + id_len], data[start + id_len : end])
+    return msg if isinstance(msg, str) else (msg, end)
+
+
+def _message(
+    kind: int, phase: int, a: float, b: float, n: int, raw_id: bytes, raw_name: bytes
+) -> Message | str:
+    job_id = _label_text(raw_id)
+    name = _label_text(raw_name)
     if job_id is None or name is None:
         return REASON_SCHEMA
     if not (_duration_ok(a) and _duration_ok(b)):
@@ -107,7 +134,8 @@ def decode(data: bytes) -> Message | str:
 
 
 def encode(msg: Message) -> bytes:
-    """The datagram for `msg` (tests and tools; the SDK has its own copy of this)."""
+    """One message's bytes (tests and tools; the SDK has its own copy of this); a datagram
+    is one or more of these concatenated."""
     job_id, name = msg.job_id.encode(), msg.name.encode()
     phase = PHASES.index(msg.phase) if msg.kind == KIND_PHASE else 0
     if msg.kind == KIND_STEP:
