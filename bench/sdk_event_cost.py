@@ -128,9 +128,7 @@ def main() -> int:
         "events_dropped_with_agent": dropped,
         "reference_dropped": bare_dropped[0],
         "budget_median_ns": BUDGET_NS,
-        "cases": {
-            k: {**v, "ratio_to_bare_send": v["median_ns"] / ref} for k, v in results.items()
-        },
+        "cases": {k: {**v, "ratio_to_bare_send": v["median_ns"] / ref} for k, v in results.items()},
     }
     ok = all(v["median_ns"] <= BUDGET_NS for k, v in results.items() if k.startswith("job_"))
     report["within_budget"] = ok

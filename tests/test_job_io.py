@@ -59,8 +59,10 @@ def test_parse_proc_io() -> None:
 
 def test_find_job_cgroups_stops_at_the_job_directory() -> None:
     root = FIXTURES / "sysfs_jobs_v2/fs/cgroup"
-    found = sorted((j.scheduler, j.job_id, j.directory.relative_to(root).as_posix()) for j in
-                   find_job_cgroups(root))
+    found = sorted(
+        (j.scheduler, j.job_id, j.directory.relative_to(root).as_posix())
+        for j in find_job_cgroups(root)
+    )
     assert found == [
         (
             "kubernetes",

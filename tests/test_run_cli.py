@@ -83,7 +83,7 @@ def test_a_broken_sitecustomize_of_theirs_is_reported_not_fatal(tmp_path: Path) 
 def test_through_a_shell_script_launcher(tmp_path: Path) -> None:
     script = tmp_path / "launch.sh"
     script.write_text(
-        f'#!/bin/sh\nexec {sys.executable} -c "import sys; print(\'_gpufeed_hook\' in sys.modules)"\n'
+        f"#!/bin/sh\nexec {sys.executable} -c \"import sys; print('_gpufeed_hook' in sys.modules)\"\n"
     )
     script.chmod(0o755)
     out = run(["--", str(script)], tmp_path)

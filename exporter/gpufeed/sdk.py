@@ -37,8 +37,8 @@ import os
 import socket as _socket
 import struct
 import time
-from contextlib import contextmanager
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
 from typing import TypeVar
 
 WIRE_VERSION = 1
@@ -237,7 +237,16 @@ class Job:
         msgs = []
         if self._acc_steps or self._acc_wait or self._acc_compute:
             msgs.append(
-                pack(*head, KIND_STEP, 0, 0, *lens, self._acc_wait, self._acc_compute, self._acc_steps)
+                pack(
+                    *head,
+                    KIND_STEP,
+                    0,
+                    0,
+                    *lens,
+                    self._acc_wait,
+                    self._acc_compute,
+                    self._acc_steps,
+                )
                 + suffix
             )
         for index, seconds in enumerate(self._acc_phase):
@@ -352,10 +361,8 @@ def path_bytes(path: str) -> int:
         total = 0
         for root, _dirs, files in os.walk(path):
             for f in files:
-                try:
+                with suppress(OSError):
                     total += os.stat(os.path.join(root, f)).st_size
-                except OSError:
-                    pass
         return total
     except OSError:
         return -1

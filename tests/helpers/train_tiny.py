@@ -101,7 +101,7 @@ def main() -> int:
             job.epoch()
 
     try:
-        import gpufeed  # noqa: F401
+        import gpufeed
 
         gpufeed_importable = True
     except ImportError:

@@ -138,5 +138,7 @@ class JobIoCollector:
         if (root / "unified" / "cgroup.controllers").exists():  # hybrid
             out.append((root / "unified", "io.stat", parse_io_stat))
         if (root / "blkio").is_dir():
-            out.append((root / "blkio", "blkio.throttle.io_service_bytes", parse_blkio_service_bytes))
+            out.append(
+                (root / "blkio", "blkio.throttle.io_service_bytes", parse_blkio_service_bytes)
+            )
         return out

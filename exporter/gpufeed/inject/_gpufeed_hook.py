@@ -16,13 +16,13 @@ from typing import Any
 
 
 def _patch_torch(module: ModuleType) -> None:
-    import _gpufeed_torch
+    import _gpufeed_torch  # type: ignore[import-not-found]  # next to this file
 
     _gpufeed_torch.patch_torch(module)
 
 
 def _patch_dcp(module: ModuleType) -> None:
-    import _gpufeed_torch
+    import _gpufeed_torch  # type: ignore[import-not-found]  # next to this file
 
     _gpufeed_torch.patch_distributed_checkpoint(module)
 

@@ -19,6 +19,7 @@ training environment that does not have gpufeed installed.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import importlib.util
 import os
@@ -78,7 +79,7 @@ class _StepState:
     __slots__ = ("body_start", "inner0", "iter_started", "wait")
 
     def __init__(self, iter_started: float) -> None:
-        self.iter_started = iter_started
+        self.iter_started: float | None = iter_started
         self.body_start: float | None = None
         self.wait = 0.0
         self.inner0 = 0.0
@@ -92,14 +93,12 @@ class _StepState:
         self.body_start = None
 
     def flush(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.finish_step(time.perf_counter())
-        except Exception:
-            pass
 
 
 def _state(it: Any, now: float) -> _StepState:
-    st = it.__dict__.get("_gpufeed_state")
+    st: _StepState | None = it.__dict__.get("_gpufeed_state")
     if st is None:
         st = _StepState(now)
         it.__dict__["_gpufeed_state"] = st
@@ -107,7 +106,7 @@ def _state(it: Any, now: float) -> _StepState:
     return st
 
 
-def patch_torch(torch: ModuleType) -> None:
+def patch_torch(torch: Any) -> None:
     from torch.utils.data import dataloader as dl
 
     loader_cls = dl.DataLoader
@@ -152,15 +151,15 @@ def patch_torch(torch: ModuleType) -> None:
         return batch
 
     __next__._gpufeed = True  # type: ignore[attr-defined]
-    loader_cls.__iter__ = __iter__
-    iter_cls.__next__ = __next__
+    loader_cls.__iter__ = __iter__  # type: ignore[method-assign]
+    iter_cls.__next__ = __next__  # type: ignore[method-assign]
 
     orig_save = torch.save
 
     @functools.wraps(orig_save)
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
         target = _file_target(f)
-        if target is None or getattr(_local, "depth", 0):
+        if target is None or _depth():
             return orig_save(obj, f, *args, **kwargs)
         pos0 = _position(f) if target == "file" else None
         with _checkpoint() as done:
@@ -173,14 +172,19 @@ def patch_torch(torch: ModuleType) -> None:
         return result
 
     torch.save = save
-    serialization = sys.modules.get("torch.serialization")
+    serialization: Any = sys.modules.get("torch.serialization")
     if serialization is not None:
         serialization.save = save
 
 
+def _depth() -> int:
+    depth: int = getattr(_local, "depth", 0)
+    return depth
+
+
 def _file_target(f: Any) -> str | None:
     """'path', 'file' (a real file object) or None (memory: not a checkpoint)."""
-    if isinstance(f, (str, bytes, os.PathLike)):  # noqa: UP038 (Python 3.8+)
+    if isinstance(f, (str, bytes, os.PathLike)):
         return "path"
     try:
         f.fileno()
@@ -199,13 +203,13 @@ def _position(f: Any) -> int | None:
         return None
 
 
-class _checkpoint:  # noqa: N801 (used like a function)
+class _checkpoint:
     """Times a checkpoint (excluding nested ones) and sends it with the bytes given to done()."""
 
     def __enter__(self) -> Any:
         self.j = job()
         self.nbytes = -1
-        _local.depth = getattr(_local, "depth", 0) + 1
+        _local.depth = _depth() + 1
         self.inner0 = self.j._inner_seconds
         self.t0 = time.perf_counter()
 
@@ -235,7 +239,7 @@ def patch_distributed_checkpoint(dcp: ModuleType) -> None:
 def _wrap_dcp_save(orig: Any) -> Any:
     @functools.wraps(orig)
     def save(*args: Any, **kwargs: Any) -> Any:
-        if getattr(_local, "depth", 0):
+        if _depth():
             return orig(*args, **kwargs)
         with _checkpoint() as done:
             result = orig(*args, **kwargs)

@@ -47,7 +47,7 @@ def _install() -> None:
     if os.environ.get("GPUFEED_INJECT_DISABLE"):
         return
     try:
-        import _gpufeed_hook
+        import _gpufeed_hook  # type: ignore[import-not-found]  # next to this file
 
         _gpufeed_hook.install()
     except Exception as exc:
@@ -55,7 +55,7 @@ def _install() -> None:
 
 
 def _warn(msg: str) -> None:
-    try:
+    try:  # noqa: SIM105 (contextlib is not worth importing into every Python at start-up)
         sys.stderr.write(f"gpufeed: {msg}\n")
     except Exception:
         pass
