@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,38 @@ def test_slurm_prolog_and_epilog_write_and_clear_the_mapping(tmp_path: Path) -> 
     run_script("gpufeed-epilog.sh", {**base, "SLURM_JOB_ID": "102"})  # GPUs unknown: all files
     assert read_mapping_dir(d) == {}
     assert sorted(p.name for p in d.iterdir()) == [".lock"]
+
+
+def test_wiring_builds_three_collectors_sharing_the_sdk(tmp_path: Path) -> None:
+    from gpufeed import sdk
+    from gpufeed.jobs.wiring import build_job_collectors
+
+    ctx = CollectorContext()
+    sock = str(tmp_path / "sdk.sock")
+    parts = build_job_collectors(ctx, lambda: [gpu(0, UUID0, os.getpid())], dict, sock)
+    assert [c.name for c in parts.collectors()] == ["sdk", "jobs", "job_io"]
+    parts.start()
+    try:
+        job = sdk.Job("wired", socket=sock)
+        for _ in job.track(range(3)):
+            pass
+        job._flush()
+        deadline = time.monotonic() + 5
+        while parts.sdk.job_for_pid(os.getpid()) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # this process holds "GPU 0" and speaks for an SDK job: job_info carries its name
+        (info,) = iter_samples(parts.jobs.collect())
+        assert info.label("name") == "wired"
+        if info.label("scheduler") == "process":
+            assert info.label("job_id") == job.job_id
+        job.close()
+    finally:
+        parts.stop()
+    assert not Path(sock).exists()
+
+
+def test_gpufeed_cli_has_the_run_subcommand(tmp_path: Path) -> None:
+    from gpufeed.cli import main
+
+    assert main(["run", "--socket", str(tmp_path / "s"), "--", "true"]) == 0
+    assert main(["run", "--", "false"]) == 1
