@@ -106,9 +106,11 @@ def foreign_python(tmp_path_factory: pytest.TempPathFactory) -> str:
     env_dir = tmp_path_factory.mktemp("train-env") / "venv"
     base = Path(getattr(sys, "_base_executable", sys.executable))
     subprocess.run([str(base), "-m", "venv", "--without-pip", str(env_dir)], check=True)
-    import torch
+    import importlib.util
 
-    site_packages = Path(torch.__file__).parents[1]
+    spec = importlib.util.find_spec("torch")  # where torch is, without importing it
+    assert spec is not None and spec.origin is not None
+    site_packages = Path(spec.origin).parents[1]
     (py,) = env_dir.glob("lib/python3*/site-packages")
     (py / "torch_from_test_env.pth").write_text(f"{site_packages}\n")
     return str(env_dir / "bin" / "python")
