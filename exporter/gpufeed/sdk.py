@@ -15,8 +15,8 @@ in `Job.events_dropped`; the training loop never waits for the agent. Steps and 
 times are summed in the process and sent every FLUSH_SECONDS (see `Job`).
 
 This file is deliberately self-contained (standard library only, no gpufeed imports, Python
-3.8 syntax, annotations unevaluated): `gpufeed run` loads it by path into programs that run in another Python
-environment, where gpufeed is not installed. The agent's decoder (gpufeed.jobs.wire) holds
+3.8 syntax, annotations never evaluated): `gpufeed run` loads it by path into programs that
+run in another Python environment, where gpufeed is not installed. The agent's decoder (gpufeed.jobs.wire) holds
 the same format; a test checks that the two agree.
 
 Wire format v1, little-endian; a datagram holds one or more messages back to back, at most
@@ -77,6 +77,9 @@ class Job:
     adding to a float costs well under one. Checkpoints and epochs, each a histogram
     observation, are queued and go out whole with the same flush. `events_sent` /
     `events_dropped` count events (a step, a phase block, a checkpoint ...), not datagrams.
+
+    A Job belongs to the thread that runs the loop; another thread that reports phases
+    makes its own Job with the same name (the agent adds them up).
     """
 
     def __init__(self, name: str, socket: str | None = None) -> None:
