@@ -14,9 +14,11 @@ compute (the loop body does about twice the work of the data wait).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -128,6 +130,12 @@ class JobCgroup:
                 (self.dir / f"blkio.throttle.{rule}").write_text(f"{dev} {TIB_PER_S}\n")
 
     def remove(self) -> None:
+        # Anything still in the job's cgroup is the training run this test started (a
+        # DataLoader worker outliving a killed parent): end it, or the rmdir fails.
+        with contextlib.suppress(OSError):
+            for pid in (self.dir / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
         for d in (self.dir, self.dir.parent, self.dir.parent.parent, self.top):
             for _ in range(50):
                 try:
