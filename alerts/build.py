@@ -1,8 +1,8 @@
 """Writes alerts/gpufeed.rules.yml from alerts.config (run by `make alerts`).
 
-    python alerts/build.py                      # regenerate the shipped rule file
-    python alerts/build.py --check              # exit 1 if the shipped file is stale
-    python alerts/build.py --for 10s --out F    # a test copy with every `for:` shortened
+python alerts/build.py                      # regenerate the shipped rule file
+python alerts/build.py --check              # exit 1 if the shipped file is stale
+python alerts/build.py --for 10s --out F    # a test copy with every `for:` shortened
 """
 
 from __future__ import annotations

@@ -68,9 +68,7 @@ def cause_description(cfg: RulesConfig) -> str:
         "cause: {{ $labels.cause }}. "
     )
     branches = []
-    for i, (cause, hint) in enumerate(
-        (c, h) for c, h in cfg.cause_hints.items() if c != "unknown"
-    ):
+    for i, (cause, hint) in enumerate((c, h) for c, h in cfg.cause_hints.items() if c != "unknown"):
         keyword = "if" if i == 0 else "else if"
         branches.append(f'{{{{ {keyword} eq $labels.cause "{cause}" }}}}{hint}')
     fallback = cfg.cause_hints.get("unknown", "")
