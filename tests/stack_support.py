@@ -240,3 +240,51 @@ def promtool_check_exprs(exprs: dict[str, str]) -> subprocess.CompletedProcess[s
             timeout=60,
             check=False,
         )
+
+
+# --- Test copies of the compose configs -------------------------------------------------
+# The end-to-end test runs the shipped configs with only addresses, paths and timings
+# changed; these helpers make those copies so that the shipped files stay as they are.
+
+
+def prometheus_config_for_test(
+    shipped: Path,
+    *,
+    agent: str,
+    alertmanager: str,
+    rule_files: list[str],
+    interval: str,
+) -> dict[str, Any]:
+    """The compose prometheus.yml with the agent and Alertmanager addresses, the rule files
+    and the scrape/evaluation interval replaced; every other setting is kept."""
+    config: dict[str, Any] = yaml.safe_load(shipped.read_text(encoding="utf-8"))
+    config["global"]["scrape_interval"] = interval
+    config["global"]["evaluation_interval"] = interval
+    config["rule_files"] = rule_files
+    for am in config["alerting"]["alertmanagers"]:
+        for static in am["static_configs"]:
+            static["targets"] = [alertmanager]
+    kept = []
+    for job in config["scrape_configs"]:
+        if job["job_name"] == "gpufeed":
+            for static in job["static_configs"]:
+                static["targets"] = [agent]
+            kept.append(job)
+    config["scrape_configs"] = kept  # the compose file's self-scrape has no address here
+    return config
+
+
+def alertmanager_config_for_test(
+    shipped: Path, *, webhook_base: str, group_wait: str
+) -> dict[str, Any]:
+    """The compose alertmanager.yml with every webhook pointed at `webhook_base` (each
+    receiver keeps its own path, so the test sees which route was taken) and the grouping
+    delays shortened; routes, matchers and inhibitions are kept."""
+    config: dict[str, Any] = yaml.safe_load(shipped.read_text(encoding="utf-8"))
+    config["route"]["group_wait"] = group_wait
+    config["route"]["group_interval"] = group_wait
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            path = "/" + hook["url"].split("://", 1)[1].split("/", 1)[1]
+            hook["url"] = webhook_base.rstrip("/") + path
+    return config
