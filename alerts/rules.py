@@ -75,6 +75,24 @@ def cause_description(cfg: RulesConfig) -> str:
     return head + "".join(branches) + f"{{{{ else }}}}{fallback}{{{{ end }}}}"
 
 
+def io_latency(cfg: RulesConfig) -> str:
+    """Mean I/O latency per mount, only where operations completed: an idle mount has no
+    latency, and a NaN would poison the baseline that StorageTierLatencyHigh averages."""
+    s, w = cfg.sel, cfg.rate_window
+    return (
+        "sum by (instance, tier, mountpoint) (\n"
+        f"  rate(gpufeed_storage_read_time_seconds_total{{{s}}}[{w}])\n"
+        f"  + rate(gpufeed_storage_write_time_seconds_total{{{s}}}[{w}])\n"
+        ")\n/\n"
+        "(\n"
+        "  sum by (instance, tier, mountpoint) (\n"
+        f"    rate(gpufeed_storage_reads_completed_total{{{s}}}[{w}])\n"
+        f"    + rate(gpufeed_storage_writes_completed_total{{{s}}}[{w}])\n"
+        "  ) > 0\n"
+        ")"
+    )
+
+
 def recording_rules(cfg: RulesConfig) -> list[Rule]:
     """Fleet aggregates the dashboards query (cheap to read over long ranges)."""
     s, w = cfg.sel, cfg.rate_window
@@ -125,21 +143,8 @@ def recording_rules(cfg: RulesConfig) -> list[Rule]:
         )
     rules.append(
         {
-            # Only where operations completed: an idle mount has no latency, and a NaN
-            # would poison the baseline that StorageTierLatencyHigh averages.
             "record": f"instance_tier_mountpoint:gpufeed_storage_io_latency_seconds:mean{w}",
-            "expr": (
-                "sum by (instance, tier, mountpoint) (\n"
-                f"  rate(gpufeed_storage_read_time_seconds_total{{{s}}}[{w}])\n"
-                f"  + rate(gpufeed_storage_write_time_seconds_total{{{s}}}[{w}])\n"
-                ")\n/\n"
-                "(\n"
-                "  sum by (instance, tier, mountpoint) (\n"
-                f"    rate(gpufeed_storage_reads_completed_total{{{s}}}[{w}])\n"
-                f"    + rate(gpufeed_storage_writes_completed_total{{{s}}}[{w}])\n"
-                "  ) > 0\n"
-                ")"
-            ),
+            "expr": io_latency(cfg),
         }
     )
     return rules
@@ -236,10 +241,13 @@ def alert_rules(cfg: RulesConfig) -> list[Rule]:
         },
         {
             "alert": "StorageTierLatencyHigh",
+            # The current latency is computed inline and only the baseline comes from the
+            # recording rule: Prometheus evaluates rule groups independently, and an alert
+            # that read the current value from another group would lag it by one round.
             "expr": (
-                f"{latency}\n"
-                f"  > {cfg.latency_factor:g} * avg_over_time({latency}[{cfg.latency_baseline}])\n"
-                f"and\n{latency} > {cfg.latency_floor_seconds:g}"
+                f"(\n{_indent(io_latency(cfg), 2)}\n)\n"
+                f"> {cfg.latency_floor_seconds:g}\n"
+                f"> {cfg.latency_factor:g} * avg_over_time({latency}[{cfg.latency_baseline}])"
             ),
             "for": cfg.latency_high_for,
             "labels": {"severity": "warning"},
