@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 RUNBOOK_BASE_URL = "https://github.com/gpufeed/gpufeed/blob/main/docs/runbooks.md"
 
@@ -106,5 +107,7 @@ class RulesConfig:
 
     def with_for_override(self, duration: str) -> RulesConfig:
         """A copy with every `for:` set to `duration` (tests shorten them this way)."""
-        changes = {f.name: duration for f in dataclasses.fields(self) if f.name.endswith("_for")}
+        changes: dict[str, Any] = {
+            f.name: duration for f in dataclasses.fields(self) if f.name.endswith("_for")
+        }
         return dataclasses.replace(self, **changes)
