@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
-from stack_support import REPO_ROOT, promtool
+from stack_support import (
+    REPO_ROOT,
+    alertmanager_config_for_test,
+    prometheus_config_for_test,
+    promtool,
+)
 
 COMPOSE = REPO_ROOT / "compose"
 PROMETHEUS_YML = COMPOSE / "prometheus" / "prometheus.yml"
@@ -119,3 +124,42 @@ def test_nvidia_variant_uses_the_nvidia_runtime_and_real_gpus() -> None:
     dockerfile = (COMPOSE / "Dockerfile").read_text(encoding="utf-8")
     assert 'ENTRYPOINT ["gpufeed"]' in dockerfile
     assert f"EXPOSE {AGENT_PORT}" in dockerfile
+
+
+def test_end_to_end_copies_change_only_addresses_paths_and_timings(tmp_path: Path) -> None:
+    """The e2e test's copies of the compose configs stay valid and keep everything else."""
+    rules = tmp_path / "rules.yml"
+    rules.write_text((REPO_ROOT / "alerts" / "gpufeed.rules.yml").read_text(encoding="utf-8"))
+    prom = prometheus_config_for_test(
+        PROMETHEUS_YML,
+        agent="127.0.0.1:19400",
+        alertmanager="127.0.0.1:19402",
+        rule_files=[str(rules)],
+        interval="1s",
+    )
+    prom_path = tmp_path / "prometheus.yml"
+    prom_path.write_text(yaml.safe_dump(prom))
+    result = run(promtool(), "check", "config", str(prom_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    shipped = load(PROMETHEUS_YML)
+    assert [c["job_name"] for c in prom["scrape_configs"]] == ["gpufeed"]
+    assert prom["scrape_configs"][0]["static_configs"] == [{"targets": ["127.0.0.1:19400"]}]
+    assert set(prom) == set(shipped)
+
+    am = alertmanager_config_for_test(
+        ALERTMANAGER_YML, webhook_base="http://127.0.0.1:19403", group_wait="1s"
+    )
+    am_path = tmp_path / "alertmanager.yml"
+    am_path.write_text(yaml.safe_dump(am))
+    result = run(amtool(), "check-config", str(am_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    original = load(ALERTMANAGER_YML)
+    assert am["route"]["routes"] == original["route"]["routes"]
+    assert am["inhibit_rules"] == original["inhibit_rules"]
+    urls = {r["name"]: r["webhook_configs"][0]["url"] for r in am["receivers"]}
+    assert urls == {
+        "oncall": "http://127.0.0.1:19403/oncall",
+        "storage-owners": "http://127.0.0.1:19403/storage-owners",
+        "network-team": "http://127.0.0.1:19403/network-team",
+        "job-owners": "http://127.0.0.1:19403/job-owners",
+    }
