@@ -286,8 +286,12 @@ def simulate(sim: NodeSim, eps: list[Episode], t0: float, t_end: float) -> tuple
         reasons: list[set[str]] = [set() for _ in range(sim.n_gpus)]
         th = kinds.get("throttling")
         hot = th.extra["hot"] if th else ()  # type: ignore[assignment]
+        affected: set[int] = set()
+        for e in active:
+            if e.kind in ("data_loading", "preprocessing", "network"):
+                affected.update(e.gpus)
         for g in range(sim.n_gpus):
-            u = util_job
+            u = util_job if g in affected else 1.0
             in_job = g in jobs
             up = 1.0
             clock = 1.98e9 * _noise(r, 0.01)

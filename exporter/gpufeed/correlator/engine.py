@@ -512,7 +512,9 @@ class NodeCorrelator:
                 bad = []
                 for x, s in g.xids.items():
                     if x in FATAL_XIDS:
-                        inc = _increase(s, t, XID_LOOKBACK_SECONDS, self._appeared_after())
+                        # a fatal XID explains the stall from shortly before it to its end
+                        back = XID_LOOKBACK_SECONDS + (t - u.run_start if u.run_start else 0.0)
+                        inc = _increase(s, t, back, self._appeared_after())
                         if inc > 0:
                             n += inc
                             bad.append(x)
