@@ -17,21 +17,25 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import correlator_scenarios as cs  # noqa: E402
+import correlator_scenarios as cs
 
-from gpufeed.correlator.analyze import analyze_nodes  # noqa: E402
-from gpufeed.correlator.engine import WindowParams  # noqa: E402
-from gpufeed.correlator.trace import read_trace  # noqa: E402
+from gpufeed.correlator.analyze import analyze_nodes
+from gpufeed.correlator.engine import WindowParams
+from gpufeed.correlator.trace import read_trace
 
 
-def _intervals_by_gpu(items: list[tuple[str, str, float, float, str]]) -> dict[tuple[str, str], list[tuple[float, float, str]]]:
+def _intervals_by_gpu(
+    items: list[tuple[str, str, float, float, str]],
+) -> dict[tuple[str, str], list[tuple[float, float, str]]]:
     out: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
     for inst, gpu, s, e, c in items:
         out.setdefault((inst, gpu), []).append((s, e, c))
     return out
 
 
-def _overlap(a: list[tuple[float, float, str]], b: list[tuple[float, float, str]]) -> dict[tuple[str, str], float]:
+def _overlap(
+    a: list[tuple[float, float, str]], b: list[tuple[float, float, str]]
+) -> dict[tuple[str, str], float]:
     """Time where a's cause x meets b's cause y, for every (x, y)."""
     out: dict[tuple[str, str], float] = {}
     for s1, e1, c1 in a:
@@ -42,7 +46,12 @@ def _overlap(a: list[tuple[float, float, str]], b: list[tuple[float, float, str]
     return out
 
 
-def score(labels: list[cs.Label], windows: list[tuple[str, str, float, float, str]], span: dict[str, tuple[float, float]], n_gpus: int = 8) -> dict[str, object]:
+def score(
+    labels: list[cs.Label],
+    windows: list[tuple[str, str, float, float, str]],
+    span: dict[str, tuple[float, float]],
+    n_gpus: int = 8,
+) -> dict[str, object]:
     truth = _intervals_by_gpu([(x.instance, x.gpu, x.start, x.end, x.cause) for x in labels])
     pred = _intervals_by_gpu(windows)
     tp: dict[str, float] = {}
@@ -61,7 +70,7 @@ def score(labels: list[cs.Label], windows: list[tuple[str, str, float, float, st
             pred_t[c] = pred_t.get(c, 0.0) + e - s
         ov = _overlap(tr, pr)
         covered: dict[str, float] = {}
-        for (c1, c2), d in ov.items():
+        for (_c1, c2), d in ov.items():
             covered[c2] = covered.get(c2, 0.0) + d
         for s, e, c in pr:  # window time outside every label: healthy time
             conf[("healthy", c)] = conf.get(("healthy", c), 0.0) + (e - s)
@@ -81,7 +90,13 @@ def score(labels: list[cs.Label], windows: list[tuple[str, str, float, float, st
         p = tp.get(c, 0.0) / pred_t[c] if pred_t.get(c) else 0.0
         r = tp.get(c, 0.0) / truth_t[c] if truth_t.get(c) else 0.0
         f1 = 2 * p * r / (p + r) if p + r else 0.0
-        per[c] = {"precision": p, "recall": r, "f1": f1, "truth_s": truth_t.get(c, 0.0), "pred_s": pred_t.get(c, 0.0)}
+        per[c] = {
+            "precision": p,
+            "recall": r,
+            "f1": f1,
+            "truth_s": truth_t.get(c, 0.0),
+            "pred_s": pred_t.get(c, 0.0),
+        }
         if truth_t.get(c):
             f1s.append(f1)
     return {
@@ -89,11 +104,15 @@ def score(labels: list[cs.Label], windows: list[tuple[str, str, float, float, st
         "macro_f1": sum(f1s) / len(f1s) if f1s else 0.0,
         "healthy_in_window_ratio": healthy_in_window / healthy_time if healthy_time else 0.0,
         "unknown_s": pred_t.get("unknown", 0.0),
-        "confusion": {f"{a}->{b}": round(v) for (a, b), v in sorted(conf.items()) if a != b and v > 1},
+        "confusion": {
+            f"{a}->{b}": round(v) for (a, b), v in sorted(conf.items()) if a != b and v > 1
+        },
     }
 
 
-def run(seeds: list[int], nodes: int, hours: float, interval: float, jobs: int) -> dict[str, object]:
+def run(
+    seeds: list[int], nodes: int, hours: float, interval: float, jobs: int
+) -> dict[str, object]:
     all_labels: list[cs.Label] = []
     all_windows: list[tuple[str, str, float, float, str]] = []
     span: dict[str, tuple[float, float]] = {}
@@ -114,8 +133,13 @@ def run(seeds: list[int], nodes: int, hours: float, interval: float, jobs: int) 
                 g = next(iter(n.gpus.values()))
                 s = g.fields["up"]
                 span[f"{seed}/{n.instance}"] = (s.ts[0], s.ts[-1])
-            all_labels += [cs.Label(f"{seed}/{x.instance}", x.gpu, x.start, x.end, x.cause) for x in labels]
-            all_windows += [(f"{seed}/{w.instance}", w.gpu, w.start_seconds, w.end_seconds, w.cause.value) for w in ws]
+            all_labels += [
+                cs.Label(f"{seed}/{x.instance}", x.gpu, x.start, x.end, x.cause) for x in labels
+            ]
+            all_windows += [
+                (f"{seed}/{w.instance}", w.gpu, w.start_seconds, w.end_seconds, w.cause.value)
+                for w in ws
+            ]
     res = score(all_labels, all_windows, span)
     res["samples"] = samples
     res["analysis_seconds"] = t_an
@@ -131,14 +155,20 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1)
     a = ap.parse_args()
     res = run(a.seeds, a.nodes, a.hours, a.interval, a.jobs)
-    print(f"correlator accuracy: seeds {a.seeds}, {a.nodes} nodes x {a.hours} h at {a.interval} s, {res['samples']} samples")
+    print(
+        f"correlator accuracy: seeds {a.seeds}, {a.nodes} nodes x {a.hours} h at {a.interval} s, {res['samples']} samples"
+    )
     print(f"{'cause':<15}{'precision':>10}{'recall':>10}{'F1':>8}{'truth s':>10}{'window s':>10}")
     per = res["per_cause"]
     assert isinstance(per, dict)
     for c, m in per.items():
-        print(f"{c:<15}{m['precision']:>10.3f}{m['recall']:>10.3f}{m['f1']:>8.3f}{m['truth_s']:>10.0f}{m['pred_s']:>10.0f}")
+        print(
+            f"{c:<15}{m['precision']:>10.3f}{m['recall']:>10.3f}{m['f1']:>8.3f}{m['truth_s']:>10.0f}{m['pred_s']:>10.0f}"
+        )
     print(f"macro-F1 {res['macro_f1']:.3f} (goal >= 0.95)")
-    print(f"healthy GPU time inside a window {float(res['healthy_in_window_ratio']) * 100:.2f}% (goal <= 2%)")
+    print(
+        f"healthy GPU time inside a window {float(res['healthy_in_window_ratio']) * 100:.2f}% (goal <= 2%)"
+    )
     print(f"windows tagged unknown: {float(res['unknown_s']):.0f} GPU-seconds")
     print(f"confusions (truth->window, GPU-seconds): {res['confusion']}")
     print(f"analysis: {res['samples']} samples in {float(res['analysis_seconds']):.1f} s")

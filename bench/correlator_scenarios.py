@@ -122,7 +122,9 @@ class NodeSim:
             "mlx5_0": Net("mlx5_0", "infiniband", 25e9),
             "eth0": Net("eth0", "ethernet", 12.5e9),
         }
-        self.cpu = {m: 0.0 for m in ("user", "system", "iowait", "idle", "irq", "softirq", "steal", "nice")}
+        self.cpu = {
+            m: 0.0 for m in ("user", "system", "iowait", "idle", "irq", "softirq", "steal", "nice")
+        }
         self.psi = {"cpu": 0.0, "io": 0.0, "memory": 0.0}
         self.psi_full = {"io": 0.0, "memory": 0.0}
         self.energy = [0.0] * self.n_gpus
@@ -179,7 +181,9 @@ def schedule(sim: NodeSim, t0: float, hours: float, kinds: list[tuple[str, str]]
     return eps
 
 
-def simulate(sim: NodeSim, eps: list[Episode], t0: float, t_end: float) -> tuple[list[str], list[Label]]:
+def simulate(
+    sim: NodeSim, eps: list[Episode], t0: float, t_end: float
+) -> tuple[list[str], list[Label]]:
     """The node's OpenMetrics lines (without '# EOF') and its labels."""
     r = sim.rng
     iv = sim.interval
@@ -218,7 +222,16 @@ def simulate(sim: NodeSim, eps: list[Episode], t0: float, t_end: float) -> tuple
         if restart_at > 0 and t >= restart_at:  # the agent restarts: counters from zero
             restart_at = -1.0
             for tier in sim.tiers.values():
-                for f in ("read_bytes", "written_bytes", "reads", "writes", "read_time", "write_time", "io_time", "io_weighted"):
+                for f in (
+                    "read_bytes",
+                    "written_bytes",
+                    "reads",
+                    "writes",
+                    "read_time",
+                    "write_time",
+                    "io_time",
+                    "io_weighted",
+                ):
                     setattr(tier, f, 0.0)
             for n in sim.nets.values():
                 n.rx = n.tx = n.tx_wait = 0.0
@@ -276,9 +289,13 @@ def simulate(sim: NodeSim, eps: list[Episode], t0: float, t_end: float) -> tuple
         step_time = max(compute, input_time, t_comm)
         util_job = compute / step_time
         # the tier's physics: utilization of its ceiling drives queueing and latency
-        rho = min(read_rate / dt_tier.ceiling + (write_rate / dt_tier.ceiling if write_tier == sim.data_tier else 0.0), 0.99)
+        min(
+            read_rate / dt_tier.ceiling
+            + (write_rate / dt_tier.ceiling if write_tier == sim.data_tier else 0.0),
+            0.99,
+        )
         if "data_loading" in kinds and kinds["data_loading"].guise == "saturated":
-            rho = 0.99
+            pass
         # --- GPU states -----------------------------------------------------------------
         gpu_util: list[float | None] = []
         ups: list[float] = []
@@ -301,7 +318,11 @@ def simulate(sim: NodeSim, eps: list[Episode], t0: float, t_end: float) -> tuple
                 if g in hot:
                     u = r.uniform(0.96, 1.0)
                     clock *= 0.55
-                    reasons[g] = {"hw_thermal_slowdown", "sw_thermal_slowdown"} if th.guise == "thermal_peer" else {"hw_power_brake_slowdown", "hw_slowdown"}
+                    reasons[g] = (
+                        {"hw_thermal_slowdown", "sw_thermal_slowdown"}
+                        if th.guise == "thermal_peer"
+                        else {"hw_power_brake_slowdown", "hw_slowdown"}
+                    )
                 else:
                     u = r.uniform(0.5, 0.62)
             cf = kinds.get("thermal_full_util")
@@ -327,7 +348,9 @@ def simulate(sim: NodeSim, eps: list[Episode], t0: float, t_end: float) -> tuple
                         sim.xid[(g, "79")] = sim.xid.get((g, "79"), 0.0) + 1
                 else:
                     if (g, "48") not in sim.xid or t - ge.start <= iv:
-                        sim.xid[(g, "48")] = sim.xid.get((g, "48"), 0.0) + (1 if t - ge.start <= iv else 0)
+                        sim.xid[(g, "48")] = sim.xid.get((g, "48"), 0.0) + (
+                            1 if t - ge.start <= iv else 0
+                        )
                     u = 0.0
             elif ge is None and lost_once:
                 lost_once.clear()
@@ -353,7 +376,11 @@ def simulate(sim: NodeSim, eps: list[Episode], t0: float, t_end: float) -> tuple
                 wb = write_rate
             wb += 2e6 * _noise(r, 0.3)  # logs
             rho_t = min((rb + wb) / tier.ceiling, 0.985)
-            if tier.name == sim.data_tier and "data_loading" in kinds and kinds["data_loading"].guise == "saturated":
+            if (
+                tier.name == sim.data_tier
+                and "data_loading" in kinds
+                and kinds["data_loading"].guise == "saturated"
+            ):
                 rho_t = 0.985
             lat = tier.latency * (1.0 + rho_t / (1.0 - rho_t) * 0.15) * _noise(r, 0.1)
             if tier.name == sim.data_tier and lat_mult > 1:
@@ -393,7 +420,7 @@ def simulate(sim: NodeSim, eps: list[Episode], t0: float, t_end: float) -> tuple
         nfs = sim.tiers["cold"]
         if write_tier == "cold":
             eth_rate += write_rate
-        eth_rate += (nfs.read_bytes and 0.0)
+        eth_rate += nfs.read_bytes and 0.0
         eth.tx += eth_rate * iv
         eth.rx += 3e7 * _noise(r, 0.3) * iv
         eth.tx_wait += 0.001 * iv
@@ -434,13 +461,21 @@ def simulate(sim: NodeSim, eps: list[Episode], t0: float, t_end: float) -> tuple
             gpus = [g for g, j in jobs.items() if j == jid]
             ju = sum(gpu_util[g] or 0.0 for g in gpus) / max(len(gpus), 1)
             ranks = len(gpus)
-            ph = {"compute": ju, "data_wait": 0.0, "checkpoint": 0.0, "communication": 0.0, "startup": 0.0}
+            ph = {
+                "compute": ju,
+                "data_wait": 0.0,
+                "checkpoint": 0.0,
+                "communication": 0.0,
+                "startup": 0.0,
+            }
             rest = max(0.0, 1.0 - ju)
             if startup and any(g in kinds["startup"].gpus for g in gpus):
                 ph["startup"] = rest
             elif stall_all:
                 ph["checkpoint"] = rest
-            elif "network" in kinds or ("throttling" in kinds and any(g in kinds["throttling"].gpus for g in gpus)):
+            elif "network" in kinds or (
+                "throttling" in kinds and any(g in kinds["throttling"].gpus for g in gpus)
+            ):
                 ph["communication"] = rest
             elif input_time >= max(compute, t_comm) * 1.05:
                 ph["data_wait"] = rest
@@ -464,7 +499,10 @@ def simulate(sim: NodeSim, eps: list[Episode], t0: float, t_end: float) -> tuple
                     rd = tier.ceiling * 0.4 * share
                 sim.job_tier[k] = sim.job_tier.get(k, 0.0) + rd * iv
                 kw = (jid, tier.name, "w")
-                sim.job_tier[kw] = sim.job_tier.get(kw, 0.0) + (write_rate * share if write_tier == tier.name else 1e5) * iv
+                sim.job_tier[kw] = (
+                    sim.job_tier.get(kw, 0.0)
+                    + (write_rate * share if write_tier == tier.name else 1e5) * iv
+                )
         # --- emit (a missed scrape now and then) ----------------------------------------------
         if r.random() < 0.01:
             continue
@@ -473,7 +511,9 @@ def simulate(sim: NodeSim, eps: list[Episode], t0: float, t_end: float) -> tuple
         il = f'instance="{inst}"'
         for g in range(sim.n_gpus):
             gl = f'gpu="{g}",uuid="{uuid[g]}",{il}'
-            L(f'gpufeed_gpu_info{{gpu="{g}",uuid="{uuid[g]}",name="NVIDIA H100 80GB HBM3",driver_version="550.54",pci_bus_id="0000:{g:02x}:00.0",backend="simulated",{il}}} 1 {ts}')
+            L(
+                f'gpufeed_gpu_info{{gpu="{g}",uuid="{uuid[g]}",name="NVIDIA H100 80GB HBM3",driver_version="550.54",pci_bus_id="0000:{g:02x}:00.0",backend="simulated",{il}}} 1 {ts}'
+            )
             L(f"gpufeed_gpu_up{{{gl}}} {ups[g]:g} {ts}")
             u = gpu_util[g]
             if u is not None:
@@ -487,21 +527,42 @@ def simulate(sim: NodeSim, eps: list[Episode], t0: float, t_end: float) -> tuple
                 L(f"gpufeed_gpu_temperature_celsius{{{gl}}} {40 + 35 * u:.0f} {ts}")
                 sim.nvl[g] += 1e10 * u * _noise(r, 0.05) * iv
                 L(f"gpufeed_gpu_nvlink_transmit_bytes_total{{{gl}}} {sim.nvl[g]:.0f} {ts}")
-                for reason in ("sw_power_cap", "hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"):
-                    L(f'gpufeed_gpu_clock_event_active{{gpu="{g}",uuid="{uuid[g]}",reason="{reason}",{il}}} {1 if reason in reasons[g] else 0} {ts}')
+                for reason in (
+                    "sw_power_cap",
+                    "hw_slowdown",
+                    "hw_thermal_slowdown",
+                    "sw_thermal_slowdown",
+                    "hw_power_brake_slowdown",
+                ):
+                    L(
+                        f'gpufeed_gpu_clock_event_active{{gpu="{g}",uuid="{uuid[g]}",reason="{reason}",{il}}} {1 if reason in reasons[g] else 0} {ts}'
+                    )
             for (xg, x), n in sim.xid.items():
                 if xg == g:
-                    L(f'gpufeed_gpu_xid_errors_total{{gpu="{g}",uuid="{uuid[g]}",xid="{x}",{il}}} {n:g} {ts}')
+                    L(
+                        f'gpufeed_gpu_xid_errors_total{{gpu="{g}",uuid="{uuid[g]}",xid="{x}",{il}}} {n:g} {ts}'
+                    )
             if g in jobs:
-                L(f'gpufeed_job_info{{job_id="{jobs[g]}",gpu="{g}",uuid="{uuid[g]}",scheduler="slurm",name="train",{il}}} 1 {ts}')
+                L(
+                    f'gpufeed_job_info{{job_id="{jobs[g]}",gpu="{g}",uuid="{uuid[g]}",scheduler="slurm",name="train",{il}}} 1 {ts}'
+                )
         for tier in sim.tiers.values():
             dev = f',device="{"nvme0n1" if tier.name == "hot" else "sdb"}"' if tier.block else ""
             tl = f'tier="{tier.name}",mountpoint="/mnt/{tier.name}"{dev},{il}'
-            for f, name in (("read_bytes", "read_bytes"), ("written_bytes", "written_bytes"), ("reads", "reads_completed"), ("writes", "writes_completed"), ("read_time", "read_time_seconds"), ("write_time", "write_time_seconds")):
+            for f, name in (
+                ("read_bytes", "read_bytes"),
+                ("written_bytes", "written_bytes"),
+                ("reads", "reads_completed"),
+                ("writes", "writes_completed"),
+                ("read_time", "read_time_seconds"),
+                ("write_time", "write_time_seconds"),
+            ):
                 L(f"gpufeed_storage_{name}_total{{{tl}}} {getattr(tier, f):.6g} {ts}")
             if tier.block:
                 L(f"gpufeed_storage_io_time_seconds_total{{{tl}}} {tier.io_time:.6g} {ts}")
-                L(f"gpufeed_storage_io_time_weighted_seconds_total{{{tl}}} {tier.io_weighted:.6g} {ts}")
+                L(
+                    f"gpufeed_storage_io_time_weighted_seconds_total{{{tl}}} {tier.io_weighted:.6g} {ts}"
+                )
             L(f"gpufeed_storage_capacity_bytes{{{tl}}} 1e13 {ts}")
         for n in sim.nets.values():
             nl = f'device="{n.device}",fabric="{n.fabric}",{il}'
@@ -520,19 +581,27 @@ def simulate(sim: NodeSim, eps: list[Episode], t0: float, t_end: float) -> tuple
             if sim.sdk:
                 for (j, p), v in sim.phases.items():
                     if j == jid:
-                        L(f'gpufeed_job_phase_seconds_total{{job_id="{jid}",phase="{p}",{il}}} {v:.6g} {ts}')
+                        L(
+                            f'gpufeed_job_phase_seconds_total{{job_id="{jid}",phase="{p}",{il}}} {v:.6g} {ts}'
+                        )
                 L(f'gpufeed_job_steps_total{{job_id="{jid}",{il}}} {sim.steps[jid]:.0f} {ts}')
-                L(f'gpufeed_job_checkpoint_written_bytes_total{{job_id="{jid}",{il}}} {sim.ckpt_bytes[jid]:.6g} {ts}')
+                L(
+                    f'gpufeed_job_checkpoint_written_bytes_total{{job_id="{jid}",{il}}} {sim.ckpt_bytes[jid]:.6g} {ts}'
+                )
                 L(f'gpufeed_job_checkpoint_seconds_bucket{{job_id="{jid}",le="+Inf",{il}}} 3 {ts}')
             if sim.job_io:
                 for (j, tn, rw), v in sim.job_tier.items():
                     if j == jid:
                         m = "read" if rw == "r" else "written"
-                        L(f'gpufeed_job_storage_{m}_bytes_total{{job_id="{jid}",tier="{tn}",{il}}} {v:.6g} {ts}')
+                        L(
+                            f'gpufeed_job_storage_{m}_bytes_total{{job_id="{jid}",tier="{tn}",{il}}} {v:.6g} {ts}'
+                        )
     return out, labels
 
 
-def build(seed: int, nodes: int = 6, hours: float = 4.0, interval: float = 5.0) -> tuple[str, list[Label]]:
+def build(
+    seed: int, nodes: int = 6, hours: float = 4.0, interval: float = 5.0
+) -> tuple[str, list[Label]]:
     """A multi-node trace covering every cause in every guise, plus confounders."""
     r = random.Random(seed)
     t0 = 1_760_000_000.0 + r.randrange(0, 86400)
@@ -565,7 +634,12 @@ def build(seed: int, nodes: int = 6, hours: float = 4.0, interval: float = 5.0) 
 
 
 def single(
-    cause: str, guise: str, seed: int = 1, sdk: bool = True, job_io: bool = False, minutes: float = 40.0
+    cause: str,
+    guise: str,
+    seed: int = 1,
+    sdk: bool = True,
+    job_io: bool = False,
+    minutes: float = 40.0,
 ) -> tuple[str, list[Label]]:
     """One node, one episode (a cause in one guise, or a confounder): for tests."""
     sim = NodeSim("node-t:9400", random.Random(seed), sdk=sdk, job_io=job_io)

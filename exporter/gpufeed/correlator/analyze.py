@@ -47,9 +47,7 @@ def _analyze_packed(args: tuple[NodeSeries, WindowParams]) -> list[Window]:
     return analyze_node(*args)
 
 
-def analyze_nodes(
-    nodes: Iterable[NodeSeries], params: WindowParams, jobs: int = 1
-) -> list[Window]:
+def analyze_nodes(nodes: Iterable[NodeSeries], params: WindowParams, jobs: int = 1) -> list[Window]:
     """Windows of every node, sorted by instance, GPU and start; nodes in parallel."""
     todo = list(nodes)
     out: list[Window] = []

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class Cause(str, Enum):
+class Cause(StrEnum):
     DATA_LOADING = "data_loading"
     PREPROCESSING = "preprocessing"
     CHECKPOINTING = "checkpointing"

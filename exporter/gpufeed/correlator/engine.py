@@ -113,6 +113,7 @@ class Unit:
     seg: Segment | None = None
     chal: Segment | None = None
     last_low_t: float = 0.0
+    fatal_xids: set[str] = field(default_factory=set)
 
 
 WindowSink = Callable[[Window], None]
@@ -146,6 +147,8 @@ class NodeCorrelator:
         self._jobgpus: dict[str, list[str]] = {}
         self._gpujob: dict[str, str] = {}
         self._low_now: set[str] = set()
+        self._throttle_t: float | None = None
+        self._throttle: dict[str, list[str]] = {}
 
     # ---- units -------------------------------------------------------------------------
     def refresh_units(self) -> None:
@@ -258,7 +261,11 @@ class NodeCorrelator:
                 self._ever_busy.add((job, u.gpu))
 
     def _no_data(self, u: Unit, t: float) -> None:
-        if u.run_start is not None and u.prev_t is not None and t - u.prev_t > self.timing.gap_seconds:
+        if (
+            u.run_start is not None
+            and u.prev_t is not None
+            and t - u.prev_t > self.timing.gap_seconds
+        ):
             self._finish(u)
 
     def _sample(self, u: Unit, t: float, util: float, low: bool, lost: bool) -> None:
@@ -374,7 +381,10 @@ class NodeCorrelator:
         end = u.high_since if u.high_since is not None else u.last_low_t
         if u.seg is None and u.run_start is not None:
             elapsed = end - u.run_start
-            if elapsed >= self.p.min_window_seconds and u.low_time >= LOW_FRACTION_TO_OPEN * elapsed:
+            if (
+                elapsed >= self.p.min_window_seconds
+                and u.low_time >= LOW_FRACTION_TO_OPEN * elapsed
+            ):
                 self._open(u)
         self._close(u, end)
 
@@ -387,6 +397,7 @@ class NodeCorrelator:
         u.blip = []
         u.pending = None
         u.low_time = 0.0
+        u.fatal_xids = set()
 
     def finish(self) -> None:
         """End of the data: close every run."""
@@ -482,22 +493,25 @@ class NodeCorrelator:
         return best
 
     def _throttled(self, g: GpuColumns, t: float) -> list[str]:
-        stale = self.timing.stale_seconds
-        return sorted(
-            r
-            for r, s in g.clock_events.items()
-            if r in THROTTLE_REASONS and (s.value_at(t, stale) or 0.0) >= 0.5
-        )
+        if self._throttle_t != t:
+            self._throttle_t = t
+            self._throttle = {}
+        got = self._throttle.get(g.gpu)
+        if got is None:
+            stale = self.timing.stale_seconds
+            got = self._throttle[g.gpu] = sorted(
+                r
+                for r, s in g.clock_events.items()
+                if r in THROTTLE_REASONS and (s.value_at(t, stale) or 0.0) >= 0.5
+            )
+        return got
 
     def _classify(self, u: Unit, t: float, util: float, lost: bool) -> Mark:
         view = self._view_at(t)
         node = self.node
         stale = self.timing.stale_seconds
         b = self.baselines
-        if u.cols is not None:
-            job = self._gpu_jobs(t).get(u.gpu, "")
-        else:
-            job = u.cpu_job
+        job = self._gpu_jobs(t).get(u.gpu, "") if u.cols is not None else u.cpu_job
         ev = self._jobev.get(job)
         if ev is None:
             ev = self._jobev[job] = Evidence()
@@ -509,18 +523,16 @@ class NodeCorrelator:
             f["gpu_lost"] = 1.0 if lost else 0.0
             if g.xids:
                 n = 0.0
-                bad = []
                 for x, s in g.xids.items():
                     if x in FATAL_XIDS:
-                        # a fatal XID explains the stall from shortly before it to its end
-                        back = XID_LOOKBACK_SECONDS + (t - u.run_start if u.run_start else 0.0)
-                        inc = _increase(s, t, back, self._appeared_after())
+                        inc = _increase(s, t, XID_LOOKBACK_SECONDS, self._appeared_after())
                         if inc > 0:
                             n += inc
-                            bad.append(x)
-                f["xid_fatal_events"] = n
-                if bad:
-                    ctx["xids"] = ",".join(sorted(bad))
+                            u.fatal_xids.add(x)
+                # a fatal XID explains the stall for the rest of this run
+                f["xid_fatal_events"] = max(n, float(len(u.fatal_xids)))
+                if u.fatal_xids:
+                    ctx["xids"] = ",".join(sorted(u.fatal_xids))
             if node.job_info:
                 f["no_job"] = 0.0 if job else 1.0
             else:
@@ -579,11 +591,13 @@ class NodeCorrelator:
         if (job, gpu) in self._ever_busy:
             return 0.0
         node = self.node
-        s: Series | None = node.job_info.get((job, gpu))
-        if s is None:
-            j = node.jobs.get(job)
-            s = next(iter(j.phases.values()), None) if j is not None else None
-        first = s.first_time() if s is not None else None
+        first = node.first_seen.get((job, gpu))
+        if first is None:
+            s: Series | None = node.job_info.get((job, gpu))
+            if s is None:
+                j = node.jobs.get(job)
+                s = next(iter(j.phases.values()), None) if j is not None else None
+            first = s.first_time() if s is not None else None
         start = self._start
         if first is None or start is None or first <= start + 2 * self.timing.interval_seconds:
             return 0.0  # the job was already there when we started watching: we cannot tell

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from gpufeed.correlator.series import Series
+
+K = TypeVar("K", str, tuple[str, str])
 
 STORAGE_FIELDS = {
     "gpufeed_storage_read_bytes_total": "read_bytes",
@@ -94,6 +97,9 @@ class NodeSeries:
     job_info: dict[tuple[str, str], Series] = field(default_factory=dict)
     job_uuid: dict[tuple[str, str], str] = field(default_factory=dict)
     jobs: dict[str, JobColumns] = field(default_factory=dict)
+    # (job_id, gpu) -> when it was first seen, where the columns do not reach back that far
+    # (the live processor trims old points); gpu "" for a CPU-only job
+    first_seen: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def gpu(self, index: str) -> GpuColumns:
         g = self.gpus.get(index)
@@ -157,6 +163,10 @@ class NodeSeries:
             return _slot(j.tier_read, get("tier", ""))
         return _slot(j.tier_written, get("tier", ""))
 
+    def trim_before(self, t: float) -> None:
+        for s in self.all_series():
+            s.trim_before(t)
+
     def all_series(self) -> list[Series]:
         out: list[Series] = []
         for g in self.gpus.values():
@@ -171,7 +181,7 @@ class NodeSeries:
         return out
 
 
-def _slot(m: dict[str, Series], key: str) -> Series:
+def _slot(m: dict[K, Series], key: K) -> Series:
     s = m.get(key)
     if s is None:
         s = m[key] = Series()

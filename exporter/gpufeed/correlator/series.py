@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
+from itertools import islice
+from operator import lt
 
 
 class Series:
@@ -39,7 +41,7 @@ class Series:
         self.ts.extend(ts)
         self.vs.extend(vs)
         t = self.ts
-        if any(a >= b for a, b in zip(t, t[1:], strict=False)):
+        if not all(map(lt, t, islice(t, 1, None))):
             merged = dict(zip(t, self.vs, strict=True))  # later duplicates win
             keys = sorted(merged)
             self.ts = array("d", keys)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from gpufeed.correlator.labels import SeriesSyntaxError, parse_series
 from gpufeed.correlator.node import USED_METRIC_SET, NodeSeries
+from gpufeed.correlator.series import Series
 
 CHUNK_BYTES = 32 * 1024 * 1024
 
@@ -54,74 +55,218 @@ class _FloatCache(dict[str, float]):
         return v
 
 
-def parse_chunk(data: bytes, validate_all: bool = True) -> ChunkResult:
-    """Groups and converts one chunk (whole lines). Errors carry chunk-relative lines."""
+def parse_chunk(data: bytes, validate_all: bool = False) -> ChunkResult:
+    """Groups and converts one chunk (whole lines). Errors carry chunk-relative lines.
+
+    Traces are written snapshot after snapshot, so a run of snapshots with the same series
+    in the same order is converted column by column with slices (no per-line Python);
+    anything irregular falls back to grouping line by line, which also names bad lines.
+    Values of series the correlator does not read are checked for shape (series, value,
+    timestamp), and parsed as numbers only with `validate_all`.
+    """
     res = ChunkResult()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        res.error = (line, "not UTF-8 text")
+        res.error = (data.count(b"\n", 0, e.start) + 1, "not UTF-8 text")
         return res
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     res.lines = len(lines)
+    for n in range(len(lines) - 1, -1, -1):
+        if lines[n].strip():
+            res.last_line = n + 1
+            break
+    body = lines
+    if text.startswith("#") or "\n#" in text or "" in lines:
+        eof = [n for n, line in enumerate(lines) if line == "# EOF"]
+        if len(eof) > 1:
+            res.error = (eof[1] + 1, "a second '# EOF'")
+            return res
+        if eof:
+            res.eof_line = eof[0] + 1
+            for n in range(eof[0] + 1, len(lines)):
+                if lines[n].strip():
+                    res.after_eof_line = n + 1
+                    break
+        body = [line for line in lines if line and line[0] != "#"]
+    tcache = _FloatCache()
+    seen: set[str] = set()
+    if not _blocks(body, lines, res, tcache, seen, validate_all):
+        return res
+    res.samples = len(body)
+    return res
+
+
+def _ts_of(line: str) -> str:
+    return line[line.rfind(" ") + 1 :]
+
+
+def _add_columns(res: ChunkResult, head: str, ts: array[float], vs: array[float]) -> None:
+    c = res.columns.get(head)
+    if c is None:
+        res.columns[head] = (ts, vs)
+    else:
+        c[0].extend(ts)
+        c[1].extend(vs)
+
+
+def _check_head(head: str, lines: list[str], res: ChunkResult, seen: set[str]) -> bool:
+    if head in seen:
+        return True
+    try:
+        parse_series(head)
+    except SeriesSyntaxError as e:
+        res.error = (_first_line(lines, head), f"malformed series {head[:80]!r}: {e}")
+        return False
+    seen.add(head)
+    return True
+
+
+def _blocks(
+    body: list[str],
+    lines: list[str],
+    res: ChunkResult,
+    tcache: _FloatCache,
+    seen: set[str],
+    validate_all: bool,
+) -> bool:
+    n = len(body)
+    pos = 0
+    small = 0
+    while pos < n:
+        t0 = _ts_of(body[pos])
+        p = 1
+        while pos + p < n and _ts_of(body[pos + p]) == t0:
+            p += 1
+        if p < 3:
+            small += 1
+            if small > 8:  # not written snapshot by snapshot: group line by line
+                return _generic(body[pos:], lines, res, tcache, seen, validate_all)
+            # the tail of a snapshot cut by the chunk boundary, or a stray sample
+            if not _generic(body[pos : pos + p], lines, res, tcache, seen, validate_all):
+                return False
+            pos += p
+            continue
+        small = 0
+        heads = [line[: line.rfind(" ", 0, line.rfind(" "))] for line in body[pos : pos + p]]
+        h0, hl = heads[0] + " ", heads[-1] + " "
+        k = 1
+        while True:
+            a = pos + k * p
+            if a + p > n:
+                break
+            first, last = body[a], body[a + p - 1]
+            tl = _ts_of(last)
+            if not (first.startswith(h0) and last.startswith(hl)) or _ts_of(first) != tl:
+                break
+            if a + p < n and _ts_of(body[a + p]) == tl:
+                break
+            k += 1
+        end = pos + k * p
+        if not _convert_block(body, pos, p, end, heads, res, tcache, seen, lines, validate_all):
+            if res.error is not None:
+                return False
+            if not _generic(body[pos:end], lines, res, tcache, seen, validate_all):
+                return False
+        pos = end
+    return True
+
+
+def _convert_block(
+    body: list[str],
+    pos: int,
+    p: int,
+    end: int,
+    heads: list[str],
+    res: ChunkResult,
+    tcache: _FloatCache,
+    seen: set[str],
+    lines: list[str],
+    validate_all: bool,
+) -> bool:
+    """Converts a regular block; False (no error set) when it turns out irregular."""
+    k = (end - pos) // p
+    ts_text: list[str] | None = None
+    ts: array[float] | None = None
+    out: list[tuple[str, array[float]]] = []
+    for i, head in enumerate(heads):
+        if not _check_head(head, lines, res, seen):
+            return False
+        joined = "\n".join(body[pos + i : end : p])
+        if " " in head or "\t" in head:  # a label value with blanks: cut the head out
+            parts = joined.replace(head + " ", "").split()
+            if len(parts) != 2 * k:
+                return False
+            vparts, tparts = parts[0::2], parts[1::2]
+        else:  # split all three fields in C; every first field must be the head
+            parts = joined.split()
+            if len(parts) != 3 * k or parts[0::3].count(head) != k:
+                return False
+            vparts, tparts = parts[1::3], parts[2::3]
+        if ts_text is None:
+            ts_text = tparts
+            try:
+                ts = array("d", map(tcache.__getitem__, tparts))
+            except ValueError:
+                return False
+        elif tparts != ts_text:
+            return False
+        if validate_all or _metric_name(head) in USED_METRIC_SET:
+            try:
+                vs = array("d", map(float, vparts))
+            except ValueError:
+                return False
+            out.append((head, vs))
+    assert ts is not None
+    for head, vs in out:
+        if _metric_name(head) in USED_METRIC_SET:
+            _add_columns(res, head, array("d", ts), vs)
+    return True
+
+
+def _generic(
+    body: list[str],
+    lines: list[str],
+    res: ChunkResult,
+    tcache: _FloatCache,
+    seen: set[str],
+    validate_all: bool,
+) -> bool:
+    """Line-by-line grouping by series text; sets `res.error` on the first bad line."""
     groups: dict[str, list[str]] = {}
     get = groups.get
-    eof_at = -1
-    for n, line in enumerate(lines):
+    for line in body:
         head = line[: line.rfind(" ", 0, line.rfind(" "))]
         g = get(head)
         if g is not None:
             g.append(line)
             continue
-        if not line or line[0] == "#":
-            if line == "# EOF":
-                if eof_at >= 0:
-                    res.error = (n + 1, "a second '# EOF'")
-                    return res
-                eof_at = n
-            continue
         if line.count(" ") < 2 or not head:
-            res.error = (n + 1, "expected 'series value timestamp' (every sample needs a timestamp)")
-            return res
+            res.error = (
+                lines.index(line) + 1,
+                "expected 'series value timestamp' (every sample needs a timestamp)",
+            )
+            return False
         groups[head] = [line]
-    if eof_at >= 0:
-        res.eof_line = eof_at + 1
-        for n in range(eof_at + 1, len(lines)):
-            if lines[n].strip():
-                res.after_eof_line = n + 1
-                break
-    for n in range(len(lines) - 1, -1, -1):
-        if lines[n].strip():
-            res.last_line = n + 1
-            break
-    tcache = _FloatCache()
     for head, group in groups.items():
-        try:
-            parse_series(head)
-        except SeriesSyntaxError as e:
-            res.error = (_first_line(lines, head), f"malformed series {head[:80]!r}: {e}")
-            return res
-        used = _metric_name(head) in USED_METRIC_SET
-        if not used and not validate_all:
-            res.samples += len(group)
-            continue
+        if not _check_head(head, lines, res, seen):
+            return False
         parts = "\n".join(group).replace(head + " ", "").split()
         if len(parts) != 2 * len(group):
             res.error = _locate(lines, head)
-            return res
+            return False
+        used = _metric_name(head) in USED_METRIC_SET
         try:
-            vs = array("d", map(float, parts[0::2]))
             ts = array("d", map(tcache.__getitem__, parts[1::2]))
+            vs = array("d", map(float, parts[0::2])) if used or validate_all else None
         except ValueError:
             res.error = _locate(lines, head)
-            return res
-        res.samples += len(group)
-        if used:
-            res.columns[head] = (ts, vs)
-    return res
+            return False
+        if used and vs is not None:
+            _add_columns(res, head, ts, vs)
+    return True
 
 
 def _first_line(lines: list[str], head: str) -> int:
@@ -176,7 +321,7 @@ def _read_and_parse(args: tuple[str, int, int, bool]) -> ChunkResult:
     return parse_chunk(data, validate_all)
 
 
-def iter_chunks(path: str, jobs: int, validate_all: bool) -> Iterator[ChunkResult]:
+def iter_chunks(path: str, jobs: int, validate_all: bool = False) -> Iterator[ChunkResult]:
     bounds = _chunk_bounds(path, jobs)
     tasks = [(path, s, e, validate_all) for s, e in bounds]
     if jobs <= 1 or len(tasks) <= 1:
@@ -194,15 +339,15 @@ class Trace:
     lines: int
 
 
-def read_trace(path: str, jobs: int = 1, validate_all: bool = True) -> Trace:
+def read_trace(path: str, jobs: int = 1, validate_all: bool = False) -> Trace:
     """Parses a whole trace into per-node columns, or raises TraceError (file:line: why)."""
     nodes: dict[str, NodeSeries] = {}
-    routes: dict[str, tuple[NodeSeries, object] | None] = {}
+    routes: dict[str, Series | None] = {}
     line0 = 0
     samples = 0
     eof_line = -1
     last_line = 0
-    pending: dict[int, tuple[array[float], array[float]]] = {}
+    pending: dict[int, tuple[Series, array[float], array[float]]] = {}
     for res in iter_chunks(path, jobs, validate_all):
         if res.error is not None:
             rel, msg = res.error
@@ -216,35 +361,28 @@ def read_trace(path: str, jobs: int = 1, validate_all: bool = True) -> Trace:
         if res.last_line:
             last_line = line0 + res.last_line
         for head, (ts, vs) in res.columns.items():
-            route = routes.get(head, False)
-            if route is False:
+            if head in routes:
+                s = routes[head]
+            else:
                 name, labels = parse_series(head)
                 inst = labels.pop("instance", "")
                 node = nodes.get(inst)
                 if node is None:
                     node = nodes[inst] = NodeSeries(inst)
-                s = node.route(name, labels)
-                route = routes[head] = None if s is None else (node, s)
-            if route is None:
+                s = routes[head] = node.route(name, labels)
+            if s is None:
                 continue
-            s = route[1]
-            key = id(s)
-            if key in pending:
-                pts, pvs = pending[key]
-                pts.extend(ts)
-                pvs.extend(vs)
+            got = pending.get(id(s))
+            if got is not None:
+                got[1].extend(ts)
+                got[2].extend(vs)
             else:
-                pending[key] = (ts, vs)
+                pending[id(s)] = (s, ts, vs)
         line0 += res.lines
         samples += res.samples
     if eof_line < 0:
         where = f"{path}:{max(last_line, 1)}"
         raise TraceError(f"{where}: the trace ends without '# EOF' (truncated?)")
-    for route in routes.values():
-        if route is None:
-            continue
-        s = route[1]
-        cols = pending.pop(id(s), None)
-        if cols is not None:
-            s.extend_sorted(*cols)  # type: ignore[attr-defined]
+    for s, ts, vs in pending.values():
+        s.extend_sorted(ts, vs)
     return Trace(nodes, samples, line0)

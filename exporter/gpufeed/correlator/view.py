@@ -102,9 +102,15 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
         a[7] = _add(a[7], _rate(f.get("write_time"), t, tm))
     for tier, a in acc.items():
         rb, wb, ops, rtime, busy, qd, wops, wtime = a
-        lat = rtime / ops if ops is not None and rtime is not None and ops >= MIN_OPS_FOR_LATENCY else None
+        lat = (
+            rtime / ops
+            if ops is not None and rtime is not None and ops >= MIN_OPS_FOR_LATENCY
+            else None
+        )
         wlat = (
-            wtime / wops if wops is not None and wtime is not None and wops >= MIN_OPS_FOR_LATENCY else None
+            wtime / wops
+            if wops is not None and wtime is not None and wops >= MIN_OPS_FOR_LATENCY
+            else None
         )
         view.tiers[tier] = TierView(
             rb, wb, ops, lat, wlat, None if busy is None else min(busy, 1.0), qd
