@@ -24,7 +24,7 @@ from gpufeed.correlator.labels import SeriesSyntaxError, parse_series
 from gpufeed.correlator.node import USED_METRIC_SET, NodeSeries
 from gpufeed.correlator.series import Series
 
-CHUNK_BYTES = 32 * 1024 * 1024
+CHUNK_BYTES = 8 * 1024 * 1024
 
 
 class TraceError(ValueError):
@@ -61,8 +61,8 @@ def parse_chunk(data: bytes, validate_all: bool = False) -> ChunkResult:
     Traces are written snapshot after snapshot, so a run of snapshots with the same series
     in the same order is converted column by column with slices (no per-line Python);
     anything irregular falls back to grouping line by line, which also names bad lines.
-    Values of series the correlator does not read are checked for shape (series, value,
-    timestamp), and parsed as numbers only with `validate_all`.
+    Lines of series the correlator does not read are checked for shape (series, value,
+    timestamp); their values are parsed as numbers only with `validate_all`.
     """
     res = ChunkResult()
     try:
@@ -191,9 +191,17 @@ def _convert_block(
     ts_text: list[str] | None = None
     ts: array[float] | None = None
     out: list[tuple[str, array[float]]] = []
+    # shape check for every line at once: each holds its head's blanks plus exactly two
+    blanks = sum(h.count(" ") + 2 for h in heads) * k
+    if " ".join(body[pos:end]).count(" ") != blanks + (end - pos - 1):
+        return False
+    if " " in _ts_of(body[pos]) or "\n" in body[pos]:
+        return False
     for i, head in enumerate(heads):
         if not _check_head(head, lines, res, seen):
             return False
+        if not validate_all and i > 0 and _metric_name(head) not in USED_METRIC_SET:
+            continue  # not read by the correlator: the shape check above is enough
         joined = "\n".join(body[pos + i : end : p])
         if " " in head or "\t" in head:  # a label value with blanks: cut the head out
             parts = joined.replace(head + " ", "").split()

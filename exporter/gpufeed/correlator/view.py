@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpufeed.correlator.node import NodeSeries
@@ -70,10 +71,14 @@ class NodeView:
     jobs: dict[str, JobView] = field(default_factory=dict)
 
 
-def _rate(s: Series | None, t: float, tm: Timing) -> float | None:
-    if s is None:
-        return None
-    return s.rate_at(t, tm.rate_window_seconds, tm.stale_seconds, tm.gap_seconds)
+def _rater(t: float, tm: Timing) -> Callable[[Series | None], float | None]:
+    """`_rate` with the lookbacks bound once (a view computes dozens of rates)."""
+    w, st, gp = tm.rate_window_seconds, tm.stale_seconds, tm.gap_seconds
+
+    def rate(s: Series | None) -> float | None:
+        return None if s is None else s.rate_at(t, w, st, gp)
+
+    return rate
 
 
 def _add(a: float | None, b: float | None) -> float | None:
@@ -86,6 +91,7 @@ def _add(a: float | None, b: float | None) -> float | None:
 
 def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
     view = NodeView(t)
+    rate = _rater(t, tm)
     # storage: sum the mounts of a tier; latency = time per operation over the window
     acc: dict[str, list[float | None]] = {}
     for (tier, _mp), f in node.storage.items():
@@ -93,13 +99,13 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
         for i, key in enumerate(
             ("read_bytes", "written_bytes", "reads", "read_time", "io_time", "io_weighted")
         ):
-            r = _rate(f.get(key), t, tm)
+            r = rate(f.get(key))
             if key == "io_time" and r is not None and a[i] is not None:
                 a[i] = max(a[i] or 0.0, r)  # busy: the busiest device of the tier
             else:
                 a[i] = _add(a[i], r)
-        a[6] = _add(a[6], _rate(f.get("writes"), t, tm))
-        a[7] = _add(a[7], _rate(f.get("write_time"), t, tm))
+        a[6] = _add(a[6], rate(f.get("writes")))
+        a[7] = _add(a[7], rate(f.get("write_time")))
     for tier, a in acc.items():
         rb, wb, ops, rtime, busy, qd, wops, wtime = a
         lat = (
@@ -116,15 +122,15 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
             rb, wb, ops, lat, wlat, None if busy is None else min(busy, 1.0), qd
         )
     for (dev, port), f in node.network.items():
-        rx, tx = _rate(f.get("rx"), t, tm), _rate(f.get("tx"), t, tm)
+        rx, tx = rate(f.get("rx")), rate(f.get("tx"))
         bps = None if rx is None and tx is None else max(rx or 0.0, tx or 0.0)
         sp = f.get("speed")
         speed = sp.value_at(t, tm.stale_seconds) if sp is not None else None
         util = bps / speed if bps is not None and speed else None
         name = f"{dev}/{port}" if port else dev
-        view.nets[name] = NetView(bps, util, _rate(f.get("tx_wait"), t, tm))
+        view.nets[name] = NetView(bps, util, rate(f.get("tx_wait")))
     if node.cpu:
-        rates = {m: _rate(s, t, tm) for m, s in node.cpu.items()}
+        rates = {m: rate(s) for m, s in node.cpu.items()}
         total = sum(r for r in rates.values() if r is not None)
         if total > 0:
             busy = sum(rates.get(m) or 0.0 for m in BUSY_CPU_MODES)
@@ -132,28 +138,28 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
             iow = rates.get("iowait")
             view.iowait_ratio = None if iow is None else iow / total
     for res, s in node.psi_some.items():
-        r = _rate(s, t, tm)
+        r = rate(s)
         if r is not None:
             view.psi_some[res] = min(r, 1.0)
     for res, s in node.psi_full.items():
-        r = _rate(s, t, tm)
+        r = rate(s)
         if r is not None:
             view.psi_full[res] = min(r, 1.0)
     for job_id, j in node.jobs.items():
         jv = JobView()
         if j.phases:
-            pr = {p: _rate(s, t, tm) for p, s in j.phases.items()}
+            pr = {p: rate(s) for p, s in j.phases.items()}
             tot = sum(r for r in pr.values() if r is not None)
             if tot > 1e-9:
                 jv.shares = {p: r / tot for p, r in pr.items() if r is not None}
-        jv.steps_per_second = _rate(j.steps, t, tm)
-        jv.checkpoint_bytes_per_second = _rate(j.checkpoint_bytes, t, tm)
+        jv.steps_per_second = rate(j.steps)
+        jv.checkpoint_bytes_per_second = rate(j.checkpoint_bytes)
         for tier, s in j.tier_read.items():
-            r = _rate(s, t, tm)
+            r = rate(s)
             if r is not None:
                 jv.tier_read_bytes_per_second[tier] = r
         for tier, s in j.tier_written.items():
-            r = _rate(s, t, tm)
+            r = rate(s)
             if r is not None:
                 jv.tier_write_bytes_per_second[tier] = r
         view.jobs[job_id] = jv
