@@ -18,13 +18,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import correlator_scenarios as cs  # noqa: E402
+import correlator_scenarios as cs
 
-from gpufeed.config import CorrelatorConfig  # noqa: E402
-from gpufeed.correlator import analyze_cmd  # noqa: E402
-from gpufeed.correlator.labels import parse_series  # noqa: E402
-from gpufeed.model import Family, Sample, label_pairs  # noqa: E402
-from gpufeed.snapshot import Snapshot  # noqa: E402
+from gpufeed.config import CorrelatorConfig
+from gpufeed.correlator import analyze_cmd
+from gpufeed.correlator.labels import parse_series
+from gpufeed.model import Family, Sample, label_pairs
+from gpufeed.snapshot import Snapshot
 
 
 def offline(path: str, jobs: int, out: str) -> float:

@@ -184,9 +184,16 @@ class NodeCorrelator:
         if u.cols is not None:
             f = u.cols.fields
             s = f.get("util")
-            v = s.value_at(t, stale) if s is not None else None
+            v = None
+            fresh = False
+            if s is not None:
+                i = s.index_at(t)
+                if i >= 0 and t - s.ts[i] <= stale:
+                    v = s.vs[i]
+                    fresh = s.ts[i] == t
             up_s = f.get("up")
-            if (v is None or v < self.p.threshold_ratio) and up_s is not None:
+            # a carried-forward utilization may belong to a GPU that has just been lost
+            if (v is None or not fresh or v < self.p.threshold_ratio) and up_s is not None:
                 up = up_s.value_at(t, stale)
                 if up is not None and up < 0.5:
                     return 0.0, True
