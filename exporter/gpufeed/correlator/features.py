@@ -198,5 +198,8 @@ def job_features(b: Baselines, view: NodeView, job_id: str, ev: Evidence) -> Non
         ):
             if phase in jv.shares:
                 f[name] = jv.shares[phase]
+        dw, psi = f.get("sdk_data_wait_share"), f.get("io_pressure_ratio")
+        if dw is not None and psi is not None:
+            f["io_pressure_while_waiting_for_input"] = psi if dw >= 0.3 else 0.0
         if jv.checkpoint_bytes_per_second is not None:
             f["job_checkpoint_write_bytes_per_second"] = jv.checkpoint_bytes_per_second

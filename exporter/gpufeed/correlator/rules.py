@@ -76,6 +76,9 @@ RULES: tuple[Rule, ...] = (
     Rule(C.DATA_LOADING, "io_pressure_ratio", 0.08, 0.35, 0.6, primary=False),
     Rule(C.DATA_LOADING, "iowait_ratio", 0.05, 0.2, 0.4, primary=False),
     Rule(C.DATA_LOADING, "sdk_data_wait_share", 0.2, 0.5, 0.6, primary=False),
+    # the job says it waits for input while the node is stalled on I/O: storage is why,
+    # even where the tier's own counters say little (no latency or busy time for it)
+    Rule(C.DATA_LOADING, "io_pressure_while_waiting_for_input", 0.1, 0.3, 0.75),
     # input is late but storage is fine: the CPUs are saturated
     Rule(C.PREPROCESSING, "cpu_busy_ratio", 0.85, 0.95, 0.85),
     Rule(C.PREPROCESSING, "cpu_pressure_ratio", 0.15, 0.45, 0.75),

@@ -45,6 +45,7 @@ def _phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
         "io_pressure_ratio": f"I/O pressure {_pct(v)}",
         "iowait_ratio": f"iowait {_pct(v)}",
         "sdk_data_wait_share": f"job waits for input {_pct(v)} of the time",
+        "io_pressure_while_waiting_for_input": f"I/O pressure {_pct(v)} while the job waits for input",
         "cpu_busy_ratio": f"CPUs {_pct(v)} busy",
         "cpu_pressure_ratio": f"CPU pressure {_pct(v)}",
         "write_burst_x_baseline": f"write burst to the {ctx.get('checkpoint_tier', '?')} tier {_x(v)} normal",
