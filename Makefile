@@ -18,7 +18,13 @@ $(STAMP): pyproject.toml
 # Starts the agent in the foreground. On a host without NVIDIA GPUs the agent runs the
 # built-in simulated node (and says so); pass flags with ARGS="...".
 run: install
-	$(VENV)/bin/gpufeed agent $(ARGS)
+	@if [ -e /dev/nvidiactl ] || nvidia-smi -L >/dev/null 2>&1; then \
+	  echo "NVIDIA GPU found: starting the agent on NVML"; \
+	  $(VENV)/bin/gpufeed agent $(ARGS); \
+	else \
+	  echo "no NVIDIA GPU on this host: starting the SIMULATED node (built-in scenario)"; \
+	  $(VENV)/bin/gpufeed agent --simulate $(ARGS); \
+	fi
 
 # promtool comes from Debian's prometheus package.
 promtool:

@@ -59,3 +59,17 @@ class CollectorSpec:
     help: str
     default_enabled: bool
     factory: Callable[[CollectorContext], Collector]
+
+
+class PartialCollectionError(RuntimeError):
+    """collect() read some of its sources and failed on others.
+
+    The collector counts as failed for the interval (success 0, the message says what broke),
+    and `families` holds what it did read, so a sampler can still publish those: one
+    unreadable file does not take the rest of the collector's metrics with it. A sampler that
+    does not know this class treats it like any other exception.
+    """
+
+    def __init__(self, message: str, families: list[Family]) -> None:
+        super().__init__(message)
+        self.families = families

@@ -51,6 +51,8 @@ class GpuSample:
     # xid code -> count since the agent started watching
     xid_errors_total: tuple[tuple[int, int], ...] = ()
     processes: tuple[GpuProcess, ...] = field(default=())
+    # MIG mode of the physical GPU; None where the GPU has no MIG (pre-Ampere, consumer boards)
+    mig_enabled: bool | None = None
 
 
 class GpuBackend(Protocol):

@@ -1,0 +1,126 @@
+"""Host collector: CPU time by mode, logical CPUs, pressure stall information, MemAvailable.
+
+Sources are read independently: a missing or garbled /proc/meminfo does not take the CPU
+series with it (see PartialCollectionError). PSI missing altogether (kernel < 4.20, or booted
+with psi=0) is not an error: the pressure series are simply absent.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+from gpufeed.collectors.base import HostPaths, PartialCollectionError
+from gpufeed.logonce import OnceLogger
+from gpufeed.model import Families, Family
+from gpufeed.procfs.meminfo import parse_meminfo
+from gpufeed.procfs.pressure import PSI_RESOURCES, parse_pressure
+from gpufeed.procfs.stat import parse_stat
+
+log = logging.getLogger(__name__)
+
+CPU_SECONDS = "gpufeed_host_cpu_seconds_total"
+CPUS = "gpufeed_host_cpus"
+PRESSURE_WAITING = "gpufeed_host_pressure_waiting_seconds_total"
+PRESSURE_STALLED = "gpufeed_host_pressure_stalled_seconds_total"
+MEMORY_AVAILABLE = "gpufeed_host_memory_available_bytes"
+
+_HELP = {
+    CPU_SECONDS: "CPU time summed over all CPUs, by mode (guest time is inside user and nice).",
+    CPUS: "Logical CPUs online (cpuN lines of /proc/stat).",
+    PRESSURE_WAITING: "PSI 'some': time in which at least one task waited on the resource.",
+    PRESSURE_STALLED: "PSI 'full': time in which all non-idle tasks were stalled on the resource.",
+    MEMORY_AVAILABLE: "MemAvailable: memory available for new work without swapping.",
+}
+
+# The contract exports PSI "full" for io and memory only; the system-wide cpu "full" line
+# (Linux >= 5.13) is always zero outside cgroups and is not exported.
+_FULL_RESOURCES = frozenset({"io", "memory"})
+# Errors that mean "this kernel has no PSI here", not "something is broken".
+_NO_PSI_ERRNOS = frozenset({errno.ENOENT, errno.EOPNOTSUPP, errno.ENOTSUP})
+
+
+def user_hz() -> float:
+    """USER_HZ, the unit of /proc/stat (100 on every mainstream architecture)."""
+    try:
+        value = os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError):
+        return 100.0
+    return float(value) if value > 0 else 100.0
+
+
+class HostCollector:
+    name = "host"
+
+    def __init__(self, paths: HostPaths | None = None, *, ticks_per_second: float | None = None):
+        self._paths = paths or HostPaths()
+        self._ticks = ticks_per_second if ticks_per_second is not None else user_hz()
+        self._warn = OnceLogger(log)
+
+    def collect(self) -> list[Family]:
+        fams = Families()
+        for name, help_ in _HELP.items():
+            fams.declare(name, "counter" if name.endswith("_total") else "gauge", help_)
+        problems: list[str] = []
+        failed: list[str] = []
+        for source, read in (
+            ("stat", self._cpu),
+            ("pressure", self._pressure),
+            ("meminfo", self._memory),
+        ):
+            try:
+                read(fams, problems)
+            except (OSError, ValueError) as exc:
+                failed.append(f"{source}: {exc}")
+        self._warn.report(problems + failed)
+        families = fams.build()
+        if failed:
+            raise PartialCollectionError("; ".join(failed), families)
+        return families
+
+    def close(self) -> None:
+        pass
+
+    def _cpu(self, fams: Families, problems: list[str]) -> None:
+        path = self._paths.proc("stat")
+        try:
+            stat = parse_stat(path.read_text(errors="replace"), self._ticks)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+        for mode, seconds in stat.cpu_seconds.items():
+            fams.counter(CPU_SECONDS, _HELP[CPU_SECONDS], {"mode": mode}, seconds)
+        fams.gauge(CPUS, _HELP[CPUS], {}, stat.online_cpus)
+
+    def _pressure(self, fams: Families, problems: list[str]) -> None:
+        bad: list[str] = []
+        for resource in PSI_RESOURCES:
+            path = self._paths.proc("pressure", resource)
+            try:
+                text = path.read_text(errors="replace")
+            except OSError as exc:
+                if exc.errno in _NO_PSI_ERRNOS:
+                    continue  # no PSI on this kernel: absent, not an error
+                bad.append(f"{path}: {exc.strerror or exc}")
+                continue
+            try:
+                psi = parse_pressure(text)
+            except ValueError as exc:
+                bad.append(f"{path}: {exc}")
+                continue
+            labels = {"resource": resource}
+            fams.counter(PRESSURE_WAITING, _HELP[PRESSURE_WAITING], labels, psi.some_total_seconds)
+            if resource in _FULL_RESOURCES:
+                fams.counter(
+                    PRESSURE_STALLED, _HELP[PRESSURE_STALLED], labels, psi.full_total_seconds
+                )
+        if bad:
+            # The other resources were still exported; the interval is marked failed.
+            raise ValueError("; ".join(bad))
+
+    def _memory(self, fams: Families, problems: list[str]) -> None:
+        path = self._paths.proc("meminfo")
+        info = parse_meminfo(path.read_text(errors="replace"))
+        problems.extend(f"{path}: {msg}" for msg in info.bad_lines)
+        # Absent before Linux 3.14: left out, never estimated.
+        fams.gauge(MEMORY_AVAILABLE, _HELP[MEMORY_AVAILABLE], {}, info.values.get("MemAvailable"))

@@ -1,0 +1,182 @@
+"""Network fabric collector: netdev byte counters and RDMA (InfiniBand / RoCE) port counters.
+
+Two sources, because RDMA traffic never passes through the kernel's network stack:
+- netdev (/proc/net/dev + /sys/class/net): bytes of every interface that a device backs.
+  `fabric` is `ethernet` (ARPHRD 1) or `infiniband` (ARPHRD 32, IPoIB). Loopback and
+  virtual interfaces (veth, bridges, bonds, VLANs, tun, ifb: no `device` link in sysfs) are
+  skipped by default, so each byte is counted once, on the interface that put it on a wire.
+- RDMA ports (/sys/class/infiniband/*/ports/*): `fabric` is `infiniband` or `roce` from the
+  port's link layer; data counters x4 (they count 4-byte words); speed from `rate` while the
+  port is ACTIVE; transmit-wait on InfiniBand ports.
+
+On InfiniBand the port counters count everything on the wire, IPoIB included, so the `ib0`
+netdev series is a subset of the HCA port's: pick series by `device`, do not sum a fabric.
+On RoCE the HCA port counts RDMA traffic only and the Ethernet netdev counts the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from gpufeed.collectors.base import HostPaths, PartialCollectionError
+from gpufeed.logonce import OnceLogger
+from gpufeed.model import Families, Family
+from gpufeed.procfs.netdev import parse_netdev
+from gpufeed.sysfs.infiniband import RdmaPort, read_rdma_ports
+from gpufeed.sysfs.netclass import ARPHRD_ETHER, ARPHRD_INFINIBAND, read_net_interface
+
+log = logging.getLogger(__name__)
+
+RECEIVE = "gpufeed_network_receive_bytes_total"
+TRANSMIT = "gpufeed_network_transmit_bytes_total"
+SPEED = "gpufeed_network_speed_bytes_per_second"
+TRANSMIT_WAIT = "gpufeed_network_transmit_wait_seconds_total"
+
+_HELP = {
+    RECEIVE: "Bytes received; for RDMA ports from the port counters, which RDMA traffic uses.",
+    TRANSMIT: "Bytes transmitted; for RDMA ports from the port counters, which RDMA traffic uses.",
+    SPEED: "Link speed in bytes per second, while the link is up.",
+    TRANSMIT_WAIT: (
+        "Estimated time an InfiniBand port had data to send but could not (no credits): "
+        "port_xmit_wait ticks, one tick being the time to send xmit_wait_tick_bytes at the "
+        "link rate."
+    ),
+}
+
+FABRIC_BY_ARPHRD = {ARPHRD_ETHER: "ethernet", ARPHRD_INFINIBAND: "infiniband"}
+FABRIC_BY_LINK_LAYER = {"InfiniBand": "infiniband", "Ethernet": "roce"}
+
+# NVIDIA Quantum-generation hardware advances xmit_wait once per 8 bytes of port time
+# (PortSamplesControl Tick = 7, i.e. 8 symbol times); see docs/collectors-network-host.md.
+DEFAULT_XMIT_WAIT_TICK_BYTES = 8.0
+
+
+class XmitWaitClock:
+    """Turns port_xmit_wait ticks into a monotonic count of seconds, port by port.
+
+    A tick lasts as long as sending `tick_bytes` at the port's rate, so the conversion depends
+    on the rate. Converting the raw total with the current rate would make the seconds jump
+    (or fall) whenever a link retrains at another speed; instead each new batch of ticks is
+    converted at the rate it was counted at and added to a running total.
+    """
+
+    def __init__(self, tick_bytes: float) -> None:
+        if tick_bytes <= 0:
+            raise ValueError(f"tick_bytes must be positive, got {tick_bytes}")
+        self._tick_bytes = tick_bytes
+        self._ticks: dict[tuple[str, str], int] = {}
+        self._seconds: dict[tuple[str, str], float] = {}
+
+    def update(
+        self, key: tuple[str, str], ticks: int | None, rate_bytes_per_second: float | None
+    ) -> float | None:
+        """The port's total wait in seconds after this reading; None while unknown."""
+        if ticks is None:
+            return None
+        prev = self._ticks.get(key)
+        base = self._seconds.get(key, 0.0)
+        # No previous reading, or a lower one (the counter was reset by perfquery -R or a
+        # driver reload): every tick read is new.
+        delta = ticks if prev is None or ticks < prev else ticks - prev
+        if delta == 0:
+            seconds = base  # nothing new to convert: no rate needed
+        elif rate_bytes_per_second is None or rate_bytes_per_second <= 0:
+            # Without a rate the new ticks cannot be converted yet: keep them pending (the
+            # previous tick count stays the base) and report the total converted so far.
+            return self._seconds.get(key)
+        else:
+            seconds = base + delta * self._tick_bytes / rate_bytes_per_second
+        self._ticks[key] = ticks
+        self._seconds[key] = seconds
+        return seconds
+
+    def forget_except(self, keys: set[tuple[str, str]]) -> None:
+        for gone in set(self._ticks) - keys:
+            del self._ticks[gone]
+            del self._seconds[gone]
+
+
+class NetworkCollector:
+    name = "network"
+
+    def __init__(
+        self,
+        paths: HostPaths | None = None,
+        *,
+        include_virtual: bool = False,
+        xmit_wait_tick_bytes: float = DEFAULT_XMIT_WAIT_TICK_BYTES,
+    ) -> None:
+        self._paths = paths or HostPaths()
+        self._include_virtual = include_virtual
+        self._wait = XmitWaitClock(xmit_wait_tick_bytes)
+        self._warn = OnceLogger(log)
+
+    def collect(self) -> list[Family]:
+        fams = Families()
+        for name, help_ in _HELP.items():
+            fams.declare(name, "counter" if name.endswith("_total") else "gauge", help_)
+        problems: list[str] = []
+        failed: list[str] = []
+        try:
+            self._collect_netdev(fams, problems)
+        except (OSError, ValueError) as exc:
+            failed.append(f"netdev: {exc}")
+        try:
+            self._collect_rdma(fams, problems)
+        except OSError as exc:
+            failed.append(f"rdma: {exc}")
+        self._warn.report(problems + failed)
+        families = fams.build()
+        if failed:
+            raise PartialCollectionError("; ".join(failed), families)
+        return families
+
+    def close(self) -> None:
+        pass
+
+    def _collect_netdev(self, fams: Families, problems: list[str]) -> None:
+        path = self._paths.proc("net", "dev")
+        netdev = parse_netdev(path.read_text(errors="replace"))
+        problems.extend(f"{path}: {msg}" for msg in netdev.bad_lines)
+        for counters in netdev.interfaces:
+            iface = read_net_interface(self._paths, counters.interface)
+            if iface is None or iface.arphrd_type is None:
+                continue  # not in this sysfs (another namespace, or gone since): cannot classify
+            fabric = FABRIC_BY_ARPHRD.get(iface.arphrd_type)
+            if fabric is None or not (iface.has_device or self._include_virtual):
+                continue  # loopback, tunnels, and virtual interfaces
+            labels = {"device": iface.name, "fabric": fabric}
+            fams.counter(RECEIVE, _HELP[RECEIVE], labels, counters.receive_bytes)
+            fams.counter(TRANSMIT, _HELP[TRANSMIT], labels, counters.transmit_bytes)
+            fams.gauge(SPEED, _HELP[SPEED], labels, iface.speed_bytes_per_second)
+
+    def _collect_rdma(self, fams: Families, problems: list[str]) -> None:
+        ports = read_rdma_ports(self._paths)
+        live: set[tuple[str, str]] = set()
+        for port in ports:
+            problems.extend(port.problems)
+            fabric = _rdma_fabric(port)
+            if fabric is None:
+                continue
+            labels = {"device": port.device, "port": port.port, "fabric": fabric}
+            active = port.state == "ACTIVE"
+            rate = port.rate_bytes_per_second if active else None
+            fams.counter(RECEIVE, _HELP[RECEIVE], labels, port.receive_bytes)
+            fams.counter(TRANSMIT, _HELP[TRANSMIT], labels, port.transmit_bytes)
+            fams.gauge(SPEED, _HELP[SPEED], labels, rate)
+            if fabric == "infiniband":
+                key = (port.device, port.port)
+                live.add(key)
+                wait = self._wait.update(key, port.transmit_wait_ticks, rate)
+                fams.counter(TRANSMIT_WAIT, _HELP[TRANSMIT_WAIT], labels, wait)
+        self._wait.forget_except(live)
+
+
+def _rdma_fabric(port: RdmaPort) -> str | None:
+    # iWARP RNICs report an Ethernet link layer too, but they are not RoCE; the contract
+    # has no fabric value for them, so they are left out (their bytes are TCP, offloaded).
+    if port.node_type is not None and port.node_type != "CA":
+        return None
+    if port.link_layer is None:
+        return None
+    return FABRIC_BY_LINK_LAYER.get(port.link_layer)

@@ -1,0 +1,393 @@
+"""Storage collector: per-tier I/O counters and capacity for every exported mount.
+
+Block-backed mounts are counted at the device that backs them (the partition, dm or md
+device named by the mount's major:minor), from /proc/diskstats; NFS mounts from
+mountstats; capacity and free space from statvfs, under a time bound so that a hung NFS
+server marks its mount stuck instead of blocking the collector. See docs/storage.md.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from functools import partial
+
+from gpufeed.collectors.base import CollectorContext, PartialCollectionError
+from gpufeed.model import Families, Family
+from gpufeed.procfs.diskstats import DiskStats, DiskStatsTable, read_diskstats
+from gpufeed.procfs.mountinfo import MountInfo, mount_table_pid, read_mountinfo
+from gpufeed.procfs.mountstats import NFS_FSTYPES, NfsMountStats, read_mountstats
+from gpufeed.storage.bounded import BoundedCalls, Outcome
+from gpufeed.storage.devices import DeviceResolver
+from gpufeed.storage.pathresolve import resolve_in_root
+from gpufeed.storage.selection import (
+    PathResolution,
+    Target,
+    select_tiers,
+    select_unassigned,
+    visible_mounts,
+)
+from gpufeed.sysfs.block import BlockDevice
+
+log = logging.getLogger(__name__)
+
+StatvfsFn = Callable[[str], os.statvfs_result]
+
+_NFS_OPS = frozenset({"READ", "WRITE"})
+_MISSING_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
+
+P = "gpufeed_storage_"
+HELP = {
+    "read_bytes_total": "Bytes read from the mount's device (over the wire for NFS).",
+    "written_bytes_total": "Bytes written to the mount's device (over the wire for NFS).",
+    "reads_completed_total": "Read operations completed (NFS: READ RPCs).",
+    "writes_completed_total": "Write operations completed (NFS: WRITE RPCs).",
+    "read_time_seconds_total": "Time spent on reads (NFS: READ execute time).",
+    "write_time_seconds_total": "Time spent on writes (NFS: WRITE execute time).",
+    "io_time_seconds_total": "Time the block device was busy with I/O.",
+    "io_time_weighted_seconds_total": "In-flight-weighted I/O time; its rate is the mean queue depth.",
+    "capacity_bytes": "Filesystem size (statvfs f_blocks * f_frsize).",
+    "free_bytes": "Space available to unprivileged users (statvfs f_bavail * f_frsize).",
+    "mount_info": "The exported mount: filesystem type, source, device kind and the disks below it.",
+    "mount_stuck": "1 while a statvfs on the mount has not answered within the time bound.",
+    "nfs_rtt_seconds_total": "NFS round-trip time summed over READ or WRITE RPCs (op label).",
+    "tier_path_missing": "1 when a path configured for a tier does not exist.",
+}
+
+
+def _default_timeout(ctx: CollectorContext) -> float:
+    return min(1.0, max(0.05, 0.25 * ctx.config.effective_timeout_seconds))
+
+
+class StorageCollector:
+    """Exports gpufeed_storage_* for the configured tiers (or every real mount, unassigned)."""
+
+    name = "storage"
+
+    def __init__(
+        self,
+        ctx: CollectorContext,
+        *,
+        statvfs: StatvfsFn = os.statvfs,
+        statfs_timeout_seconds: float | None = None,
+    ) -> None:
+        self._paths = ctx.paths
+        self._tiers = ctx.config.tiers
+        self._statvfs = statvfs
+        timeout = statfs_timeout_seconds or _default_timeout(ctx)
+        # Budget for all filesystem calls of one collect, well inside the sampler's bound.
+        self._budget_seconds = 2 * timeout
+        self._calls = BoundedCalls(timeout, self._budget_seconds)
+        self._devices = DeviceResolver(ctx.paths)
+        self._logged: set[str] = set()
+
+    def close(self) -> None:
+        """Nothing to release; a statvfs still hung in the kernel keeps its daemon thread."""
+
+    # -- logging once per condition ------------------------------------------------------
+
+    def _once(self, key: str, level: int, msg: str, *args: object) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.log(level, msg, *args)
+
+    def _recovered(self, key: str, msg: str, *args: object) -> None:
+        if key in self._logged:
+            self._logged.discard(key)
+            log.info(msg, *args)
+
+    # -- collect -------------------------------------------------------------------------
+
+    def collect(self) -> list[Family]:
+        try:
+            table = read_mountinfo(self._paths)
+        except OSError as exc:
+            where = self._paths.proc(mount_table_pid(self._paths), "mountinfo")
+            raise RuntimeError(f"storage: cannot read the mount table {where}: {exc}") from exc
+        if table.bad_lines:
+            self._once(
+                "mountinfo-bad",
+                logging.WARNING,
+                "storage: skipped %d unparsable mountinfo line(s), first at line %d",
+                len(table.bad_lines),
+                table.bad_lines[0],
+            )
+        # One deadline for every filesystem call of this collect, well inside the sampler's
+        # bound, however many tier paths and mounts hang for the first time.
+        deadline = time.monotonic() + self._budget_seconds
+        mounts = visible_mounts(table.mounts)
+        disk = self._diskstats()
+
+        def devices(m: MountInfo) -> BlockDevice | None:
+            return self._devices.for_mount(m, disk)
+
+        fams = Families()
+        if self._tiers:
+            resolved = self._resolve_tier_paths(mounts, fams, deadline)
+            selection = select_tiers(mounts, self._tiers, resolved, devices)
+            targets = selection.targets
+            for key, tiers in selection.shared.items():
+                self._once(
+                    f"shared-{key}",
+                    logging.WARNING,
+                    "storage: tiers %s are on the same device %d:%d; each reports its full "
+                    "I/O, so a sum over these tiers counts it more than once",
+                    ", ".join(tiers),
+                    *key,
+                )
+        else:
+            targets = select_unassigned(mounts, devices)
+
+        failed: list[str] = []
+        if disk is None and any(t.device is not None for t in targets):
+            failed.append(f"cannot read {self._paths.proc('diskstats')}: block counters left out")
+        nfs: dict[str, NfsMountStats] = {}
+        if any(t.mount.fstype in NFS_FSTYPES for t in targets):
+            nfs_or_none = self._mountstats()
+            if nfs_or_none is None:
+                where = self._paths.proc(mount_table_pid(self._paths), "mountstats")
+                failed.append(f"cannot read {where}: NFS counters left out")
+            nfs = nfs_or_none or {}
+        statfs = self._statfs_all(targets, deadline)
+        for target in targets:
+            self._emit(fams, target, disk, nfs, statfs)
+        if failed:
+            # Success 0 for the interval, and what was read is still published.
+            raise PartialCollectionError("; ".join(failed), fams.build())
+        return fams.build()
+
+    def _diskstats(self) -> DiskStatsTable | None:
+        try:
+            table = read_diskstats(self._paths)
+        except OSError as exc:
+            self._once(
+                "diskstats",
+                logging.ERROR,
+                "storage: cannot read %s (%s); block-device counters are left out, "
+                "capacity is still exported",
+                self._paths.proc("diskstats"),
+                exc.strerror or exc,
+            )
+            return None
+        self._recovered("diskstats", "storage: %s readable again", self._paths.proc("diskstats"))
+        if table.bad_lines:
+            self._once(
+                "diskstats-bad",
+                logging.WARNING,
+                "storage: skipped %d unparsable diskstats line(s), first at line %d",
+                len(table.bad_lines),
+                table.bad_lines[0],
+            )
+        return table
+
+    def _mountstats(self) -> dict[str, NfsMountStats] | None:
+        where = self._paths.proc(mount_table_pid(self._paths), "mountstats")
+        try:
+            table = read_mountstats(self._paths, _NFS_OPS)
+        except OSError as exc:
+            self._once(
+                "mountstats",
+                logging.ERROR,
+                "storage: cannot read %s (%s); NFS counters are left out",
+                where,
+                exc.strerror or exc,
+            )
+            return None
+        self._recovered("mountstats", "storage: %s readable again", where)
+        if table.bad_lines:
+            self._once(
+                "mountstats-bad",
+                logging.WARNING,
+                "storage: skipped %d unparsable mountstats line(s), first at line %d",
+                len(table.bad_lines),
+                table.bad_lines[0],
+            )
+        return table.by_mountpoint()
+
+    def _resolve_tier_paths(
+        self, mounts: list[MountInfo], fams: Families, deadline: float
+    ) -> dict[str, PathResolution]:
+        """Checks every configured path; a mount point from the table needs no filesystem call."""
+        mountpoints = {m.mountpoint for m in mounts}
+        out: dict[str, PathResolution] = {}
+        calls: list[tuple[str, Callable[[], str]]] = []
+        for tier in self._tiers:
+            for path in tier.paths:
+                if path in mountpoints:
+                    out[path] = PathResolution("ok", path)
+                else:
+                    calls.append((path, partial(resolve_in_root, self._paths.rootfs, path)))
+        for path, outcome in self._calls.run(calls, deadline).items():
+            out[path] = _path_resolution(outcome)
+        for tier in self._tiers:
+            for path in tier.paths:
+                res = out[path]
+                key = f"tier-path-{tier.name}-{path}"
+                if res.status == "missing":
+                    self._once(
+                        key,
+                        logging.WARNING,
+                        "storage: tier %r path %s does not exist under %s (%s); it is not "
+                        "exported until it appears (check the config)",
+                        tier.name,
+                        path,
+                        self._paths.rootfs,
+                        res.reason,
+                    )
+                elif res.status == "ok":
+                    self._recovered(key, "storage: tier %r path %s exists now", tier.name, path)
+                value = {"ok": 0.0, "missing": 1.0}.get(res.status)
+                fams.gauge(
+                    P + "tier_path_missing",
+                    HELP["tier_path_missing"],
+                    {"tier": tier.name, "path": path},
+                    value,
+                )
+        return out
+
+    def _statfs_all(
+        self, targets: list[Target], deadline: float
+    ) -> dict[str, Outcome[os.statvfs_result]]:
+        calls: list[tuple[str, Callable[[], os.statvfs_result]]] = []
+        for t in targets:
+            if not t.stuck_hint:
+                host = str(self._paths.root(t.mount.mountpoint))
+                calls.append((t.mount.mountpoint, partial(self._statvfs, host)))
+        results = self._calls.run(calls, deadline)
+        for mountpoint, outcome in results.items():
+            key = f"statfs-{mountpoint}"
+            if outcome.status == "stuck":
+                self._once(
+                    key,
+                    logging.WARNING,
+                    "storage: statvfs on %s has not answered for %.1fs; the mount is marked "
+                    "stuck and its capacity left out",
+                    mountpoint,
+                    outcome.stuck_seconds,
+                )
+            elif outcome.status == "error":
+                self._once(
+                    key,
+                    logging.WARNING,
+                    "storage: statvfs on %s failed: %s; capacity left out",
+                    self._paths.root(mountpoint),
+                    outcome.error,
+                )
+            elif outcome.status == "ok":
+                self._recovered(key, "storage: statvfs on %s answers again", mountpoint)
+        return results
+
+    def _emit(
+        self,
+        fams: Families,
+        t: Target,
+        disk: DiskStatsTable | None,
+        nfs: Mapping[str, NfsMountStats],
+        statfs: Mapping[str, Outcome[os.statvfs_result]],
+    ) -> None:
+        labels = {"tier": t.tier, "mountpoint": t.mount.mountpoint}
+        if t.device is not None:
+            labels["device"] = t.device.name
+        info = {**labels, "fstype": t.mount.fstype, "source": t.mount.source}
+        if t.device is not None:
+            info["kind"] = t.device.kind
+            info["disks"] = ",".join(t.device.disks)
+        else:
+            info["kind"] = "network" if t.network else "other"
+        fams.info(P + "mount_info", HELP["mount_info"], info)
+
+        counters: dict[str, float | None] = {}
+        if t.device is not None and disk is not None:
+            counters = _block_counters(disk.by_dev.get((t.device.major, t.device.minor)))
+        elif t.mount.fstype in NFS_FSTYPES:
+            stats = nfs.get(t.mount.mountpoint)
+            counters = _nfs_counters(stats)
+            for op in ("READ", "WRITE"):
+                o = stats.ops.get(op) if stats is not None else None
+                fams.counter(
+                    P + "nfs_rtt_seconds_total",
+                    HELP["nfs_rtt_seconds_total"],
+                    {**labels, "op": op.lower()},
+                    o.rtt_seconds if o is not None else None,
+                )
+        for suffix in _COUNTERS:
+            fams.counter(P + suffix, HELP[suffix], labels, counters.get(suffix))
+
+        outcome = statfs.get(t.mount.mountpoint)
+        capacity = free = None
+        if outcome is not None and outcome.value is not None:
+            capacity, free = _capacity(outcome.value)
+        stuck: float | None = None  # absent when not tried this time (over the time budget)
+        if t.stuck_hint or (outcome is not None and outcome.status == "stuck"):
+            stuck = 1.0
+        elif outcome is not None and outcome.status in ("ok", "error"):
+            stuck = 0.0
+        fams.gauge(P + "capacity_bytes", HELP["capacity_bytes"], labels, capacity)
+        fams.gauge(P + "free_bytes", HELP["free_bytes"], labels, free)
+        fams.gauge(P + "mount_stuck", HELP["mount_stuck"], labels, stuck)
+
+
+_COUNTERS = (
+    "read_bytes_total",
+    "written_bytes_total",
+    "reads_completed_total",
+    "writes_completed_total",
+    "read_time_seconds_total",
+    "write_time_seconds_total",
+    "io_time_seconds_total",
+    "io_time_weighted_seconds_total",
+)
+
+
+def _block_counters(s: DiskStats | None) -> dict[str, float | None]:
+    if s is None:
+        return {}
+    return {
+        "read_bytes_total": s.read_bytes,
+        "written_bytes_total": s.written_bytes,
+        "reads_completed_total": s.reads_completed,
+        "writes_completed_total": s.writes_completed,
+        "read_time_seconds_total": s.read_time_seconds,
+        "write_time_seconds_total": s.write_time_seconds,
+        "io_time_seconds_total": s.io_time_seconds,
+        "io_time_weighted_seconds_total": s.io_time_weighted_seconds,
+    }
+
+
+def _nfs_counters(s: NfsMountStats | None) -> dict[str, float | None]:
+    """Server bytes (what crossed the wire, like a disk's sectors), READ/WRITE RPC counts
+    and execute times (queue + RTT: what the caller waited). No busy time: NFS has none."""
+    if s is None:
+        return {}
+    read, write = s.ops.get("READ"), s.ops.get("WRITE")
+    return {
+        "read_bytes_total": s.bytes.server_read_bytes if s.bytes else None,
+        "written_bytes_total": s.bytes.server_written_bytes if s.bytes else None,
+        "reads_completed_total": read.ops if read else None,
+        "writes_completed_total": write.ops if write else None,
+        "read_time_seconds_total": read.execute_seconds if read else None,
+        "write_time_seconds_total": write.execute_seconds if write else None,
+    }
+
+
+def _capacity(st: os.statvfs_result) -> tuple[float | None, float | None]:
+    frsize = st.f_frsize or st.f_bsize
+    if st.f_blocks <= 0 or frsize <= 0:
+        return None, None  # pseudo or FUSE filesystems that report no size: absent, not 0
+    return float(st.f_blocks * frsize), float(st.f_bavail * frsize)
+
+
+def _path_resolution(outcome: Outcome[str]) -> PathResolution:
+    if outcome.status == "ok" and outcome.value is not None:
+        return PathResolution("ok", outcome.value)
+    if outcome.status == "error":
+        err = outcome.error
+        if isinstance(err, OSError) and err.errno in _MISSING_ERRNOS:
+            return PathResolution("missing", reason=err.strerror or str(err))
+        return PathResolution("missing", reason=str(err))
+    if outcome.status == "skipped":
+        return PathResolution("unchecked")
+    return PathResolution("stuck")

@@ -1,0 +1,186 @@
+"""OTLP push (`--otlp.endpoint`): the same snapshot Prometheus scrapes, sent as OTLP/HTTP.
+
+Gauges become OTLP gauges and counters cumulative monotonic sums. Counter names lose their
+`_total` suffix, because a Prometheus OTLP receiver adds it back to monotonic sums, so the
+names arriving in Prometheus are the contract's. No unit is set, for the same reason: the
+unit is already in the name. The host is the resource attribute `host.name`.
+
+Export runs on its own thread: a slow or absent collector endpoint never delays sampling;
+snapshots arriving while an export is in flight are skipped, not queued.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from gpufeed import __version__
+from gpufeed.model import Family, Sample
+from gpufeed.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+
+class OtlpSink:
+    name = "otlp"
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        push_interval_seconds: float = 15.0,
+        host_name: str | None = None,
+        timeout_seconds: float = 10.0,
+        exporter: Any = None,
+    ) -> None:
+        if exporter is None:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+                OTLPMetricExporter,
+            )
+
+            exporter = OTLPMetricExporter(endpoint=endpoint, timeout=timeout_seconds)
+        self._exporter = exporter
+        self._endpoint = endpoint
+        self._push_interval = push_interval_seconds
+        self._host_name = host_name or socket.gethostname()
+        self._start_ns = time.time_ns()
+        self._last_push = 0.0
+        self._busy = threading.Lock()
+        self._failing = False
+
+    def write(self, snapshot: Snapshot) -> None:
+        now = time.monotonic()
+        if now - self._last_push < self._push_interval:
+            return
+        if not self._busy.acquire(blocking=False):
+            return  # the previous export is still in flight: skip, never queue
+        self._last_push = now
+        threading.Thread(target=self._export, args=(snapshot,), daemon=True).start()
+
+    def _export(self, snapshot: Snapshot) -> None:
+        try:
+            from opentelemetry.sdk.metrics.export import MetricExportResult
+
+            result = self._exporter.export(
+                to_metrics_data(snapshot, self._host_name, self._start_ns)
+            )
+            ok = result == MetricExportResult.SUCCESS
+            if ok and self._failing:
+                log.info("OTLP export to %s recovered", self._endpoint)
+            elif not ok and not self._failing:
+                log.warning("OTLP export to %s failed; will retry next interval", self._endpoint)
+            self._failing = not ok
+        except Exception:
+            if not self._failing:
+                log.exception("OTLP export to %s failed", self._endpoint)
+            self._failing = True
+        finally:
+            self._busy.release()
+
+    def close(self) -> None:
+        with self._busy:
+            try:
+                self._exporter.shutdown()
+            except Exception:
+                log.debug("OTLP exporter shutdown failed", exc_info=True)
+
+
+def to_metrics_data(snapshot: Snapshot, host_name: str, start_ns: int) -> Any:
+    from opentelemetry.sdk.metrics.export import (
+        AggregationTemporality,
+        Gauge,
+        Histogram,
+        HistogramDataPoint,
+        Metric,
+        MetricsData,
+        NumberDataPoint,
+        ResourceMetrics,
+        ScopeMetrics,
+        Sum,
+    )
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    ts = int(snapshot.timestamp_seconds * 1e9)
+    metrics: list[Any] = []
+    for fam in snapshot.families:
+        if not fam.samples:
+            continue
+        data: Any
+        name = fam.name
+        if fam.type == "counter":
+            name = name.removesuffix("_total")
+            data = Sum(
+                data_points=[_point(s, start_ns, ts, NumberDataPoint) for s in fam.samples],
+                aggregation_temporality=AggregationTemporality.CUMULATIVE,
+                is_monotonic=True,
+            )
+        elif fam.type == "histogram":
+            data = Histogram(
+                data_points=_histogram_points(fam, start_ns, ts, HistogramDataPoint),
+                aggregation_temporality=AggregationTemporality.CUMULATIVE,
+            )
+        else:
+            data = Gauge(
+                data_points=[_point(s, start_ns, ts, NumberDataPoint) for s in fam.samples]
+            )
+        metrics.append(Metric(name=name, description=fam.help, unit="", data=data))
+    resource = Resource.create({"host.name": host_name, "service.name": "gpufeed-agent"})
+    scope = InstrumentationScope("gpufeed", __version__)
+    return MetricsData(
+        resource_metrics=[
+            ResourceMetrics(
+                resource=resource,
+                scope_metrics=[ScopeMetrics(scope=scope, metrics=metrics, schema_url="")],
+                schema_url="",
+            )
+        ]
+    )
+
+
+def _point(s: Sample, start_ns: int, ts: int, cls: Any) -> Any:
+    return cls(
+        attributes=dict(s.labels), start_time_unix_nano=start_ns, time_unix_nano=ts, value=s.value
+    )
+
+
+def _histogram_points(fam: Family, start_ns: int, ts: int, cls: Any) -> list[Any]:
+    # Regroup the flat _bucket/_sum/_count samples into one OTLP point per label set.
+    series: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+    for s in fam.samples:
+        key = tuple(kv for kv in s.labels if kv[0] != "le")
+        entry = series.setdefault(key, {"buckets": [], "sum": 0.0, "count": 0.0})
+        if s.name.endswith("_bucket"):
+            entry["buckets"].append((float(s.label("le")), s.value))
+        elif s.name.endswith("_sum"):
+            entry["sum"] = s.value
+        elif s.name.endswith("_count"):
+            entry["count"] = s.value
+    points = []
+    for key, entry in series.items():
+        cumulative: Sequence[tuple[float, float]] = sorted(entry["buckets"])
+        bounds = [le for le, _ in cumulative if le != float("inf")]
+        counts, prev = [], 0.0
+        for _, c in cumulative:
+            counts.append(int(c - prev))
+            prev = c
+        if len(counts) == len(bounds):  # no +Inf bucket: the rest of the count is above
+            counts.append(int(entry["count"] - prev))
+        points.append(
+            cls(
+                attributes=dict(key),
+                start_time_unix_nano=start_ns,
+                time_unix_nano=ts,
+                count=int(entry["count"]),
+                sum=entry["sum"],
+                bucket_counts=counts,
+                explicit_bounds=bounds,
+                min=None,
+                max=None,
+            )
+        )
+    return points

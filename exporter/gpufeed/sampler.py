@@ -1,0 +1,242 @@
+"""Background sampling: every collector on the interval, each under a time bound.
+
+Each collector has its own worker thread. On every tick the sampler triggers every worker
+that is idle and waits until the deadline; a collector that has not answered by then is
+marked failed for that tick, and is not triggered again until its stuck call returns, so a
+hung NFS mount costs one thread, never a pile of them, and never delays the other
+collectors or the scrape. Processors (the correlator) then derive their families, the
+snapshot is rendered once, and sinks (the recorder) receive it.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gpufeed import __version__
+from gpufeed.collectors.base import Collector, PartialCollectionError
+from gpufeed.exposition import render_text
+from gpufeed.model import Families, Family
+from gpufeed.snapshot import CollectorStatus, Processor, Sink, Snapshot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """The latest snapshot and its exposition, swapped atomically for the scrape path."""
+
+    snapshot: Snapshot
+    text: bytes
+    finished_at_seconds: float
+
+
+class _Worker:
+    """Runs one collector's `collect()` on its own thread, one call at a time."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+        self.name = collector.name
+        self._go = threading.Event()
+        self._done = threading.Event()
+        self._done.set()
+        self._stop = False
+        self.result: list[Family] = []
+        self.error = ""
+        self.duration_seconds = 0.0
+        self._thread = threading.Thread(
+            target=self._run, name=f"collector-{self.name}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        return not self._done.is_set()
+
+    def trigger(self) -> None:
+        self._done.clear()
+        self._go.set()
+
+    def wait(self, timeout_seconds: float) -> bool:
+        return self._done.wait(max(0.0, timeout_seconds))
+
+    def stop(self) -> None:
+        self._stop = True
+        self._go.set()
+
+    def _run(self) -> None:
+        while True:
+            self._go.wait()
+            self._go.clear()
+            if self._stop:
+                return
+            started = time.perf_counter()
+            try:
+                self.result = self.collector.collect()
+                self.error = ""
+            except PartialCollectionError as exc:
+                # Failed, but what it did read is still published.
+                self.result = exc.families
+                self.error = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # a collector's failure must not end the agent
+                self.result = []
+                self.error = f"{type(exc).__name__}: {exc}"
+            self.duration_seconds = time.perf_counter() - started
+            self._done.set()
+
+
+class Sampler:
+    def __init__(
+        self,
+        collectors: Sequence[Collector],
+        *,
+        interval_seconds: float,
+        timeout_seconds: float,
+        processors: Sequence[Processor] = (),
+        sinks: Sequence[Sink] = (),
+        static_families: Callable[[], list[Family]] | None = None,
+        banner: str = "",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._workers = [_Worker(c) for c in collectors]
+        self._interval = interval_seconds
+        self._timeout = min(timeout_seconds, interval_seconds * 5)
+        self._processors = list(processors)
+        self._sinks = list(sinks)
+        self._static = static_families
+        self._banner = banner
+        self._clock = clock
+        self._latest: Rendered | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._logged_errors: dict[str, str] = {}
+
+    @property
+    def latest(self) -> Rendered | None:
+        return self._latest
+
+    @property
+    def interval_seconds(self) -> float:
+        return self._interval
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._timeout + self._interval + 1)
+        for w in self._workers:
+            w.stop()
+        for sink in self._sinks:
+            try:
+                sink.close()
+            except Exception:
+                log.exception("closing %s failed", sink.name)
+        for w in self._workers:
+            try:
+                w.collector.close()
+            except Exception:
+                log.exception("closing collector %s failed", w.name)
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _loop(self) -> None:
+        next_tick = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.sample_once()
+            except Exception:  # never let one bad tick end sampling
+                log.exception("sampling failed")
+            next_tick += self._interval
+            now = time.monotonic()
+            if next_tick < now:  # we fell behind: skip the missed ticks, don't burst
+                next_tick = now + self._interval - ((now - next_tick) % self._interval)
+            self._stop.wait(next_tick - now)
+
+    def sample_once(self) -> Rendered:
+        timestamp = self._clock()
+        started = time.monotonic()
+        deadline = started + self._timeout
+        triggered = []
+        for w in self._workers:
+            if not w.busy:
+                w.trigger()
+                triggered.append(w)
+        families: list[Family] = []
+        statuses: list[CollectorStatus] = []
+        for w in self._workers:
+            if w not in triggered:
+                statuses.append(
+                    CollectorStatus(w.name, False, time.monotonic() - started, "still hung")
+                )
+                continue
+            if not w.wait(deadline - time.monotonic()):
+                statuses.append(
+                    CollectorStatus(
+                        w.name, False, self._timeout, f"timed out after {self._timeout:.2f}s"
+                    )
+                )
+                self._log_error(w.name, f"timed out after {self._timeout:.2f}s")
+                continue
+            if w.error:
+                self._log_error(w.name, w.error)
+                statuses.append(CollectorStatus(w.name, False, w.duration_seconds, w.error))
+                families.extend(w.result)  # partial results; empty for ordinary failures
+                continue
+            self._logged_errors.pop(w.name, None)
+            statuses.append(CollectorStatus(w.name, True, w.duration_seconds))
+            families.extend(w.result)
+        snapshot = Snapshot(timestamp, tuple(families), tuple(statuses))
+        derived: list[Family] = []
+        for p in self._processors:
+            try:
+                derived.extend(p.process(snapshot))
+            except Exception:
+                log.exception("processor %s failed", p.name)
+        own = self._self_metrics(statuses)
+        full = Snapshot(timestamp, (*families, *derived, *own), snapshot.statuses)
+        rendered = Rendered(full, render_text(full.families, self._banner), time.time())
+        self._latest = rendered
+        for sink in self._sinks:
+            try:
+                sink.write(full)
+            except Exception:
+                log.exception("sink %s failed", sink.name)
+        return rendered
+
+    def _log_error(self, name: str, error: str) -> None:
+        # Log a collector's failure when it starts or changes, not on every tick.
+        if self._logged_errors.get(name) != error:
+            self._logged_errors[name] = error
+            log.warning("collector %s failed: %s", name, error)
+
+    def _self_metrics(self, statuses: list[CollectorStatus]) -> list[Family]:
+        f = Families()
+        for st in statuses:
+            f.gauge(
+                "gpufeed_collector_success",
+                "1 if the collector answered in time on the last sample, else 0.",
+                {"collector": st.name},
+                1.0 if st.success else 0.0,
+            )
+            f.gauge(
+                "gpufeed_collector_duration_seconds",
+                "Time the collector took on the last sample (the time bound if it timed out).",
+                {"collector": st.name},
+                st.duration_seconds,
+            )
+        f.info(
+            "gpufeed_build_info",
+            "gpufeed version and Python version; always 1.",
+            {"version": __version__, "python_version": platform.python_version()},
+        )
+        if self._static is not None:
+            f.extend(self._static())
+        return f.build()

@@ -1,0 +1,92 @@
+"""The agent's HTTP face: /metrics (the latest rendered snapshot), /healthz and a landing page.
+
+A scrape never waits on a collector: it returns the bytes the sampler rendered last.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Iterable
+
+from aiohttp import web
+
+from gpufeed import __version__
+from gpufeed.exposition import CONTENT_TYPE
+from gpufeed.sampler import Sampler
+
+SAMPLER_KEY = web.AppKey("sampler", Sampler)
+BANNER_KEY = web.AppKey("banner", str)
+
+
+def build_app(
+    sampler: Sampler, *, banner: str = "", extra_routes: Iterable[web.RouteDef] = ()
+) -> web.Application:
+    app = web.Application()
+    app[SAMPLER_KEY] = sampler
+    app[BANNER_KEY] = banner
+    app.add_routes(
+        [
+            web.get("/metrics", _metrics),
+            web.get("/healthz", _healthz),
+            web.get("/", _index),
+            *extra_routes,
+        ]
+    )
+    return app
+
+
+def _headers(request: web.Request) -> dict[str, str]:
+    banner = request.app[BANNER_KEY]
+    return {"X-Gpufeed-Simulated": "true"} if banner else {}
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    latest = request.app[SAMPLER_KEY].latest
+    if latest is None:
+        return web.Response(status=503, text="no sample taken yet\n", headers=_headers(request))
+    return web.Response(
+        body=latest.text,
+        headers={"Content-Type": CONTENT_TYPE, **_headers(request)},
+    )
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    sampler = request.app[SAMPLER_KEY]
+    latest = sampler.latest
+    if not sampler.alive():
+        return web.Response(status=503, text="sampler not running\n")
+    if latest is None:
+        return web.Response(status=503, text="no sample taken yet\n")
+    age = time.time() - latest.finished_at_seconds
+    if age > max(10.0, 5 * sampler.interval_seconds):
+        return web.Response(status=503, text=f"last sample is {age:.1f}s old\n")
+    failed = [s.name for s in latest.snapshot.statuses if not s.success]
+    text = "ok\n" if not failed else f"ok (collectors failing: {', '.join(failed)})\n"
+    return web.Response(text=text, headers=_headers(request))
+
+
+async def _index(request: web.Request) -> web.Response:
+    banner = request.app[BANNER_KEY]
+    latest = request.app[SAMPLER_KEY].latest
+    rows = ""
+    if latest is not None:
+        for st in latest.snapshot.statuses:
+            state = "ok" if st.success else f"FAILED: {html.escape(st.error)}"
+            rows += (
+                f"<tr><td>{html.escape(st.name)}</td><td>{st.duration_seconds * 1000:.1f} ms</td>"
+                f"<td>{state}</td></tr>"
+            )
+    banner_html = (
+        f'<p style="background:#c00;color:#fff;padding:8px;font-weight:bold">'
+        f"{html.escape(banner)}</p>"
+        if banner
+        else ""
+    )
+    body = f"""<!doctype html><html><head><title>gpufeed agent</title></head><body>
+{banner_html}<h1>gpufeed agent {__version__}</h1>
+<p><a href="/metrics">/metrics</a> · <a href="/healthz">/healthz</a> ·
+<a href="/api/windows">/api/windows</a></p>
+<table><tr><th>collector</th><th>last duration</th><th>state</th></tr>{rows}</table>
+</body></html>"""
+    return web.Response(text=body, content_type="text/html", headers=_headers(request))

@@ -1,0 +1,1 @@
+"""Storage-tier helpers for the storage collector: mount selection, tier mapping, bounded stats."""

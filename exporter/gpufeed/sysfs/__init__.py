@@ -1,0 +1,1 @@
+"""Parsers and thin readers for files under /sys; the root comes from `HostPaths`."""

@@ -1,0 +1,73 @@
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from conftest import agent_env, gpufeed_cmd, http_get, wait_for_metrics
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        gpufeed_cmd(*args), env=agent_env(), capture_output=True, text=True, timeout=60
+    )
+
+
+def test_help_explains_flags_and_collector_switches() -> None:
+    out = run("agent", "--help").stdout
+    for flag in (
+        "--config",
+        "--web.listen-address",
+        "--path.procfs",
+        "--path.sysfs",
+        "--path.rootfs",
+        "--log.level",
+        "--otlp.endpoint",
+        "9842",
+    ):
+        assert flag in out
+
+
+def test_malformed_config_is_one_clear_line_and_exit_2(tmp_path: Path) -> None:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text("interval_seconds: 1\ntiers:\n  hot: nvme\n")
+    res = run("agent", "--config", str(cfg), "--web.listen-address", "127.0.0.1:19020")
+    assert res.returncode == 2
+    assert f"{cfg}: line 3: tiers.hot: expected an absolute path" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_bad_listen_address_is_rejected() -> None:
+    res = run("agent", "--web.listen-address", "localhost")
+    assert res.returncode == 2
+    assert "expected HOST:PORT" in res.stderr
+
+
+def test_port_in_use_is_a_clear_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 19021))
+        s.listen()
+        res = run("agent", "--web.listen-address", "127.0.0.1:19021")
+    assert res.returncode == 1
+    assert "cannot listen on 127.0.0.1:19021" in res.stderr
+
+
+def test_agent_serves_metrics_and_healthz_and_stops_on_sigterm(run_agent: Any) -> None:
+    proc = run_agent("--web.listen-address", "127.0.0.1:19022")
+    body = wait_for_metrics("http://127.0.0.1:19022/metrics", proc).decode()
+    assert "gpufeed_build_info{" in body
+    status, health = http_get("http://127.0.0.1:19022/healthz")
+    assert status == 200 and health.startswith(b"ok")
+    proc.terminate()
+    assert proc.wait(15) == 0
+
+
+def test_explicit_nvml_without_a_driver_fails_clearly() -> None:
+    import ctypes.util
+
+    if ctypes.util.find_library("nvidia-ml"):
+        import pytest
+
+        pytest.skip("this host has an NVIDIA driver")
+    res = run("agent", "--gpu.backend", "nvml", "--web.listen-address", "127.0.0.1:19024")
+    assert res.returncode == 2
+    assert "--gpu.backend=nvml:" in res.stderr and "not found" in res.stderr

@@ -1,0 +1,463 @@
+"""NvmlBackend against a fake libnvidia-ml (tests/nvml_fake.py) installed on the real pynvml.
+
+Each error code NVML can return takes its own path; these tests drive every one of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pynvml
+import pytest
+
+from gpufeed.gpu.backend import GpuProcess, GpuSample
+from gpufeed.gpu.nvml import NvmlBackend, NvmlUnavailable
+from gpufeed.gpu.select import make_backend
+from nvml_fake import ALL_LINKS, FakeGpu, FakeNvml
+
+UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
+UUID1 = "GPU-11111111-1111-2222-3333-444444444444"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def nvml(monkeypatch: pytest.MonkeyPatch) -> Callable[..., FakeNvml]:
+    def make(gpus: list[FakeGpu] | None = None, **kw: Any) -> FakeNvml:
+        fake = FakeNvml(gpus if gpus is not None else [FakeGpu(UUID0), FakeGpu(UUID1)], **kw)
+        fake.install(monkeypatch.setattr)
+        return fake
+
+    return make
+
+
+@pytest.fixture
+def open_backend(clock: Clock) -> Iterator[Callable[..., NvmlBackend]]:
+    opened: list[NvmlBackend] = []
+
+    def make(**kw: Any) -> NvmlBackend:
+        kw.setdefault("watch_xid", False)
+        kw.setdefault("clock", clock)
+        backend = NvmlBackend(**kw)
+        opened.append(backend)
+        return backend
+
+    yield make
+    for b in opened:
+        b.close()
+
+
+def by_name(s: GpuSample) -> dict[str, bool]:
+    return dict(s.clock_events_active or ())
+
+
+def test_every_reading_in_base_units(nvml: Any, open_backend: Any) -> None:
+    fake = nvml()
+    backend = open_backend()
+    g0, g1 = backend.sample()
+    assert g0.up and g1.up
+    assert g0.identity.uuid == UUID0 and g1.identity.index == 1
+    assert g0.identity.pci_bus_id == "00000000:18:00.0"
+    assert g0.identity.driver_version == "550.54.15"
+    assert g0.utilization_ratio == pytest.approx(0.97)
+    assert g0.memory_bandwidth_utilization_ratio == pytest.approx(0.41)
+    assert g0.memory_used_bytes == 60 * 2**30
+    assert g0.memory_total_bytes == 80 * 2**30
+    assert g0.power_watts == pytest.approx(612.345)
+    assert g0.energy_joules_total == pytest.approx(9_876_543.21)
+    assert g0.temperature_celsius == 64
+    assert g0.sm_clock_hertz == pytest.approx(1.98e9)
+    assert g0.sm_active_ratio == pytest.approx(0.83)
+    assert g0.pcie_transmit_bytes_total == 111_000
+    assert g0.pcie_receive_bytes_total == 222_000
+    assert g0.nvlink_transmit_bytes_total == 3_000 * 1024
+    assert g0.nvlink_receive_bytes_total == 4_000 * 1024
+    assert by_name(g0) == {
+        "gpu_idle": False,
+        "applications_clocks_setting": False,
+        "sw_power_cap": True,
+        "hw_slowdown": False,
+        "sync_boost": True,
+        "sw_thermal_slowdown": False,
+        "hw_thermal_slowdown": False,
+        "hw_power_brake_slowdown": False,
+        "display_clock_setting": False,
+    }
+    assert g0.processes == (GpuProcess(4242, 2**30),)
+    assert g0.mig_enabled is False
+    # a change on the device shows in the next sample (nothing is cached)
+    fake.gpus[0].util_gpu = 12
+    fake.gpus[0].gpm_sm_util = 7.0
+    g0 = backend.sample()[0]
+    assert g0.utilization_ratio == pytest.approx(0.12)
+    assert g0.sm_active_ratio == pytest.approx(0.07)
+
+
+def test_field_values_one_batch_per_gpu_and_no_blocking_pcie_call(
+    nvml: Any, open_backend: Any
+) -> None:
+    fake = nvml()
+    backend = open_backend()
+    for _ in range(3):
+        backend.sample()
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 3 * 2
+    assert [i for i, _ in fake.field_value_calls] == [0, 1] * 3
+    assert fake.field_value_calls[0][1] == [(197, 0), (198, 0), (138, ALL_LINKS), (139, ALL_LINKS)]
+    assert fake.calls["nvmlDeviceGetPcieThroughput"] == 0
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+        pynvml.NVML_ERROR_NO_PERMISSION,
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+    ],
+)
+def test_unsupported_value_is_absent_logged_once_and_not_asked_again(
+    nvml: Any, open_backend: Any, caplog: pytest.LogCaptureFixture, code: int
+) -> None:
+    fake = nvml()
+    fake.gpus[0].errors["nvmlDeviceGetPowerUsage"] = code
+    backend = open_backend()
+    caplog.set_level(logging.INFO, logger="gpufeed.gpu.nvml")
+    for _ in range(4):
+        g0, g1 = backend.sample()
+        assert g0.power_watts is None
+        assert g0.temperature_celsius == 64  # the rest of the GPU still reports
+        assert g1.power_watts == pytest.approx(612.345)  # and the other GPU fully
+    # GPU 0 asked once, GPU 1 every time
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 1 + 4
+    lines = [r.getMessage() for r in caplog.records if "power" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("GPU 0: power not available")
+
+
+def test_transient_error_leaves_value_out_of_that_sample_only(nvml: Any, open_backend: Any) -> None:
+    fake = nvml()
+    backend = open_backend()
+    fake.gpus[1].errors["nvmlDeviceGetTemperature"] = pynvml.NVML_ERROR_TIMEOUT
+    assert backend.sample()[1].temperature_celsius is None
+    del fake.gpus[1].errors["nvmlDeviceGetTemperature"]
+    assert backend.sample()[1].temperature_celsius == 64
+
+
+def test_missing_field_is_dropped_from_later_batches(nvml: Any, open_backend: Any) -> None:
+    fake = nvml([FakeGpu(UUID0, nvlink=False)])
+    backend = open_backend()
+    (g,) = backend.sample()
+    assert g.nvlink_transmit_bytes_total is None and g.nvlink_receive_bytes_total is None
+    assert g.pcie_transmit_bytes_total == 111_000
+    backend.sample()  # tries the links one by one once (a PCIe-only board refuses them too)
+    (g,) = backend.sample()
+    assert fake.field_value_calls[-1][1] == [(197, 0), (198, 0)]
+    assert g.nvlink_transmit_bytes_total is None and g.pcie_receive_bytes_total == 222_000
+
+
+def test_driver_refusing_all_links_scope_gets_the_links_summed(
+    nvml: Any, open_backend: Any
+) -> None:
+    fake = nvml([FakeGpu(UUID0, nvlink_aggregate=False, nvlink_links=4)])
+    backend = open_backend()
+    (g,) = backend.sample()
+    assert g.nvlink_transmit_bytes_total is None  # the refused aggregate
+    (g,) = backend.sample()
+    assert g.nvlink_transmit_bytes_total == 3_000 * 1024
+    assert g.nvlink_receive_bytes_total == 4_000 * 1024
+    (g,) = backend.sample()
+    tx_scopes = [scope for fid, scope in fake.field_value_calls[-1][1] if fid == 138]
+    assert tx_scopes == [0, 1, 2, 3]  # links the GPU does not have were dropped
+    assert g.nvlink_transmit_bytes_total == 3_000 * 1024
+    # one link failing in a sample: the sum is left out, not exported low
+    fake.gpus[0].link_errors[2] = pynvml.NVML_ERROR_TIMEOUT
+    (g,) = backend.sample()
+    assert g.nvlink_transmit_bytes_total is None and g.pcie_transmit_bytes_total == 111_000
+    del fake.gpus[0].link_errors[2]
+    (g,) = backend.sample()
+    assert g.nvlink_transmit_bytes_total == 3_000 * 1024
+
+
+def test_field_values_call_unsupported_stops_asking(nvml: Any, open_backend: Any) -> None:
+    fake = nvml([FakeGpu(UUID0)])
+    fake.gpus[0].errors["nvmlDeviceGetFieldValues"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    backend = open_backend()
+    for _ in range(3):
+        (g,) = backend.sample()
+        assert g.pcie_receive_bytes_total is None
+        assert g.utilization_ratio == pytest.approx(0.97)
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 1
+
+
+def test_lost_gpu_is_down_and_the_other_keeps_reporting(nvml: Any, open_backend: Any) -> None:
+    fake = nvml()
+    backend = open_backend()
+    backend.sample()
+    fake.gpus[1].lost = True
+    g0, g1 = backend.sample()
+    assert g0.up and g0.utilization_ratio == pytest.approx(0.97)
+    assert not g1.up
+    assert g1.identity.uuid == UUID1
+    assert (g1.utilization_ratio, g1.power_watts, g1.memory_used_bytes, g1.processes) == (
+        None,
+        None,
+        None,
+        (),
+    )
+    before = fake.calls["nvmlDeviceGetUtilizationRates"]
+    g0, g1 = backend.sample()
+    assert not g1.up and g0.up
+    # the lost GPU is not asked again until re-initialisation
+    assert fake.calls["nvmlDeviceGetUtilizationRates"] == before + 1
+
+
+def test_lost_gpu_comes_back_after_reinit_back_off(
+    nvml: Any, open_backend: Any, clock: Clock
+) -> None:
+    fake = nvml()
+    backend = open_backend(reinit_initial_seconds=5.0, reinit_max_seconds=20.0)
+    fake.gpus[1].lost = True
+    backend.sample()
+    assert backend.next_reinit_at == 1005.0
+    inits = fake.init_calls
+    clock.now = 1004.9
+    assert not backend.sample()[1].up
+    assert fake.init_calls == inits  # not yet
+    clock.now = 1005.0
+    g0, g1 = backend.sample()
+    assert fake.init_calls == inits + 1 and not g1.up and g0.up
+    assert backend.next_reinit_at == 1015.0  # 5 s doubled to 10 s
+    clock.now = 1015.0
+    backend.sample()
+    assert backend.next_reinit_at == 1035.0  # 20 s, the maximum
+    clock.now = 1035.0
+    backend.sample()
+    assert backend.next_reinit_at == 1055.0  # stays at the maximum
+    fake.gpus[1].lost = False
+    clock.now = 1055.0
+    g0, g1 = backend.sample()
+    assert g1.up and g1.utilization_ratio == pytest.approx(0.97) and g0.up
+    assert backend.next_reinit_at is None
+    assert fake.initialised == 1  # every shutdown matched its init
+    # a new loss starts the back-off from the beginning again
+    fake.gpus[0].lost = True
+    backend.sample()
+    assert backend.next_reinit_at == 1060.0
+
+
+def test_gpu_lost_at_start_up_recovers(nvml: Any, open_backend: Any, clock: Clock) -> None:
+    fake = nvml()
+    fake.gpus[0].lost = True
+    backend = open_backend()
+    g0, g1 = backend.sample()
+    assert not g0.up and g0.identity.uuid == "" and g1.up
+    fake.gpus[0].lost = False
+    clock.now += 5
+    g0, _ = backend.sample()
+    assert g0.up and g0.identity.uuid == UUID0 and g0.power_watts is not None
+
+
+def test_failed_nvml_reinit_marks_every_gpu_down_then_recovers(
+    nvml: Any, open_backend: Any, clock: Clock
+) -> None:
+    fake = nvml()
+    backend = open_backend()
+    fake.gpus[0].lost = True
+    backend.sample()
+    fake.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    clock.now += 5
+    assert [s.up for s in backend.sample()] == [False, False]
+    fake.init_error = None
+    fake.gpus[0].lost = False
+    clock.now += 10
+    assert [s.up for s in backend.sample()] == [True, True]
+
+
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "no NVIDIA driver on this host"),
+        (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "kernel driver is not loaded"),
+        (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "versions differ"),
+    ],
+)
+def test_no_driver_raises_nvml_unavailable(nvml: Any, code: int, words: str) -> None:
+    nvml(init_error=code)
+    with pytest.raises(NvmlUnavailable, match=words):
+        NvmlBackend()
+    choice = make_backend("auto")
+    assert choice.backend is None and words in choice.reason
+    with pytest.raises(NvmlUnavailable, match=words):
+        make_backend("nvml")
+
+
+def test_no_gpu_raises_nvml_unavailable(nvml: Any) -> None:
+    fake = nvml([])
+    with pytest.raises(NvmlUnavailable, match="no GPU"):
+        NvmlBackend()
+    assert fake.initialised == 0
+
+
+def test_real_library_on_a_host_without_driver() -> None:
+    """No fake: the real pynvml on this machine. On a GPU host there is nothing to test."""
+    try:
+        backend = NvmlBackend(watch_xid=False)
+    except NvmlUnavailable as exc:
+        assert "libnvidia-ml.so.1" in str(exc) or "driver" in str(exc)
+        return
+    backend.close()
+    pytest.skip("this host has a working NVML")
+
+
+def test_mig_enabled_gpu_reports_what_nvml_gives(nvml: Any, open_backend: Any) -> None:
+    fake = nvml([FakeGpu(UUID0, mig_mode=pynvml.NVML_DEVICE_MIG_ENABLE)])
+    backend = open_backend()
+    (g,) = backend.sample()
+    assert g.up and g.mig_enabled is True
+    assert g.utilization_ratio is None and g.memory_bandwidth_utilization_ratio is None
+    assert g.memory_used_bytes == 60 * 2**30 and g.power_watts is not None
+    backend.sample()
+    assert fake.calls["nvmlDeviceGetUtilizationRates"] == 1
+    # MIG switched off (after a GPU reset): utilization is probed again
+    fake.gpus[0].mig_mode = 0
+    (g,) = backend.sample()
+    assert g.mig_enabled is False and g.utilization_ratio == pytest.approx(0.97)
+
+
+def test_gpu_without_mig_has_mig_absent(nvml: Any, open_backend: Any) -> None:
+    fake = nvml([FakeGpu(UUID0)])
+    fake.gpus[0].errors["nvmlDeviceGetMigMode"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    (g,) = open_backend().sample()
+    assert g.mig_enabled is None and g.utilization_ratio == pytest.approx(0.97)
+
+
+def test_old_driver_uses_throttle_reasons_found_once(nvml: Any, open_backend: Any) -> None:
+    fake = nvml(missing={"nvmlDeviceGetCurrentClocksEventReasons"})
+    backend = open_backend()
+    for _ in range(3):
+        g0, g1 = backend.sample()
+        assert by_name(g0)["sw_power_cap"] and by_name(g1)["sync_boost"]
+    assert fake.calls["nvmlDeviceGetCurrentClocksEventReasons"] == 1
+    assert fake.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == 3 * 2
+
+
+def test_no_clock_reason_call_at_all_is_absent(nvml: Any, open_backend: Any) -> None:
+    nvml(
+        missing={
+            "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
+        }
+    )
+    g0, g1 = open_backend().sample()
+    assert g0.clock_events_active is None and g1.clock_events_active is None
+    assert g0.power_watts is not None
+
+
+def test_processes_fall_back_to_v2(nvml: Any, open_backend: Any) -> None:
+    fake = nvml(
+        [FakeGpu(UUID0, processes=[(10, 5 * 2**20), (11, None)]), FakeGpu(UUID1, processes=[])],
+        missing={"nvmlDeviceGetComputeRunningProcesses_v3"},
+    )
+    backend = open_backend()
+    g0, g1 = backend.sample()
+    backend.sample()
+    assert g0.processes == (GpuProcess(10, 5 * 2**20), GpuProcess(11, None))
+    assert g1.processes == ()
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 1
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses_v2"] == 4
+
+
+def test_gpm_unsupported_leaves_sm_active_absent(nvml: Any, open_backend: Any) -> None:
+    fake = nvml([FakeGpu(UUID0, gpm_supported=False), FakeGpu(UUID1)])
+    backend = open_backend()
+    g0, g1 = backend.sample()
+    assert g0.sm_active_ratio is None and g0.utilization_ratio is not None
+    assert g1.sm_active_ratio == pytest.approx(0.83)
+    backend.close()
+    assert fake.gpm_samples_allocated == 0  # both GPM buffers of GPU 1 freed
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def test_xid_watcher_counts_and_xid_79_marks_that_gpu_lost(nvml: Any, open_backend: Any) -> None:
+    fake = nvml()
+    backend = open_backend(watch_xid=True, event_timeout_ms=20)
+    assert backend.xid_watched == (0, 1)
+    fake.events.put((0, 13))
+    fake.events.put((0, 13))
+    fake.events.put((1, 79))
+    assert wait_for(lambda: backend.sample()[1].up is False)
+    g0, g1 = backend.sample()
+    assert g0.up and g0.xid_errors_total == ((13, 2),)
+    assert g1.xid_errors_total == ((79, 1),)
+    assert g1.utilization_ratio is None
+    backend.close()
+    assert fake.freed_event_sets == 1
+
+
+def test_xid_watcher_skips_a_gpu_without_events(nvml: Any, open_backend: Any) -> None:
+    fake = nvml()
+    fake.gpus[0].errors["nvmlDeviceRegisterEvents"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    backend = open_backend(watch_xid=True, event_timeout_ms=20)
+    assert backend.xid_watched == (1,)
+    fake.events.put((1, 48))
+    assert wait_for(lambda: backend.sample()[1].xid_errors_total == ((48, 1),))
+
+
+def test_xid_watcher_does_not_block_sampling(nvml: Any, open_backend: Any) -> None:
+    fake = nvml()
+    fake.release_waits.clear()  # the watcher's nvmlEventSetWait now blocks "in the driver"
+    backend = open_backend(watch_xid=True, event_timeout_ms=20)
+    assert fake.in_wait.wait(3.0)
+    samples = [backend.sample() for _ in range(3)]  # would hang here if sampling waited
+    assert all(s.up for batch in samples for s in batch)
+    fake.release_waits.set()
+
+
+def test_gpu_lost_while_setting_up_gpm_does_not_stop_the_backend(
+    nvml: Any, open_backend: Any
+) -> None:
+    fake = nvml()
+    fake.gpus[1].errors["nvmlGpmQueryDeviceSupport"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    g0, g1 = open_backend().sample()
+    assert g0.up and g0.sm_active_ratio == pytest.approx(0.83)
+    assert not g1.up
+
+
+def test_sample_after_close_is_empty(nvml: Any, open_backend: Any) -> None:
+    fake = nvml()
+    backend = open_backend()
+    backend.close()
+    assert backend.sample() == []
+    assert fake.initialised == 0
+
+
+def test_driver_without_event_wait_stops_the_watcher_not_the_backend(
+    nvml: Any, open_backend: Any
+) -> None:
+    fake = nvml(missing={"nvmlEventSetWait_v2"})
+    backend = open_backend(watch_xid=True, event_timeout_ms=20)
+    assert wait_for(lambda: fake.calls["nvmlEventSetWait_v2"] >= 1)
+    g0, g1 = backend.sample()
+    assert g0.up and g1.up and g0.xid_errors_total == ()
+    time.sleep(0.1)
+    assert fake.calls["nvmlEventSetWait_v2"] == 1  # gave up instead of spinning

@@ -1,0 +1,136 @@
+import threading
+import time
+
+from gpufeed.collectors.base import PartialCollectionError
+from gpufeed.model import Families, Family
+from gpufeed.sampler import Sampler
+
+
+class Const:
+    def __init__(self, name: str, value: float) -> None:
+        self.name = name
+        self.value = value
+        self.calls = 0
+
+    def collect(self) -> list[Family]:
+        self.calls += 1
+        f = Families()
+        f.gauge(f"gpufeed_test_{self.name}", "test", {}, self.value)
+        return f.build()
+
+    def close(self) -> None:
+        pass
+
+
+class Hanging:
+    name = "hang"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.calls = 0
+
+    def collect(self) -> list[Family]:
+        self.calls += 1
+        self.release.wait(30)
+        return []
+
+    def close(self) -> None:
+        self.release.set()
+
+
+class Partial:
+    name = "partial"
+
+    def collect(self) -> list[Family]:
+        f = Families()
+        f.gauge("gpufeed_test_partial", "read before the failure", {}, 7.0)
+        raise PartialCollectionError("/proc/stat: No such file", f.build())
+
+    def close(self) -> None:
+        pass
+
+
+def test_partial_failure_publishes_what_was_read_and_reports_failure() -> None:
+    sampler = Sampler([Partial()], interval_seconds=1.0, timeout_seconds=0.5)
+    text = sampler.sample_once().text.decode()
+    sampler.stop()
+    assert "gpufeed_test_partial 7.0" in text
+    assert 'gpufeed_collector_success{collector="partial"} 0.0' in text
+
+
+class Raising:
+    name = "broken"
+
+    def collect(self) -> list[Family]:
+        raise FileNotFoundError("/proc/diskstats")
+
+    def close(self) -> None:
+        pass
+
+
+def statuses(sampler: Sampler) -> dict[str, bool]:
+    assert sampler.latest is not None
+    return {s.name: s.success for s in sampler.latest.snapshot.statuses}
+
+
+def test_hung_collector_times_out_and_others_still_report() -> None:
+    good, hang = Const("good", 3.0), Hanging()
+    sampler = Sampler([good, hang, Raising()], interval_seconds=1.0, timeout_seconds=0.3)
+    try:
+        t0 = time.monotonic()
+        rendered = sampler.sample_once()
+        elapsed = time.monotonic() - t0
+        assert elapsed < 1.0, "sampling must not wait for a hung collector past its bound"
+        text = rendered.text.decode()
+        assert "gpufeed_test_good 3.0" in text
+        assert 'gpufeed_collector_success{collector="hang"} 0.0' in text
+        assert 'gpufeed_collector_success{collector="broken"} 0.0' in text
+        assert 'gpufeed_collector_success{collector="good"} 1.0' in text
+        # The hung call is not started a second time while it is still stuck.
+        sampler.sample_once()
+        assert hang.calls == 1
+        assert good.calls == 2
+        assert statuses(sampler) == {"good": True, "hang": False, "broken": False}
+        # Once it returns, it is triggered again and recovers.
+        hang.release.set()
+        time.sleep(0.05)
+        sampler.sample_once()
+        assert hang.calls == 2
+        assert statuses(sampler)["hang"] is True
+    finally:
+        hang.release.set()
+        sampler.stop()
+
+
+def test_processor_families_are_exposed_and_a_failing_processor_is_contained() -> None:
+    class Doubler:
+        name = "double"
+
+        def process(self, snapshot):  # type: ignore[no-untyped-def]
+            f = Families()
+            for fam in snapshot.families:
+                for s in fam.samples:
+                    f.gauge("gpufeed_test_doubled", "x", {}, s.value * 2)
+            return f.build()
+
+    class Bad:
+        name = "bad"
+
+        def process(self, snapshot):  # type: ignore[no-untyped-def]
+            raise RuntimeError("boom")
+
+    sampler = Sampler(
+        [Const("v", 4.0)], interval_seconds=1, timeout_seconds=1, processors=[Bad(), Doubler()]
+    )
+    text = sampler.sample_once().text.decode()
+    sampler.stop()
+    assert "gpufeed_test_doubled 8.0" in text
+
+
+def test_background_loop_keeps_sampling_on_the_interval() -> None:
+    c = Const("tick", 1.0)
+    sampler = Sampler([c], interval_seconds=0.1, timeout_seconds=0.1)
+    sampler.start()
+    time.sleep(0.55)
+    sampler.stop()
+    assert 4 <= c.calls <= 8
