@@ -15,6 +15,8 @@ from gpufeed import __version__
 
 SUBCOMMAND_MODULES = [
     "gpufeed.agent",
+    "gpufeed.correlator.analyze_cmd",
+    "gpufeed.correlator.windows_cmd",
 ]
 
 

@@ -32,6 +32,7 @@ from gpufeed.correlator.view import NodeView, Timing, compute_view
 from gpufeed.correlator.window import Window
 
 STARTUP_MAX_SECONDS = 1800.0
+FRESH_MEMORY_RATIO = 0.1  # below this share of GPU memory, a job's process has not loaded yet
 XID_LOOKBACK_SECONDS = 300.0
 LOW_FRACTION_TO_OPEN = 0.75
 
@@ -114,6 +115,7 @@ class Unit:
     chal: Segment | None = None
     last_low_t: float = 0.0
     fatal_xids: set[str] = field(default_factory=set)
+    fresh_at: float | None = None  # when, in this run, the job's GPU memory was nearly empty
 
 
 WindowSink = Callable[[Window], None]
@@ -405,6 +407,7 @@ class NodeCorrelator:
         u.pending = None
         u.low_time = 0.0
         u.fatal_xids = set()
+        u.fresh_at = None
 
     def finish(self) -> None:
         """End of the data: close every run."""
@@ -477,7 +480,9 @@ class NodeCorrelator:
     def _gpu_jobs(self, t: float) -> dict[str, str]:
         """gpu -> job holding it at t (from gpufeed_job_info)."""
         if self._jobgpus_t != t:
-            stale = self.timing.stale_seconds
+            # presence, not a value: job_info counts only in the snapshot that carries it,
+            # so a job that ended is gone at once (a whole missed scrape has no step at all)
+            stale = 0.5 * self.timing.interval_seconds
             gj: dict[str, str] = {}
             jg: dict[str, list[str]] = {}
             for (job, gpu), s in self.node.job_info.items():
@@ -540,14 +545,20 @@ class NodeCorrelator:
                 f["xid_fatal_events"] = max(n, float(len(u.fatal_xids)))
                 if u.fatal_xids:
                     ctx["xids"] = ",".join(sorted(u.fatal_xids))
+            mem_ratio = None
+            used, total = g.fields.get("mem_used"), g.fields.get("mem_total")
+            if used is not None and total is not None:
+                uv, tv = used.value_at(t, stale), total.value_at(t, stale)
+                if uv is not None and tv:
+                    mem_ratio = uv / tv
             if node.job_info:
                 f["no_job"] = 0.0 if job else 1.0
-            else:
-                used, total = g.fields.get("mem_used"), g.fields.get("mem_total")
-                if used is not None and total is not None:
-                    uv, tv = used.value_at(t, stale), total.value_at(t, stale)
-                    if uv is not None and tv:
-                        f["gpu_memory_idle"] = 1.0 if uv / tv < 0.03 and util < 0.05 else 0.0
+            elif mem_ratio is not None:
+                f["gpu_memory_idle"] = 1.0 if mem_ratio < 0.03 and util < 0.05 else 0.0
+            if job and mem_ratio is not None and mem_ratio < FRESH_MEMORY_RATIO:
+                # the job's process has (next to) nothing on the GPU yet: a (re)start
+                if u.fresh_at is None:
+                    u.fresh_at = t
             if g.clock_events:
                 mine = self._throttled(g, t)
                 f["clock_events_active"] = 1.0 if mine else 0.0
@@ -580,11 +591,15 @@ class NodeCorrelator:
                     f["nvlink_peak_ratio"] = nv / peak
             if job:
                 gpus = self._jobgpus.get(job, [])
+                failed = [x for x in gpus if x != u.gpu and self._gpu_failed(x, t)]
+                f["job_peer_gpu_error"] = 1.0 if failed else 0.0
+                if failed:
+                    ctx["failed_peers"] = ",".join(failed)
                 if gpus:
                     f["job_gpus_stalled_ratio"] = sum(
                         1 for x in gpus if x in self._low_now or x == u.gpu
                     ) / len(gpus)
-                f["job_not_yet_busy"] = self._not_yet_busy(job, u.gpu, t)
+                f["job_not_yet_busy"] = self._not_yet_busy(job, u.gpu, t, u.fresh_at)
         elif job:
             f["job_not_yet_busy"] = self._not_yet_busy(job, "", t)
         d = decide(f)
@@ -594,10 +609,26 @@ class NodeCorrelator:
         start = self._start if self._start is not None else math.inf
         return start + 2 * self.timing.interval_seconds
 
-    def _not_yet_busy(self, job: str, gpu: str, t: float) -> float:
+    def _gpu_failed(self, gpu: str, t: float) -> bool:
+        """Lost (gpu_up 0) or inside a run that a fatal XID explains."""
+        g = self.node.gpus.get(gpu)
+        if g is None:
+            return False
+        up = g.fields.get("up")
+        if up is not None and (up.value_at(t, self.timing.stale_seconds) or 1.0) < 0.5:
+            return True
+        u = self.units.get(gpu)
+        return u is not None and bool(u.fatal_xids)
+
+    def _not_yet_busy(self, job: str, gpu: str, t: float, fresh_at: float | None = None) -> float:
+        node = self.node
+        j = node.jobs.get(job)
+        if fresh_at is not None and t - fresh_at <= STARTUP_MAX_SECONDS:
+            # the GPU held (next to) nothing earlier in this run and has not computed since
+            if j is None or j.steps is None or _increase(j.steps, t, t - fresh_at) <= 0:
+                return 1.0
         if (job, gpu) in self._ever_busy:
             return 0.0
-        node = self.node
         first = node.first_seen.get((job, gpu))
         if first is None:
             s: Series | None = node.job_info.get((job, gpu))
@@ -610,7 +641,6 @@ class NodeCorrelator:
             return 0.0  # the job was already there when we started watching: we cannot tell
         if t - first > STARTUP_MAX_SECONDS:
             return 0.0
-        j = node.jobs.get(job)
         if j is not None and j.steps is not None and _increase(j.steps, t, t - first) > 0:
             return 0.0
         return 1.0
@@ -640,5 +670,5 @@ _CONTEXT_FOR: dict[Cause, tuple[str, ...]] = {
     Cause.CHECKPOINTING: ("checkpoint_tier",),
     Cause.NETWORK: ("network_device",),
     Cause.THROTTLING: ("throttle_reasons", "throttled_peers"),
-    Cause.GPU_ERROR: ("xids",),
+    Cause.GPU_ERROR: ("xids", "failed_peers"),
 }

@@ -53,6 +53,8 @@ RULES: tuple[Rule, ...] = (
     # a lost GPU or a fatal XID
     Rule(C.GPU_ERROR, "gpu_lost", 0.5, 1.0, 1.0),
     Rule(C.GPU_ERROR, "xid_fatal_events", 0.5, 1.0, 0.95),
+    # another GPU of the same job is lost or failed: the job's collectives stall on it
+    Rule(C.GPU_ERROR, "job_peer_gpu_error", 0.5, 1.0, 0.9),
     # no job holds the GPU (or, without job data, nothing is resident on it)
     Rule(C.IDLE, "no_job", 0.5, 1.0, 0.95),
     Rule(C.IDLE, "gpu_memory_idle", 0.5, 1.0, 0.85),

@@ -63,12 +63,13 @@ def _phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
             f" ({ctx.get('throttle_reasons', '?')})"
         ),
         "sm_clock_drop_ratio": f"SM clock down {_pct(v)}",
-        "job_not_yet_busy": "the job has not run a step yet",
+        "job_not_yet_busy": "the job has not computed since it (re)started",
         "sdk_startup_share": f"job reports start-up {_pct(v)} of the time",
         "no_job": "no job holds the GPU",
         "gpu_memory_idle": "nothing is resident on the GPU",
         "gpu_lost": "the GPU is lost (gpufeed_gpu_up 0)",
         "xid_fatal_events": f"fatal XID {ctx.get('xids', '?')}",
+        "job_peer_gpu_error": f"GPU {ctx.get('failed_peers', '?')} of the same job has failed",
     }
     return table.get(name)
 

@@ -136,7 +136,20 @@ def _blocks(
     pos = 0
     small = 0
     while pos < n:
-        t0 = _ts_of(body[pos])
+        line = body[pos]
+        head = line[: line.rfind(" ", 0, line.rfind(" "))]
+        if head and pos + 1 < n and body[pos + 1].startswith(head + " "):
+            # written series by series: convert the whole run of this series at once
+            end = _run_end(body, pos, head + " ")
+            if not _convert_run(body, pos, end, head, res, tcache, seen, lines, validate_all):
+                if res.error is not None:
+                    return False
+                if not _generic(body[pos:end], lines, res, tcache, seen, validate_all):
+                    return False
+            pos = end
+            small = 0
+            continue
+        t0 = _ts_of(line)
         p = 1
         while pos + p < n and _ts_of(body[pos + p]) == t0:
             p += 1
@@ -171,6 +184,63 @@ def _blocks(
             if not _generic(body[pos:end], lines, res, tcache, seen, validate_all):
                 return False
         pos = end
+    return True
+
+
+def _run_end(body: list[str], pos: int, prefix: str) -> int:
+    """End of the run of lines starting with `prefix` at `pos` (galloping, then bisecting)."""
+    n = len(body)
+    lo, step = pos, 1
+    hi = pos + step
+    while hi < n and body[hi].startswith(prefix):
+        lo = hi
+        step *= 2
+        hi = pos + step
+    hi = min(hi, n)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if body[mid].startswith(prefix):
+            lo = mid
+        else:
+            hi = mid
+    return lo + 1
+
+
+def _convert_run(
+    body: list[str],
+    pos: int,
+    end: int,
+    head: str,
+    res: ChunkResult,
+    tcache: _FloatCache,
+    seen: set[str],
+    lines: list[str],
+    validate_all: bool,
+) -> bool:
+    """Converts one series' run of lines; False (no error set) if it is not one clean run."""
+    if not _check_head(head, lines, res, seen):
+        return False
+    k = end - pos
+    joined = "\n".join(body[pos:end])
+    if " " in head or "\t" in head:
+        parts = joined.replace(head + " ", "").split()
+        if len(parts) != 2 * k:
+            return False
+        vparts, tparts = parts[0::2], parts[1::2]
+    else:
+        parts = joined.split()
+        if len(parts) != 3 * k or parts[0::3].count(head) != k:
+            return False
+        vparts, tparts = parts[1::3], parts[2::3]
+    used = _metric_name(head) in USED_METRIC_SET
+    try:
+        ts = array("d", map(tcache.__getitem__, tparts))
+        if used or validate_all:
+            vs = array("d", map(float, vparts))
+    except ValueError:
+        return False
+    if used:
+        _add_columns(res, head, ts, vs)
     return True
 
 
