@@ -9,7 +9,9 @@ tier's ceiling collapses under contention, a checkpoint writes gigabytes, the fa
 congested, a GPU throttles, a GPU falls off the bus) and the metrics follow from the model,
 with multiplicative noise, missed scrapes and the odd agent restart (counter reset).
 
-Labels say, per GPU, when it was underutilized and why; everything else is healthy.
+Labels say, per GPU, when it was underutilized and why; everything else is healthy. A
+sample at time t reports the interval before t (as NVML utilization does), so a label runs
+from the first sample that shows an episode to the first sample after it.
 Confounders change metrics without underutilizing a GPU and must open no window.
 """
 
@@ -163,7 +165,10 @@ def schedule(sim: NodeSim, t0: float, hours: float, kinds: list[tuple[str, str]]
             dur = 20.0
             gpus = (r.randrange(sim.n_gpus),)
         elif kind == "gpu_error":
-            gpus = (r.randrange(sim.n_gpus),)
+            # lost: one GPU falls off the bus and the rest of its job stalls with it;
+            # fatal XID: one GPU fails and the (elastic) job goes on without it
+            lost = r.randrange(sim.n_gpus // 2 if sim.two_jobs else sim.n_gpus)
+            gpus = (lost, *(g for g in half if g != lost)) if guise == "lost" else (lost,)
         elif kind == "checkpointing":
             dur = round(r.uniform(90, 240) / iv) * iv
         elif kind == "idle":
@@ -196,7 +201,7 @@ def simulate(
             if e.kind == "throttling":
                 target = tuple(g for g in e.gpus if g not in e.extra.get("hot", ()))  # type: ignore[operator]
             for g in target:
-                labels.append(Label(inst, str(g), e.start, e.end, e.kind))
+                labels.append(Label(inst, str(g), e.start + iv, e.end + iv, e.kind))
     # throttling: which GPUs are slowed (the others of the job wait for them)
     for e in eps:
         if e.kind == "throttling":
@@ -209,7 +214,7 @@ def simulate(
         if e.kind == "throttling":
             for g in e.gpus:
                 if g not in e.extra["hot"]:  # type: ignore[operator]
-                    labels.append(Label(inst, str(g), e.start, e.end, "throttling"))
+                    labels.append(Label(inst, str(g), e.start + iv, e.end + iv, "throttling"))
     restart_at = t0 + r.uniform(0.3, 0.7) * (t_end - t0) if r.random() < 0.5 else -1.0
     lost_once: set[int] = set()
     uuid = [f"GPU-{abs(hash((inst, g))) % 10**8:08d}-sim-{g}" for g in range(sim.n_gpus)]
@@ -341,7 +346,9 @@ def simulate(
                 u = r.uniform(0.2, 0.4)
             ge = kinds.get("gpu_error")
             if ge is not None and g in ge.gpus:
-                if ge.guise == "lost":
+                if ge.guise == "lost" and g != ge.gpus[0]:
+                    u = r.uniform(0.0, 0.05)  # the job's collectives wait for the lost GPU
+                elif ge.guise == "lost":
                     up = 0.0
                     if g not in lost_once:
                         lost_once.add(g)
