@@ -216,3 +216,17 @@ def test_api_and_windows_command(tmp_path: Path, capsys: pytest.CaptureFixture[s
     args = p.parse_args(["windows", "--agent", f"http://127.0.0.1:{PORT}"])
     assert args.func(args) == 1
     assert "cannot read windows" in capsys.readouterr().err
+
+
+def test_unwritable_log_does_not_stop_the_correlator(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    cfg = CorrelatorConfig(windows_log=str(blocker / "windows.jsonl"))
+    proc = CorrelatorProcessor(cfg, interval_seconds=5.0)
+    assert "cannot be opened" in caplog.text
+    text, _ = scenarios.single("idle", "job_ended", seed=1, minutes=30)
+    for snap in snapshots_of(text):
+        fams = proc.process(snap)  # type: ignore[arg-type]
+    assert sum(_values(fams, WINDOWS).values()) > 0

@@ -32,6 +32,7 @@ from gpufeed.correlator.view import NodeView, Timing, compute_view
 from gpufeed.correlator.window import Window
 
 STARTUP_MAX_SECONDS = 1800.0
+CLASSIFY_EVERY_SECONDS = 5.0
 FRESH_MEMORY_RATIO = 0.1  # below this share of GPU memory, a job's process has not loaded yet
 XID_LOOKBACK_SECONDS = 300.0
 LOW_FRACTION_TO_OPEN = 0.75
@@ -57,6 +58,7 @@ class Mark:
     features: dict[str, float] = field(default_factory=dict)
     context: dict[str, str] = field(default_factory=dict)
     dt: float = 0.0
+    lost: bool = False
 
 
 @dataclass(slots=True)
@@ -116,6 +118,7 @@ class Unit:
     last_low_t: float = 0.0
     fatal_xids: set[str] = field(default_factory=set)
     fresh_at: float | None = None  # when, in this run, the job's GPU memory was nearly empty
+    last_mark: Mark | None = None  # the last classified sample of this run
 
 
 WindowSink = Callable[[Window], None]
@@ -296,7 +299,16 @@ class NodeCorrelator:
                     self._commit_in_run(u, m)
                 u.blip = []
                 u.high_since = None
-            m = self._classify(u, t, util, lost)
+            last = u.last_mark
+            if last is not None and t - last.t < CLASSIFY_EVERY_SECONDS and last.lost == lost:
+                # sampled faster than causes change: reuse the last decision (live at 1 s)
+                m = Mark(
+                    t, util, last.cause, last.job_id, last.confidence, last.features, last.context
+                )
+                m.lost = lost
+            else:
+                m = self._classify(u, t, util, lost)
+                u.last_mark = m
             u.pending = m
             u.last_low_t = t
             if u.seg is None:
@@ -408,6 +420,7 @@ class NodeCorrelator:
         u.low_time = 0.0
         u.fatal_xids = set()
         u.fresh_at = None
+        u.last_mark = None
 
     def finish(self) -> None:
         """End of the data: close every run."""
@@ -519,11 +532,15 @@ class NodeCorrelator:
         return got
 
     def _classify(self, u: Unit, t: float, util: float, lost: bool) -> Mark:
-        view = self._view_at(t)
         node = self.node
         stale = self.timing.stale_seconds
         b = self.baselines
         job = self._gpu_jobs(t).get(u.gpu, "") if u.cols is not None else u.cpu_job
+        if not job and u.cols is not None and node.job_info and not lost and not u.cols.xids:
+            # no job holds the GPU: idle unless it failed; the node's signals do not matter
+            d = decide({"no_job": 1.0})
+            return Mark(t, util, d.cause, "", d.confidence, {"no_job": 1.0}, {})
+        view = self._view_at(t)
         ev = self._jobev.get(job)
         if ev is None:
             ev = self._jobev[job] = Evidence()
@@ -555,10 +572,9 @@ class NodeCorrelator:
                 f["no_job"] = 0.0 if job else 1.0
             elif mem_ratio is not None:
                 f["gpu_memory_idle"] = 1.0 if mem_ratio < 0.03 and util < 0.05 else 0.0
-            if job and mem_ratio is not None and mem_ratio < FRESH_MEMORY_RATIO:
-                # the job's process has (next to) nothing on the GPU yet: a (re)start
-                if u.fresh_at is None:
-                    u.fresh_at = t
+            fresh = job and mem_ratio is not None and mem_ratio < FRESH_MEMORY_RATIO
+            if fresh and u.fresh_at is None:
+                u.fresh_at = t  # the job's process has (next to) nothing on the GPU: a (re)start
             if g.clock_events:
                 mine = self._throttled(g, t)
                 f["clock_events_active"] = 1.0 if mine else 0.0
@@ -603,7 +619,9 @@ class NodeCorrelator:
         elif job:
             f["job_not_yet_busy"] = self._not_yet_busy(job, "", t)
         d = decide(f)
-        return Mark(t, util, d.cause, job, d.confidence, f, ctx)
+        m = Mark(t, util, d.cause, job, d.confidence, f, ctx)
+        m.lost = lost
+        return m
 
     def _appeared_after(self) -> float:
         start = self._start if self._start is not None else math.inf
@@ -623,10 +641,13 @@ class NodeCorrelator:
     def _not_yet_busy(self, job: str, gpu: str, t: float, fresh_at: float | None = None) -> float:
         node = self.node
         j = node.jobs.get(job)
-        if fresh_at is not None and t - fresh_at <= STARTUP_MAX_SECONDS:
-            # the GPU held (next to) nothing earlier in this run and has not computed since
-            if j is None or j.steps is None or _increase(j.steps, t, t - fresh_at) <= 0:
-                return 1.0
+        # the GPU held (next to) nothing earlier in this run and has not computed since
+        if (
+            fresh_at is not None
+            and t - fresh_at <= STARTUP_MAX_SECONDS
+            and (j is None or j.steps is None or _increase(j.steps, t, t - fresh_at) <= 0)
+        ):
+            return 1.0
         if (job, gpu) in self._ever_busy:
             return 0.0
         first = node.first_seen.get((job, gpu))

@@ -3,6 +3,7 @@ correlator metrics, logging closed windows durably and keeping recent ones for t
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from typing import Final
@@ -20,6 +21,7 @@ from gpufeed.snapshot import Snapshot
 SECONDS: Final = "gpufeed_gpu_underutilized_seconds_total"
 CAUSE: Final = "gpufeed_gpu_underutilization_cause"
 WINDOWS: Final = "gpufeed_gpu_underutilization_windows_total"
+_log = logging.getLogger(__name__)
 KEEP_SECONDS = 900.0  # history kept in the columns: rates, XID lookback, start-up checks
 TRIM_EVERY_SECONDS = 120.0
 
@@ -54,10 +56,15 @@ class CorrelatorProcessor:
         self._lock = threading.Lock()
         self._next_trim = 0.0
         self._log = log
+        self._log_failing = False
         if log is None and cfg.windows_log:
-            self._log = WindowLog(
-                cfg.windows_log, cfg.windows_log_max_bytes, cfg.windows_log_backups
-            )
+            try:
+                self._log = WindowLog(
+                    cfg.windows_log, cfg.windows_log_max_bytes, cfg.windows_log_backups
+                )
+            except OSError as e:
+                # the correlator still runs and exports its metrics; only the log is off
+                _log.error("windows log %s cannot be opened, not logging: %s", cfg.windows_log, e)
         if self._log is not None:
             self._recent.extend(read_log(self._log.path))
 
@@ -105,7 +112,13 @@ class CorrelatorProcessor:
         self._count[key] = self._count.get(key, 0) + 1
         self._recent.append(w)
         if self._log is not None:
-            self._log.append(w)
+            try:
+                self._log.append(w)
+                self._log_failing = False
+            except OSError as e:
+                if not self._log_failing:  # once per failure, not once per window
+                    _log.error("cannot append to windows log %s: %s", self._log.path, e)
+                self._log_failing = True
 
     def windows(self, limit: int = 200) -> tuple[list[Window], list[Window]]:
         """(recent closed windows, newest last; open windows)."""

@@ -82,21 +82,29 @@ class Series:
             j = 0
         if j >= i:
             j = i - 1
-        # never bridge a gap: start after the last long hole inside the window
-        k = i
-        while k > j:
-            if ts[k] - ts[k - 1] > gap_seconds:
-                break
-            k -= 1
-        if k > j:
-            j = k
-            if j >= i:
-                return None
-        inc = 0.0
-        prev = vs[j]
-        for n in range(j + 1, i + 1):
-            v = vs[n]
-            inc += v - prev if v >= prev else v  # a reset restarts from zero
-            prev = v
+        if ts[i] - ts[j] > gap_seconds:
+            # never bridge a gap: start after the last long hole inside the window
+            k = i
+            while k > j:
+                if ts[k] - ts[k - 1] > gap_seconds:
+                    break
+                k -= 1
+            if k > j:
+                j = k
+                if j >= i:
+                    return None
         dt = ts[i] - ts[j]
-        return inc / dt if dt > 0 else None
+        if dt <= 0:
+            return None
+        if i - j == 1:
+            inc = vs[i] - vs[j]
+            if inc < 0:
+                inc = vs[i]  # a reset restarts from zero
+        else:
+            inc = 0.0
+            prev = vs[j]
+            for n in range(j + 1, i + 1):
+                v = vs[n]
+                inc += v - prev if v >= prev else v  # a reset restarts from zero
+                prev = v
+        return inc / dt

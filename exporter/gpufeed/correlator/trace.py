@@ -70,33 +70,81 @@ def parse_chunk(data: bytes, validate_all: bool = False) -> ChunkResult:
     except UnicodeDecodeError as e:
         res.error = (data.count(b"\n", 0, e.start) + 1, "not UTF-8 text")
         return res
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    res.lines = len(lines)
-    for n in range(len(lines) - 1, -1, -1):
-        if lines[n].strip():
-            res.last_line = n + 1
-            break
-    body = lines
-    if text.startswith("#") or "\n#" in text or "" in lines:
-        eof = [n for n, line in enumerate(lines) if line == "# EOF"]
-        if len(eof) > 1:
-            res.error = (eof[1] + 1, "a second '# EOF'")
+    lines = LazyLines(text)  # the chunk's lines are needed only to name a bad one
+    res.lines = text.count("\n") + (0 if not text or text.endswith("\n") else 1)
+    end = len(text.rstrip())
+    res.last_line = text.count("\n", 0, end) + 1 if end else 0
+    body_text = text
+    if text.startswith("#") or "\n#" in text:
+        eofs = _eof_lines(text)
+        if len(eofs) > 1:
+            res.error = (eofs[1], "a second '# EOF'")
             return res
-        if eof:
-            res.eof_line = eof[0] + 1
-            for n in range(eof[0] + 1, len(lines)):
-                if lines[n].strip():
-                    res.after_eof_line = n + 1
-                    break
-        body = [line for line in lines if line and line[0] != "#"]
+        if eofs:
+            res.eof_line = eofs[0]
+            if res.last_line > res.eof_line:
+                res.after_eof_line = res.last_line
+        body_text = _drop_comments(text)
+    body = body_text.split("\n")
+    if body and body[-1] == "":
+        body.pop()
+    if "" in body:
+        body = [line for line in body if line]
     tcache = _FloatCache()
     seen: set[str] = set()
     if not _blocks(body, lines, res, tcache, seen, validate_all):
         return res
     res.samples = len(body)
     return res
+
+
+class LazyLines:
+    """A chunk's lines, split only when an error has to be located."""
+
+    __slots__ = ("_lines", "_text")
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._lines: list[str] | None = None
+
+    def get(self) -> list[str]:
+        if self._lines is None:
+            self._lines = self._text.split("\n")
+        return self._lines
+
+
+def _eof_lines(text: str) -> list[int]:
+    """1-based lines that are exactly '# EOF'."""
+    out = []
+    i = text.find("# EOF")
+    while i >= 0:
+        j = i + 5
+        if (i == 0 or text[i - 1] == "\n") and (j == len(text) or text[j] == "\n"):
+            out.append(text.count("\n", 0, i) + 1)
+        i = text.find("# EOF", j)
+    return out
+
+
+def _drop_comments(text: str) -> str:
+    """The text without its comment lines (# HELP, # TYPE, # EOF: a few per family)."""
+    pieces = []
+    pos = 0  # start of the text not yet copied
+    if text.startswith("#"):
+        i = 0
+    else:
+        j = text.find("\n#")
+        i = j + 1 if j >= 0 else -1
+    while i >= 0:
+        pieces.append(text[pos:i])
+        nl = text.find("\n", i)
+        if nl < 0:
+            pos = len(text)
+            break
+        pos = nl + 1
+        j = text.find("\n#", nl)
+        i = j + 1 if j >= 0 else -1
+    pieces.append(text[pos:])
+    return "".join(pieces)
 
 
 def _ts_of(line: str) -> str:
@@ -112,13 +160,13 @@ def _add_columns(res: ChunkResult, head: str, ts: array[float], vs: array[float]
         c[1].extend(vs)
 
 
-def _check_head(head: str, lines: list[str], res: ChunkResult, seen: set[str]) -> bool:
+def _check_head(head: str, lines: LazyLines, res: ChunkResult, seen: set[str]) -> bool:
     if head in seen:
         return True
     try:
         parse_series(head)
     except SeriesSyntaxError as e:
-        res.error = (_first_line(lines, head), f"malformed series {head[:80]!r}: {e}")
+        res.error = (_first_line(lines.get(), head), f"malformed series {head[:80]!r}: {e}")
         return False
     seen.add(head)
     return True
@@ -126,7 +174,7 @@ def _check_head(head: str, lines: list[str], res: ChunkResult, seen: set[str]) -
 
 def _blocks(
     body: list[str],
-    lines: list[str],
+    lines: LazyLines,
     res: ChunkResult,
     tcache: _FloatCache,
     seen: set[str],
@@ -214,7 +262,7 @@ def _convert_run(
     res: ChunkResult,
     tcache: _FloatCache,
     seen: set[str],
-    lines: list[str],
+    lines: LazyLines,
     validate_all: bool,
 ) -> bool:
     """Converts one series' run of lines; False (no error set) if it is not one clean run."""
@@ -253,7 +301,7 @@ def _convert_block(
     res: ChunkResult,
     tcache: _FloatCache,
     seen: set[str],
-    lines: list[str],
+    lines: LazyLines,
     validate_all: bool,
 ) -> bool:
     """Converts a regular block; False (no error set) when it turns out irregular."""
@@ -306,7 +354,7 @@ def _convert_block(
 
 def _generic(
     body: list[str],
-    lines: list[str],
+    lines: LazyLines,
     res: ChunkResult,
     tcache: _FloatCache,
     seen: set[str],
@@ -323,7 +371,7 @@ def _generic(
             continue
         if line.count(" ") < 2 or not head:
             res.error = (
-                lines.index(line) + 1,
+                lines.get().index(line) + 1,
                 "expected 'series value timestamp' (every sample needs a timestamp)",
             )
             return False
@@ -333,14 +381,14 @@ def _generic(
             return False
         parts = "\n".join(group).replace(head + " ", "").split()
         if len(parts) != 2 * len(group):
-            res.error = _locate(lines, head)
+            res.error = _locate(lines.get(), head)
             return False
         used = _metric_name(head) in USED_METRIC_SET
         try:
             ts = array("d", map(tcache.__getitem__, parts[1::2]))
             vs = array("d", map(float, parts[0::2])) if used or validate_all else None
         except ValueError:
-            res.error = _locate(lines, head)
+            res.error = _locate(lines.get(), head)
             return False
         if used and vs is not None:
             _add_columns(res, head, ts, vs)
