@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -71,8 +72,8 @@ def test_live_families_match_offline_windows(tmp_path: Path) -> None:
         return (w.gpu, w.start_seconds, w.end_seconds, w.cause)
 
     assert sorted(map(key, logged)) == sorted(map(key, offline))
-    # the instance is the agent's own (Prometheus adds it); windows are otherwise the same
-    assert {w.instance for w in logged} == {""}
+    # live windows name the host (Prometheus adds `instance` to the metrics instead)
+    assert {w.instance for w in logged} == {socket.gethostname()}
     proc.close()
     # a restarted agent shows the logged windows again
     again = CorrelatorProcessor(CorrelatorConfig(windows_log=str(log)), interval_seconds=5.0)

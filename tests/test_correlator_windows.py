@@ -246,3 +246,64 @@ def test_two_jobs_on_one_node_get_their_own_windows(tmp_path: object) -> None:
     ws = analyze_text(trace_text(gen, 1500), tmp_path)
     got = sorted((w.gpu, w.job_id, w.start_seconds - T0, w.end_seconds - T0) for w in ws)
     assert got == [("0", "a", 600, 900), ("1", "b", 700, 1100)]
+
+
+def _job_gpus(
+    util: Callable[[float, str], float | None],
+    mem: Callable[[float, str], float],
+    up: Callable[[float, str], float] = lambda s, g: 1.0,
+):
+    def gen(t: float) -> Iterable[tuple[str, float | None]]:
+        s = t - T0
+        for g in ("0", "1", "2"):
+            lab = f'gpu="{g}",uuid="GPU-{g}",instance="n1:9400"'
+            yield f"gpufeed_gpu_up{{{lab}}}", up(s, g)
+            yield f"gpufeed_gpu_utilization_ratio{{{lab}}}", None if up(s, g) == 0 else util(s, g)
+            yield f"gpufeed_gpu_memory_used_bytes{{{lab}}}", mem(s, g)
+            yield f"gpufeed_gpu_memory_total_bytes{{{lab}}}", 80e9
+            yield (
+                f'gpufeed_job_info{{job_id="j",gpu="{g}",uuid="GPU-{g}",scheduler="slurm",name="x",instance="n1:9400"}}',
+                1.0,
+            )
+
+    return gen
+
+
+def test_startup_seen_as_gpu_memory_filling_from_empty(tmp_path: object) -> None:
+    # the trace begins while the job loads its weights: memory fills from ~0, no compute;
+    # later the process restarts (memory empties) and loads again
+    def mem(s: float, g: str) -> float:
+        if s < 200:
+            return 1e9 + s * 3e8
+        if 900 <= s < 1000:
+            return 4e8
+        if 1000 <= s < 1150:
+            return 4e8 + (s - 1000) * 4e8
+        return 6e10
+
+    def util(s: float, g: str) -> float:
+        return 0.01 if s < 200 or 900 <= s < 1150 else 0.96
+
+    ws = analyze_text(trace_text(_job_gpus(util, mem), 1500), tmp_path)
+    got = {(w.gpu, w.start_seconds - T0, w.end_seconds - T0, w.cause) for w in ws}
+    for g in ("0", "1", "2"):
+        assert (g, 0, 200, Cause.STARTUP) in got
+        assert (g, 900, 1150, Cause.STARTUP) in got
+    # the same low stretch with the memory full all along is not called start-up
+    ws = analyze_text(trace_text(_job_gpus(util, lambda s, g: 6e10), 1500), tmp_path)
+    assert Cause.STARTUP not in {w.cause for w in ws}
+
+
+def test_a_lost_gpu_stalls_its_job(tmp_path: object) -> None:
+    def up(s: float, g: str) -> float:
+        return 0.0 if g == "2" and 600 <= s < 900 else 1.0
+
+    def util(s: float, g: str) -> float:
+        return 0.02 if 600 <= s < 900 else 0.96
+
+    ws = analyze_text(trace_text(_job_gpus(util, lambda s, g: 6e10, up), 1500), tmp_path)
+    got = sorted((w.gpu, w.start_seconds - T0, w.end_seconds - T0, w.cause) for w in ws)
+    assert got == [(g, 600, 900, Cause.GPU_ERROR) for g in ("0", "1", "2")]
+    peer = next(w for w in ws if w.gpu == "0")
+    assert dict(peer.evidence)["failed_peers"] == "2"
+    assert "GPU 2 of the same job has failed" in peer.summary

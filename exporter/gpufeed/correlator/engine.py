@@ -633,7 +633,8 @@ class NodeCorrelator:
         if g is None:
             return False
         up = g.fields.get("up")
-        if up is not None and (up.value_at(t, self.timing.stale_seconds) or 1.0) < 0.5:
+        v = up.value_at(t, self.timing.stale_seconds) if up is not None else None
+        if v is not None and v < 0.5:
             return True
         u = self.units.get(gpu)
         return u is not None and bool(u.fatal_xids)

@@ -4,6 +4,7 @@ correlator metrics, logging closed windows durably and keeping recent ones for t
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections import deque
 from typing import Final
@@ -37,7 +38,7 @@ class CorrelatorProcessor:
         self,
         config: CorrelatorConfig | None = None,
         interval_seconds: float = 1.0,
-        instance: str = "",
+        instance: str | None = None,
         log: WindowLog | None = None,
         recent: int = 1000,
     ) -> None:
@@ -45,7 +46,8 @@ class CorrelatorProcessor:
         self.params = WindowParams(
             cfg.threshold_ratio, cfg.min_window_seconds, cfg.merge_gap_seconds
         )
-        self.node = NodeSeries(instance)
+        # windows in the log and the API name the host (metrics do not: Prometheus adds it)
+        self.node = NodeSeries(socket.gethostname() if instance is None else instance)
         self._corr = NodeCorrelator(
             self.node, Timing(interval_seconds), self.params, on_window=self._closed
         )
