@@ -30,6 +30,7 @@ CAUSES = (
     "startup",
     "idle",
     "gpu_error",
+    "unknown",
 )
 GUISES: dict[str, tuple[str, ...]] = {
     "data_loading": ("saturated", "contended"),
@@ -40,6 +41,9 @@ GUISES: dict[str, tuple[str, ...]] = {
     "startup": ("load_weights",),
     "idle": ("job_ended",),
     "gpu_error": ("lost", "fatal_xid"),
+    # the training loop itself is slow (Python overhead, a synchronisation in user code):
+    # no resource is stressed, so the only honest answer is `unknown`
+    "unknown": ("slow_user_code",),
 }
 CONFOUNDERS = ("archive_busy", "short_dip", "thermal_full_util", "network_busy_healthy")
 
@@ -259,6 +263,7 @@ def simulate(
         ib_eff = 1.0
         write_tier: str | None = None
         write_rate = 0.0
+        compute_overhead = 0.0
         stall_all = False
         startup = False
         for e in active:
@@ -283,16 +288,19 @@ def simulate(
                     ib_eff = r.uniform(0.25, 0.45)
                     tx_wait_rate = r.uniform(0.25, 0.6)
                     t_comm = r.uniform(1.8, 2.8)
+            elif e.kind == "unknown":
+                compute_overhead = r.uniform(0.7, 1.3)  # host time in the loop, one core
             elif e.kind == "checkpointing":
                 stall_all = True
                 write_tier = "hot" if e.guise == "hot_tier" else "cold"
                 write_rate = sim.tiers[write_tier].ceiling * r.uniform(0.75, 0.95)
+        compute += compute_overhead  # GPU idle while one host thread works
         # effective input time per step: reads through the tier's ceiling
         read_rate = min(need_read, ceiling)
         t_input_io = need_read / max(read_rate, 1.0) * 0.6
         input_time = max(t_input_io, t_cpu)
         step_time = max(compute, input_time, t_comm)
-        util_job = compute / step_time
+        util_job = (compute - compute_overhead) / step_time
         # the tier's physics: utilization of its ceiling drives queueing and latency
         min(
             read_rate / dt_tier.ceiling
@@ -310,7 +318,7 @@ def simulate(
         hot = th.extra["hot"] if th else ()  # type: ignore[assignment]
         affected: set[int] = set()
         for e in active:
-            if e.kind in ("data_loading", "preprocessing", "network"):
+            if e.kind in ("data_loading", "preprocessing", "network", "unknown"):
                 affected.update(e.gpus)
         for g in range(sim.n_gpus):
             u = util_job if g in affected else 1.0
@@ -474,6 +482,7 @@ def simulate(
                 "checkpoint": 0.0,
                 "communication": 0.0,
                 "startup": 0.0,
+                "other": 0.0,
             }
             rest = max(0.0, 1.0 - ju)
             if startup and any(g in kinds["startup"].gpus for g in gpus):
@@ -484,6 +493,8 @@ def simulate(
                 "throttling" in kinds and any(g in kinds["throttling"].gpus for g in gpus)
             ):
                 ph["communication"] = rest
+            elif compute_overhead > 0:
+                ph["other"] = rest  # the SDK sees time outside its phases
             elif input_time >= max(compute, t_comm) * 1.05:
                 ph["data_wait"] = rest
             else:
