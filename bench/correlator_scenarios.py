@@ -45,6 +45,7 @@ GUISES: dict[str, tuple[str, ...]] = {
     # no resource is stressed, so the only honest answer is `unknown`
     "unknown": ("slow_user_code",),
 }
+WARMUP_MIN = (15.0, 20.0)  # healthy minutes before the first episode
 CONFOUNDERS = ("archive_busy", "short_dip", "thermal_full_util", "network_busy_healthy")
 
 
@@ -157,7 +158,7 @@ def _noise(r: random.Random, sigma: float = 0.08) -> float:
 def schedule(sim: NodeSim, t0: float, hours: float, kinds: list[tuple[str, str]]) -> list[Episode]:
     """Healthy warm-up, then the given episodes in order with healthy gaps between them."""
     r = sim.rng
-    t = t0 + r.uniform(15, 20) * 60
+    t = t0 + r.uniform(WARMUP_MIN[0], WARMUP_MIN[1]) * 60
     eps: list[Episode] = []
     all_gpus = tuple(range(sim.n_gpus))
     half = tuple(range(sim.n_gpus // 2)) if sim.two_jobs else all_gpus

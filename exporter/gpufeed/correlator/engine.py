@@ -13,28 +13,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gpufeed.correlator.baseline import BUCKET_SECONDS, Baselines
 from gpufeed.correlator.causes import Cause
-from gpufeed.correlator.features import (
-    FATAL_XIDS,
-    THROTTLE_REASONS,
-    Evidence,
-    job_features,
-    observe_healthy,
-)
-from gpufeed.correlator.node import GpuColumns, NodeSeries
-from gpufeed.correlator.rules import RULES_BY_CAUSE, decide
-from gpufeed.correlator.series import Series
-from gpufeed.correlator.summary import summarize
-from gpufeed.correlator.view import NodeView, Timing, compute_view
+from gpufeed.correlator.classify import Classifier
+from gpufeed.correlator.features import observe_healthy
+from gpufeed.correlator.node import NodeSeries
+from gpufeed.correlator.state import Mark, Segment, Unit, segment_window
+from gpufeed.correlator.view import Timing
 from gpufeed.correlator.window import Window
 
-STARTUP_MAX_SECONDS = 1800.0
 CLASSIFY_EVERY_SECONDS = 5.0
-FRESH_MEMORY_RATIO = 0.1  # below this share of GPU memory, a job's process has not loaded yet
-XID_LOOKBACK_SECONDS = 300.0
 LOW_FRACTION_TO_OPEN = 0.75
 
 
@@ -44,81 +34,6 @@ class WindowParams:
     min_window_seconds: float = 60.0
     merge_gap_seconds: float = 30.0
     split_seconds: float = 30.0
-
-
-@dataclass(slots=True)
-class Mark:
-    """One sample of a unit inside a run; `cause` None for a high sample (a merged blip)."""
-
-    t: float
-    util: float
-    cause: Cause | None = None
-    job_id: str = ""
-    confidence: float = 0.0
-    features: dict[str, float] = field(default_factory=dict)
-    context: dict[str, str] = field(default_factory=dict)
-    dt: float = 0.0
-    lost: bool = False
-
-
-@dataclass(slots=True)
-class Segment:
-    start: float
-    cause: Cause
-    job_id: str
-    time: float = 0.0
-    util_time: float = 0.0
-    agree_time: float = 0.0
-    conf_time: float = 0.0
-    feat_sum: dict[str, float] = field(default_factory=dict)
-    feat_time: dict[str, float] = field(default_factory=dict)
-    ctx_time: dict[tuple[str, str], float] = field(default_factory=dict)
-    last_util: float = 0.0
-
-    def add(self, m: Mark) -> None:
-        dt = m.dt
-        self.time += dt
-        self.util_time += m.util * dt
-        self.last_util = m.util
-        if m.cause is not self.cause or m.job_id != self.job_id:
-            return
-        w = dt if dt > 0 else 1e-6  # a last sample still counts as evidence
-        self.agree_time += w
-        self.conf_time += m.confidence * w
-        for r in RULES_BY_CAUSE[self.cause]:
-            x = m.features.get(r.feature)
-            if x is not None:
-                self.feat_sum[r.feature] = self.feat_sum.get(r.feature, 0.0) + x * w
-                self.feat_time[r.feature] = self.feat_time.get(r.feature, 0.0) + w
-        for kv in m.context.items():
-            self.ctx_time[kv] = self.ctx_time.get(kv, 0.0) + w
-
-    def absorb(self, other: Segment) -> None:
-        """A challenger that did not last: its time stays here, as disagreement."""
-        self.time += other.time
-        self.util_time += other.util_time
-
-
-@dataclass(slots=True)
-class Unit:
-    key: str
-    gpu: str
-    uuid: str
-    cols: GpuColumns | None = None
-    cpu_job: str = ""  # a CPU-only job: its compute share stands in for utilization
-    prev_t: float | None = None
-    run_start: float | None = None
-    high_since: float | None = None
-    low_time: float = 0.0
-    marks: list[Mark] = field(default_factory=list)
-    blip: list[Mark] = field(default_factory=list)
-    pending: Mark | None = None
-    seg: Segment | None = None
-    chal: Segment | None = None
-    last_low_t: float = 0.0
-    fatal_xids: set[str] = field(default_factory=set)
-    fresh_at: float | None = None  # when, in this run, the job's GPU memory was nearly empty
-    last_mark: Mark | None = None  # the last classified sample of this run
 
 
 WindowSink = Callable[[Window], None]
@@ -142,18 +57,9 @@ class NodeCorrelator:
         self.windows: list[Window] = []
         self._sink = on_window or self.windows.append
         self.units: dict[str, Unit] = {}
-        self._start = start_seconds
         self._next_bucket = -math.inf
-        self._ever_busy: set[tuple[str, str]] = set()
-        self._view_t: float | None = None
-        self._view: NodeView | None = None
-        self._jobev: dict[str, Evidence] = {}
-        self._jobgpus_t: float | None = None
-        self._jobgpus: dict[str, list[str]] = {}
-        self._gpujob: dict[str, str] = {}
-        self._low_now: set[str] = set()
-        self._throttle_t: float | None = None
-        self._throttle: dict[str, list[str]] = {}
+        self.c = Classifier(node, timing, self.baselines, self.units)
+        self.c.start = start_seconds
 
     # ---- units -------------------------------------------------------------------------
     def refresh_units(self) -> None:
@@ -217,10 +123,10 @@ class NodeCorrelator:
 
     # ---- the main step -------------------------------------------------------------------
     def step(self, t: float) -> None:
-        if self._start is None:
-            self._start = t
+        if self.c.start is None:
+            self.c.start = t
         thr = self.p.threshold_ratio
-        low_now = self._low_now
+        low_now = self.c.low_now
         low_now.clear()
         any_busy = False
         todo: list[tuple[Unit, float, bool, bool]] = []
@@ -242,13 +148,13 @@ class NodeCorrelator:
             self._sample(u, t, v, low, lost)
         if t >= self._next_bucket and any_busy and self._healthy():
             self._next_bucket = t + BUCKET_SECONDS
-            view = self._view_at(t)
+            view = self.c.view_at(t)
             observe_healthy(self.baselines, view)
             self._observe_units(t)
 
     def _healthy(self) -> bool:
         for u in self.units.values():
-            if (u.gpu or u.key) not in self._low_now:
+            if (u.gpu or u.key) not in self.c.low_now:
                 continue
             if u.seg is not None and u.seg.cause in (Cause.IDLE, Cause.GPU_ERROR):
                 continue
@@ -257,20 +163,20 @@ class NodeCorrelator:
 
     def _observe_units(self, t: float) -> None:
         stale = self.timing.stale_seconds
-        gj = self._gpu_jobs(t)
+        gj = self.c.gpu_jobs(t)
         for u in self.units.values():
-            if u.cols is None or u.gpu in self._low_now:
+            if u.cols is None or u.gpu in self.c.low_now:
                 continue
             clk = u.cols.fields.get("sm_clock")
             if clk is not None:
                 self.baselines.observe(("clock", u.gpu), clk.value_at(t, stale))
-            nv = self._nvlink(u.cols, t)
+            nv = self.c.nvlink(u.cols, t)
             if nv is not None:
                 self.baselines.observe(("nvl", u.gpu), nv)
                 self.baselines.peak(("nvl", u.gpu), nv)
             job = gj.get(u.gpu, "")
             if job:
-                self._ever_busy.add((job, u.gpu))
+                self.c.ever_busy.add((job, u.gpu))
 
     def _no_data(self, u: Unit, t: float) -> None:
         if (
@@ -307,7 +213,7 @@ class NodeCorrelator:
                 )
                 m.lost = lost
             else:
-                m = self._classify(u, t, util, lost)
+                m = self.c.classify(u, t, util, lost)
                 u.last_mark = m
             u.pending = m
             u.last_low_t = t
@@ -322,9 +228,9 @@ class NodeCorrelator:
         if t - u.high_since >= p.merge_gap_seconds:
             self._close(u, u.high_since)
             if u.cols is not None:
-                job = self._gpu_jobs(t).get(u.gpu, "")
+                job = self.c.gpu_jobs(t).get(u.gpu, "")
                 if job:
-                    self._ever_busy.add((job, u.gpu))
+                    self.c.ever_busy.add((job, u.gpu))
             u.prev_t = t
             return
         u.pending = Mark(t, util)
@@ -430,267 +336,13 @@ class NodeCorrelator:
 
     # ---- windows -------------------------------------------------------------------------
     def _emit(self, u: Unit, seg: Segment, end: float) -> None:
-        self._sink(self.segment_window(u, seg, end, open_=False))
-
-    def segment_window(self, u: Unit, seg: Segment, end: float, open_: bool) -> Window:
-        cause = seg.cause
-        agree = seg.agree_time
-        conf = seg.conf_time / agree if agree > 0 else 0.0
-        if seg.time > 0:
-            conf *= math.sqrt(min(1.0, agree / seg.time))
-        mean_util = seg.util_time / seg.time if seg.time > 0 else seg.last_util
-        scored: list[tuple[float, str, float]] = []
-        for r in RULES_BY_CAUSE[cause]:
-            ft = seg.feat_time.get(r.feature)
-            if not ft:
-                continue
-            x = seg.feat_sum[r.feature] / ft
-            s = r.strength(x)
-            if s > 0:
-                scored.append((r.weight * s, r.feature, x))
-        scored.sort(reverse=True)
-        ev: dict[str, float] = {name: round(x, 4) for _, name, x in scored}
-        ctx: dict[str, str] = {}
-        best: dict[str, float] = {}
-        for (k, v), w in seg.ctx_time.items():
-            if w > best.get(k, -1.0):
-                best[k] = w
-                ctx[k] = v
-        relevant = _CONTEXT_FOR.get(cause, ())
-        ctx = {k: v for k, v in ctx.items() if k in relevant}
-        summary = summarize(cause, u.gpu, seg.job_id, ev, ctx)
-        evidence: tuple[tuple[str, float | str], ...] = (*ev.items(), *ctx.items())
-        return Window(
-            instance=self.node.instance,
-            gpu=u.gpu,
-            uuid=u.uuid,
-            job_id=seg.job_id,
-            start_seconds=seg.start,
-            end_seconds=max(end, seg.start),
-            cause=cause,
-            confidence_ratio=round(min(max(conf, 0.0), 1.0), 4),
-            mean_utilization_ratio=round(mean_util, 4),
-            evidence=evidence,
-            summary=summary,
-            open=open_,
-        )
+        self._sink(segment_window(self.node.instance, u, seg, end, open_=False))
 
     def open_windows(self) -> list[Window]:
         out = []
         for u in self.units.values():
             if u.seg is not None:
-                out.append(self.segment_window(u, u.seg, u.last_low_t, open_=True))
+                out.append(segment_window(self.node.instance, u, u.seg, u.last_low_t, open_=True))
         return out
 
     # ---- classification ---------------------------------------------------------------------
-    def _view_at(self, t: float) -> NodeView:
-        if self._view_t != t or self._view is None:
-            self._view = compute_view(self.node, t, self.timing)
-            self._view_t = t
-            self._jobev = {}
-        return self._view
-
-    def _gpu_jobs(self, t: float) -> dict[str, str]:
-        """gpu -> job holding it at t (from gpufeed_job_info)."""
-        if self._jobgpus_t != t:
-            # presence, not a value: job_info counts only in the snapshot that carries it,
-            # so a job that ended is gone at once (a whole missed scrape has no step at all)
-            stale = 0.5 * self.timing.interval_seconds
-            gj: dict[str, str] = {}
-            jg: dict[str, list[str]] = {}
-            for (job, gpu), s in self.node.job_info.items():
-                v = s.value_at(t, stale)
-                if v is not None and v > 0 and gpu not in gj:
-                    gj[gpu] = job
-                    jg.setdefault(job, []).append(gpu)
-            self._gpujob, self._jobgpus, self._jobgpus_t = gj, jg, t
-        return self._gpujob
-
-    def _nvlink(self, g: GpuColumns, t: float) -> float | None:
-        tm = self.timing
-        best = None
-        for name in ("nvlink_tx", "nvlink_rx"):
-            s = g.fields.get(name)
-            if s is not None:
-                r = s.rate_at(t, tm.rate_window_seconds, tm.stale_seconds, tm.gap_seconds)
-                if r is not None and (best is None or r > best):
-                    best = r
-        return best
-
-    def _throttled(self, g: GpuColumns, t: float) -> list[str]:
-        if self._throttle_t != t:
-            self._throttle_t = t
-            self._throttle = {}
-        got = self._throttle.get(g.gpu)
-        if got is None:
-            stale = self.timing.stale_seconds
-            got = self._throttle[g.gpu] = sorted(
-                r
-                for r, s in g.clock_events.items()
-                if r in THROTTLE_REASONS and (s.value_at(t, stale) or 0.0) >= 0.5
-            )
-        return got
-
-    def _classify(self, u: Unit, t: float, util: float, lost: bool) -> Mark:
-        node = self.node
-        stale = self.timing.stale_seconds
-        b = self.baselines
-        job = self._gpu_jobs(t).get(u.gpu, "") if u.cols is not None else u.cpu_job
-        if not job and u.cols is not None and node.job_info and not lost and not u.cols.xids:
-            # no job holds the GPU: idle unless it failed; the node's signals do not matter
-            d = decide({"no_job": 1.0})
-            return Mark(t, util, d.cause, "", d.confidence, {"no_job": 1.0}, {})
-        view = self._view_at(t)
-        ev = self._jobev.get(job)
-        if ev is None:
-            ev = self._jobev[job] = Evidence()
-            job_features(b, view, job, ev)
-        f = dict(ev.features)
-        ctx = dict(ev.context)
-        if u.cols is not None:
-            g = u.cols
-            f["gpu_lost"] = 1.0 if lost else 0.0
-            if g.xids:
-                n = 0.0
-                for x, s in g.xids.items():
-                    if x in FATAL_XIDS:
-                        inc = _increase(s, t, XID_LOOKBACK_SECONDS, self._appeared_after())
-                        if inc > 0:
-                            n += inc
-                            u.fatal_xids.add(x)
-                # a fatal XID explains the stall for the rest of this run
-                f["xid_fatal_events"] = max(n, float(len(u.fatal_xids)))
-                if u.fatal_xids:
-                    ctx["xids"] = ",".join(sorted(u.fatal_xids))
-            mem_ratio = None
-            used, total = g.fields.get("mem_used"), g.fields.get("mem_total")
-            if used is not None and total is not None:
-                uv, tv = used.value_at(t, stale), total.value_at(t, stale)
-                if uv is not None and tv:
-                    mem_ratio = uv / tv
-            if node.job_info:
-                f["no_job"] = 0.0 if job else 1.0
-            elif mem_ratio is not None:
-                f["gpu_memory_idle"] = 1.0 if mem_ratio < 0.03 and util < 0.05 else 0.0
-            fresh = job and mem_ratio is not None and mem_ratio < FRESH_MEMORY_RATIO
-            if fresh and u.fresh_at is None:
-                u.fresh_at = t  # the job's process has (next to) nothing on the GPU: a (re)start
-            if g.clock_events:
-                mine = self._throttled(g, t)
-                f["clock_events_active"] = 1.0 if mine else 0.0
-                reasons = set(mine)
-                if job:
-                    peers = []
-                    for other in self._jobgpus.get(job, ()):
-                        og = node.gpus.get(other)
-                        if other != u.gpu and og is not None:
-                            th = self._throttled(og, t)
-                            if th:
-                                peers.append(other)
-                                reasons.update(th)
-                    f["job_peer_clock_events_active"] = 1.0 if peers else 0.0
-                    if peers:
-                        ctx["throttled_peers"] = ",".join(peers)
-                if reasons:
-                    ctx["throttle_reasons"] = ",".join(sorted(reasons))
-            clk = g.fields.get("sm_clock")
-            base = b.median(("clock", u.gpu))
-            if clk is not None and base:
-                c = clk.value_at(t, stale)
-                if c is not None:
-                    f["sm_clock_drop_ratio"] = max(0.0, 1.0 - c / base)
-            nv = self._nvlink(g, t)
-            if nv is not None:
-                peak = b.peak(("nvl", u.gpu), nv)
-                nbase = b.median(("nvl", u.gpu))
-                if peak and peak > 1e8 and nbase is not None and nv > 1.3 * nbase:
-                    f["nvlink_peak_ratio"] = nv / peak
-            if job:
-                gpus = self._jobgpus.get(job, [])
-                failed = [x for x in gpus if x != u.gpu and self._gpu_failed(x, t)]
-                f["job_peer_gpu_error"] = 1.0 if failed else 0.0
-                if failed:
-                    ctx["failed_peers"] = ",".join(failed)
-                if gpus:
-                    f["job_gpus_stalled_ratio"] = sum(
-                        1 for x in gpus if x in self._low_now or x == u.gpu
-                    ) / len(gpus)
-                f["job_not_yet_busy"] = self._not_yet_busy(job, u.gpu, t, u.fresh_at)
-        elif job:
-            f["job_not_yet_busy"] = self._not_yet_busy(job, "", t)
-        d = decide(f)
-        m = Mark(t, util, d.cause, job, d.confidence, f, ctx)
-        m.lost = lost
-        return m
-
-    def _appeared_after(self) -> float:
-        start = self._start if self._start is not None else math.inf
-        return start + 2 * self.timing.interval_seconds
-
-    def _gpu_failed(self, gpu: str, t: float) -> bool:
-        """Lost (gpu_up 0) or inside a run that a fatal XID explains."""
-        g = self.node.gpus.get(gpu)
-        if g is None:
-            return False
-        up = g.fields.get("up")
-        v = up.value_at(t, self.timing.stale_seconds) if up is not None else None
-        if v is not None and v < 0.5:
-            return True
-        u = self.units.get(gpu)
-        return u is not None and bool(u.fatal_xids)
-
-    def _not_yet_busy(self, job: str, gpu: str, t: float, fresh_at: float | None = None) -> float:
-        node = self.node
-        j = node.jobs.get(job)
-        # the GPU held (next to) nothing earlier in this run and has not computed since
-        if (
-            fresh_at is not None
-            and t - fresh_at <= STARTUP_MAX_SECONDS
-            and (j is None or j.steps is None or _increase(j.steps, t, t - fresh_at) <= 0)
-        ):
-            return 1.0
-        if (job, gpu) in self._ever_busy:
-            return 0.0
-        first = node.first_seen.get((job, gpu))
-        if first is None:
-            s: Series | None = node.job_info.get((job, gpu))
-            if s is None:
-                j = node.jobs.get(job)
-                s = next(iter(j.phases.values()), None) if j is not None else None
-            first = s.first_time() if s is not None else None
-        start = self._start
-        if first is None or start is None or first <= start + 2 * self.timing.interval_seconds:
-            return 0.0  # the job was already there when we started watching: we cannot tell
-        if t - first > STARTUP_MAX_SECONDS:
-            return 0.0
-        if j is not None and j.steps is not None and _increase(j.steps, t, t - first) > 0:
-            return 0.0
-        return 1.0
-
-
-def _increase(s: Series, t: float, lookback: float, appeared_after: float = math.inf) -> float:
-    """Counter increase over (t - lookback, t]; a series born inside that span after
-    `appeared_after` (an XID counter appears with its first event) counts from zero."""
-    i = s.index_at(t)
-    if i < 0:
-        return 0.0
-    j = s.index_at(t - lookback)
-    inc = 0.0
-    if j < 0:
-        j = 0
-        if s.ts[0] > appeared_after:
-            inc = s.vs[0]
-    vs = s.vs
-    for k in range(j + 1, i + 1):
-        d = vs[k] - vs[k - 1]
-        inc += d if d >= 0 else vs[k]
-    return inc
-
-
-_CONTEXT_FOR: dict[Cause, tuple[str, ...]] = {
-    Cause.DATA_LOADING: ("data_tier",),
-    Cause.CHECKPOINTING: ("checkpoint_tier",),
-    Cause.NETWORK: ("network_device",),
-    Cause.THROTTLING: ("throttle_reasons", "throttled_peers"),
-    Cause.GPU_ERROR: ("xids", "failed_peers"),
-}
