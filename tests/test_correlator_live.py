@@ -231,3 +231,27 @@ def test_unwritable_log_does_not_stop_the_correlator(
     for snap in snapshots_of(text):
         fams = proc.process(snap)  # type: ignore[arg-type]
     assert sum(_values(fams, WINDOWS).values()) > 0
+
+
+def test_clock_stepping_back_is_ignored(tmp_path: Path) -> None:
+    import dataclasses
+
+    text, _ = scenarios.single("network", "congested", seed=3, minutes=30)
+    snaps = snapshots_of(text)
+    proc = CorrelatorProcessor(CorrelatorConfig(windows_log=""), interval_seconds=5.0)
+    for snap in snaps[:300]:
+        proc.process(snap)  # type: ignore[arg-type]
+    before = proc.windows(1000)
+    back = dataclasses.replace(snaps[300], timestamp_seconds=snaps[100].timestamp_seconds)  # type: ignore[type-var]
+    fams = proc.process(back)  # type: ignore[arg-type]
+    assert [f.name for f in fams] == [SECONDS, CAUSE, WINDOWS]  # type: ignore[attr-defined]
+    assert proc.windows(1000) == before
+    for snap in snaps[300:]:
+        proc.process(snap)  # type: ignore[arg-type]
+    closed, _ = proc.windows(1000)
+    offline = analyze_text(text, tmp_path)
+
+    def key(w: Window) -> tuple[str, float, Cause]:
+        return (w.gpu, w.start_seconds, w.cause)
+
+    assert sorted(map(key, closed)) == sorted(map(key, offline))

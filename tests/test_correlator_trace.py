@@ -134,3 +134,10 @@ def test_worker_processes_and_small_chunks_agree(
     assert analyze_text(text, tmp_path, jobs=2) == base
     tr = read_trace(os.path.join(str(tmp_path), "trace.om"))
     assert tr.samples == sum(1 for x in text.splitlines() if x and x[0] != "#")
+
+
+def test_millisecond_timestamps_are_refused(tmp_path: Path) -> None:
+    body = [x for x in small_trace().splitlines() if x != "# EOF"]
+    ms = [f"{x.rsplit(' ', 1)[0]} {float(x.rsplit(' ', 1)[1]) * 1000:.0f}" for x in body]
+    with pytest.raises(TraceError, match="not unix seconds"):
+        read_trace(write(tmp_path, "\n".join([*ms, "# EOF"]) + "\n"))

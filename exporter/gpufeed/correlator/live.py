@@ -59,6 +59,7 @@ class CorrelatorProcessor:
         self._next_trim = 0.0
         self._log = log
         self._log_failing = False
+        self._last_t: float | None = None
         if log is None and cfg.windows_log:
             try:
                 self._log = WindowLog(
@@ -97,7 +98,9 @@ class CorrelatorProcessor:
                         ser.append(t, s.value)
             if new:
                 self._corr.refresh_units()
-            self._corr.step(t)
+            if self._last_t is None or t > self._last_t:  # a clock stepping back: skip
+                self._last_t = t
+                self._corr.step(t)
             if t >= self._next_trim:
                 self._next_trim = t + TRIM_EVERY_SECONDS
                 node.trim_before(t - KEEP_SECONDS)

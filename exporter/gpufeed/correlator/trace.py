@@ -25,6 +25,7 @@ from gpufeed.correlator.node import USED_METRIC_SET, NodeSeries
 from gpufeed.correlator.series import Series
 
 CHUNK_BYTES = 8 * 1024 * 1024
+MAX_SECONDS = 1e11  # later than the year 5000: a millisecond timestamp
 
 
 class TraceError(ValueError):
@@ -510,5 +511,10 @@ def read_trace(path: str, jobs: int = 1, validate_all: bool = False) -> Trace:
         where = f"{path}:{max(last_line, 1)}"
         raise TraceError(f"{where}: the trace ends without '# EOF' (truncated?)")
     for s, ts, vs in pending.values():
+        if ts and ts[0] > MAX_SECONDS:
+            raise TraceError(
+                f"{path}: timestamps like {ts[0]:.0f} are not unix seconds (milliseconds?);"
+                " OpenMetrics traces carry seconds"
+            )
         s.extend_sorted(ts, vs)
     return Trace(nodes, samples, line0)
