@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import re
+
 
 class SeriesSyntaxError(ValueError):
     pass
 
 
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
 def _name_ok(name: str) -> bool:
-    if not name or not (name[0].isalpha() or name[0] in "_:"):
-        return False
-    return all(c.isalnum() or c in "_:" for c in name)
+    return _NAME.fullmatch(name) is not None
 
 
 def parse_series(text: str) -> tuple[str, dict[str, str]]:

@@ -41,6 +41,7 @@ class ChunkResult:
     after_eof_line: int = -1  # first non-empty line after '# EOF'
     last_line: int = 0  # last non-empty line
     error: tuple[int, str] | None = None
+    blanks: int = 0  # blanks the converted lines must hold between them (the shape check)
 
 
 def _metric_name(head: str) -> str:
@@ -72,9 +73,12 @@ def parse_chunk(data: bytes, validate_all: bool = False) -> ChunkResult:
         res.error = (data.count(b"\n", 0, e.start) + 1, "not UTF-8 text")
         return res
     lines = LazyLines(text)  # the chunk's lines are needed only to name a bad one
-    res.lines = text.count("\n") + (0 if not text or text.endswith("\n") else 1)
-    end = len(text.rstrip())
-    res.last_line = text.count("\n", 0, end) + 1 if end else 0
+    newlines = text.count("\n")
+    res.lines = newlines + (0 if not text or text.endswith("\n") else 1)
+    end = len(text)
+    while end > 0 and text[end - 1] in " \t\r\n":  # only the trailing blanks, no copy
+        end -= 1
+    res.last_line = newlines - text.count("\n", end) + 1 if end else 0
     body_text = text
     if text.startswith("#") or "\n#" in text:
         eofs = _eof_lines(text)
@@ -92,11 +96,21 @@ def parse_chunk(data: bytes, validate_all: bool = False) -> ChunkResult:
     if "" in body:
         body = [line for line in body if line]
     tcache = _FloatCache()
-    seen: set[str] = set()
+    seen = _SEEN_HEADS
+    if len(seen) > 500_000:
+        seen.clear()
     if not _blocks(body, lines, res, tcache, seen, validate_all):
+        return res
+    if body_text.count(" ") != res.blanks:
+        # some line of a series we did not convert has the wrong shape: find it slowly
+        res.error = _misshapen(lines.get())
         return res
     res.samples = len(body)
     return res
+
+
+# Series texts already found well-formed, across the chunks a process reads.
+_SEEN_HEADS: set[str] = set()
 
 
 class LazyLines:
@@ -270,6 +284,10 @@ def _convert_run(
     if not _check_head(head, lines, res, seen):
         return False
     k = end - pos
+    used = _metric_name(head) in USED_METRIC_SET
+    if not used and not validate_all:
+        res.blanks += (head.count(" ") + 2) * k  # shape: checked with the chunk's total
+        return True
     joined = "\n".join(body[pos:end])
     if " " in head or "\t" in head:
         parts = joined.replace(head + " ", "").split()
@@ -281,15 +299,14 @@ def _convert_run(
         if len(parts) != 3 * k or parts[0::3].count(head) != k:
             return False
         vparts, tparts = parts[1::3], parts[2::3]
-    used = _metric_name(head) in USED_METRIC_SET
     try:
         ts = array("d", map(tcache.__getitem__, tparts))
-        if used or validate_all:
-            vs = array("d", map(float, vparts))
+        vs = array("d", map(float, vparts))
     except ValueError:
         return False
     if used:
         _add_columns(res, head, ts, vs)
+    res.blanks += (head.count(" ") + 2) * k
     return True
 
 
@@ -310,12 +327,9 @@ def _convert_block(
     ts_text: list[str] | None = None
     ts: array[float] | None = None
     out: list[tuple[str, array[float]]] = []
-    # shape check for every line at once: each holds its head's blanks plus exactly two
+    # every line holds its head's blanks plus exactly two; the chunk's total is checked
+    # once at the end, so lines not converted here are checked for shape too
     blanks = sum(h.count(" ") + 2 for h in heads) * k
-    if " ".join(body[pos:end]).count(" ") != blanks + (end - pos - 1):
-        return False
-    if " " in _ts_of(body[pos]) or "\n" in body[pos]:
-        return False
     for i, head in enumerate(heads):
         if not _check_head(head, lines, res, seen):
             return False
@@ -350,6 +364,7 @@ def _convert_block(
     for head, vs in out:
         if _metric_name(head) in USED_METRIC_SET:
             _add_columns(res, head, array("d", ts), vs)
+    res.blanks += blanks
     return True
 
 
@@ -393,7 +408,25 @@ def _generic(
             return False
         if used and vs is not None:
             _add_columns(res, head, ts, vs)
+        res.blanks += (head.count(" ") + 2) * len(group)
     return True
+
+
+def _misshapen(lines: list[str]) -> tuple[int, str]:
+    """The first line that is not 'series value timestamp' (series text has its own blanks)."""
+    for n, line in enumerate(lines):
+        if not line or line[0] == "#":
+            continue
+        cut = line.rfind(" ", 0, line.rfind(" "))
+        head = line[:cut] if cut > 0 else line
+        closing = head.rfind("}")
+        if (
+            cut <= 0
+            or ("{" in head and closing != len(head) - 1)
+            or line.count(" ") != head.count(" ") + 2
+        ):
+            return n + 1, "expected 'series value timestamp' (every sample needs a timestamp)"
+    return 1, "malformed sample"
 
 
 def _first_line(lines: list[str], head: str) -> int:
