@@ -79,17 +79,14 @@ def parse_chunk(data: bytes, validate_all: bool = False) -> ChunkResult:
     while end > 0 and text[end - 1] in " \t\r\n":  # only the trailing blanks, no copy
         end -= 1
     res.last_line = newlines - text.count("\n", end) + 1 if end else 0
-    body_text = text
-    if text.startswith("#") or "\n#" in text:
-        eofs = _eof_lines(text)
-        if len(eofs) > 1:
-            res.error = (eofs[1], "a second '# EOF'")
-            return res
-        if eofs:
-            res.eof_line = eofs[0]
-            if res.last_line > res.eof_line:
-                res.after_eof_line = res.last_line
-        body_text = _drop_comments(text)
+    body_text, eofs = _drop_comments(text)
+    if len(eofs) > 1:
+        res.error = (eofs[1], "a second '# EOF'")
+        return res
+    if eofs:
+        res.eof_line = eofs[0]
+        if res.last_line > res.eof_line:
+            res.after_eof_line = res.last_line
     body = body_text.split("\n")
     if body and body[-1] == "":
         body.pop()
@@ -128,30 +125,24 @@ class LazyLines:
         return self._lines
 
 
-def _eof_lines(text: str) -> list[int]:
-    """1-based lines that are exactly '# EOF'."""
-    out = []
-    i = text.find("# EOF")
-    while i >= 0:
-        j = i + 5
-        if (i == 0 or text[i - 1] == "\n") and (j == len(text) or text[j] == "\n"):
-            out.append(text.count("\n", 0, i) + 1)
-        i = text.find("# EOF", j)
-    return out
-
-
-def _drop_comments(text: str) -> str:
-    """The text without its comment lines (# HELP, # TYPE, # EOF: a few per family)."""
+def _drop_comments(text: str) -> tuple[str, list[int]]:
+    """The text without its comment lines (# HELP, # TYPE: a few per family), and the
+    1-based line numbers of the '# EOF' lines among them."""
     pieces = []
+    eofs: list[int] = []
     pos = 0  # start of the text not yet copied
     if text.startswith("#"):
         i = 0
     else:
         j = text.find("\n#")
-        i = j + 1 if j >= 0 else -1
+        if j < 0:
+            return text, eofs
+        i = j + 1
     while i >= 0:
         pieces.append(text[pos:i])
         nl = text.find("\n", i)
+        if text[i : len(text) if nl < 0 else nl] == "# EOF":
+            eofs.append(text.count("\n", 0, i) + 1)
         if nl < 0:
             pos = len(text)
             break
@@ -159,7 +150,7 @@ def _drop_comments(text: str) -> str:
         j = text.find("\n#", nl)
         i = j + 1 if j >= 0 else -1
     pieces.append(text[pos:])
-    return "".join(pieces)
+    return "".join(pieces), eofs
 
 
 def _ts_of(line: str) -> str:
