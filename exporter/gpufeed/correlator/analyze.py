@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from statistics import median
@@ -43,6 +44,14 @@ def analyze_node(node: NodeSeries, params: WindowParams) -> list[Window]:
     return corr.windows
 
 
+# The nodes being analysed, inherited by forked workers instead of pickled to them.
+_SHARED: list[NodeSeries] = []
+
+
+def _analyze_shared(args: tuple[int, WindowParams]) -> list[Window]:
+    return analyze_node(_SHARED[args[0]], args[1])
+
+
 def _analyze_packed(args: tuple[NodeSeries, WindowParams]) -> list[Window]:
     return analyze_node(*args)
 
@@ -52,9 +61,19 @@ def analyze_nodes(nodes: Iterable[NodeSeries], params: WindowParams, jobs: int =
     todo = list(nodes)
     out: list[Window] = []
     if jobs > 1 and len(todo) > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for ws in pool.map(_analyze_packed, [(n, params) for n in todo]):
-                out.extend(ws)
+        if "fork" in multiprocessing.get_all_start_methods():
+            _SHARED[:] = todo
+            try:
+                ctx = multiprocessing.get_context("fork")
+                with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+                    for ws in pool.map(_analyze_shared, [(i, params) for i in range(len(todo))]):
+                        out.extend(ws)
+            finally:
+                _SHARED.clear()
+        else:
+            with ProcessPoolExecutor(max_workers=jobs) as pool:
+                for ws in pool.map(_analyze_packed, [(n, params) for n in todo]):
+                    out.extend(ws)
     else:
         for n in todo:
             out.extend(analyze_node(n, params))
