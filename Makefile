@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install run test lint typecheck unit bench bench-correlator dashboards clean
+.PHONY: install run test lint typecheck unit bench bench-correlator dashboards alerts clean
 
 install: $(STAMP)
 
@@ -34,8 +34,8 @@ promtool:
 	    prometheus prometheus-alertmanager prometheus-node-exporter >/dev/null; }
 
 lint: install
-	$(VENV)/bin/ruff check exporter tests bench dashboards
-	$(VENV)/bin/ruff format --check exporter tests bench dashboards
+	$(VENV)/bin/ruff check exporter tests bench dashboards alerts
+	$(VENV)/bin/ruff format --check exporter tests bench dashboards alerts
 
 typecheck: install
 	$(VENV)/bin/mypy
@@ -52,8 +52,13 @@ bench: install promtool
 bench-correlator: install
 	$(PY) bench/correlator_accuracy.py
 
+# Regenerate the committed dashboards/json/*.json and alerts/gpufeed.rules.yml from code
+# (tests fail when they drift).
 dashboards: install
-	$(PY) -m gpufeed.dashboards_build
+	$(PY) dashboards/build.py
+
+alerts: install
+	$(PY) alerts/build.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -399,3 +399,17 @@ def test_missing_files_that_no_mount_needs_are_not_a_failure(tmp_path: Path) -> 
     # only a tmpfs tier: neither diskstats nor mountstats is needed
     fams = collector((TierConfig("shm", ("/dev/shm",)),), paths=node_paths(node)).collect()
     assert [d["kind"] for d in labels_of(fams, "gpufeed_storage_mount_info")] == ["other"]
+
+
+def test_devices_to_tier_maps_backing_devices_and_unambiguous_parent_disks() -> None:
+    c = collector(HOT_WARM_COLD)
+    assert c.devices_to_tier() == {}
+    c.collect()
+    # dm-0, nvme1n1 and md0 as the fixture's sysfs numbers them; NFS tiers have no device.
+    assert c.devices_to_tier() == {"253:0": "hot", "259:4": "gpu_direct", "9:0": "cold"}
+    # A partition's I/O is accounted to its whole disk by cgroups: the disk maps too.
+    boot = collector((TierConfig("hot", ("/boot/efi",)),))
+    boot.collect()
+    mapping = boot.devices_to_tier()
+    (part,) = [k for k, v in mapping.items() if k != "259:0"]
+    assert mapping == {part: "hot", "259:0": "hot"}

@@ -13,11 +13,14 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpufeed.collectors import available
+
+if TYPE_CHECKING:
+    from gpufeed.collectors.gpu import GpuCollector
 from gpufeed.collectors.base import Collector, CollectorContext, HostPaths
-from gpufeed.config import AgentConfig, ConfigError, load_config
+from gpufeed.config import DEFAULT_SDK_SOCKET, AgentConfig, ConfigError, load_config
 from gpufeed.gpu.select import BACKEND_KINDS
 from gpufeed.sampler import Sampler
 from gpufeed.snapshot import Processor, Sink
@@ -78,6 +81,40 @@ def register(subparsers: Any) -> None:
         ),
     )
     p.add_argument(
+        "--simulate",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="SCENARIO.yaml",
+        help=(
+            "run a SIMULATED GPU node instead of reading this host (the built-in scenario "
+            "when no file is given); every page then carries a SIMULATED banner"
+        ),
+    )
+    p.add_argument(
+        "--simulate.pace",
+        dest="simulate_pace",
+        type=float,
+        default=1.0,
+        metavar="FACTOR",
+        help="run the scenario's timeline this many times faster than real time",
+    )
+    p.add_argument("--simulate.seed", dest="simulate_seed", type=int, default=1, help="noise seed")
+    p.add_argument(
+        "--record",
+        metavar="FILE.om",
+        help=(
+            "also write every sample to FILE.om as OpenMetrics with timestamps (the trace "
+            "format `gpufeed analyze` reads); finalized on clean shutdown"
+        ),
+    )
+    p.add_argument(
+        "--sdk.socket",
+        dest="sdk_socket",
+        metavar="PATH",
+        help=f"Unix datagram socket for the training-loop SDK (default: config sdk.socket_path, {DEFAULT_SDK_SOCKET})",
+    )
+    p.add_argument(
         "--otlp.endpoint",
         dest="otlp_endpoint",
         metavar="URL",
@@ -94,13 +131,20 @@ def register(subparsers: Any) -> None:
     group = p.add_argument_group(
         "collectors", "switch each collector on or off (--collector.NAME / --no-collector.NAME)"
     )
-    for spec in available():
+    switches = [(spec.name, spec.help, spec.default_enabled) for spec in available()]
+    switches += [
+        ("gpu", "GPU metrics (NVML or simulated; see --gpu.backend)", True),
+        ("jobs", "which job holds which GPU (gpufeed_job_info)", True),
+        ("sdk", "per-job phases, steps, checkpoints and epochs from the SDK socket", True),
+        ("job_io", "per-job bytes read and written per storage tier (cgroup io accounting)", True),
+    ]
+    for name, help_, default in switches:
         group.add_argument(
-            f"--collector.{spec.name}",
-            dest=f"collector_{spec.name}",
+            f"--collector.{name}",
+            dest=f"collector_{name}",
             action=argparse.BooleanOptionalAction,
-            default=spec.default_enabled,
-            help=spec.help,
+            default=default,
+            help=help_,
         )
     p.set_defaults(func=run)
 
@@ -141,12 +185,14 @@ def build_parts(args: argparse.Namespace) -> AgentParts:
     paths = HostPaths(Path(args.procfs), Path(args.sysfs), Path(args.rootfs))
     ctx = CollectorContext(paths=paths, config=config)
     parts = AgentParts(config=config)
-    for spec in available():
-        if getattr(args, f"collector_{spec.name}", spec.default_enabled):
-            parts.collectors.append(spec.factory(ctx))
-    gpu = _gpu_collector(args)
-    if gpu is not None:
-        parts.collectors.append(gpu)
+    if args.simulate is not None:
+        _add_simulated_node(args, parts)
+    else:
+        _add_host_collectors(args, ctx, parts)
+    if args.record:
+        from gpufeed.record import TraceRecorder
+
+        parts.sinks.append(TraceRecorder(args.record))
     if args.otlp_endpoint:
         from gpufeed.otlp import OtlpSink
 
@@ -154,16 +200,84 @@ def build_parts(args: argparse.Namespace) -> AgentParts:
     return parts
 
 
-def _gpu_collector(args: argparse.Namespace) -> Collector | None:
+def _add_simulated_node(args: argparse.Namespace, parts: AgentParts) -> None:
+    """--simulate: the simulated node replaces every real collector, and says so everywhere."""
+    from gpufeed.collectors.gpu import build_gpu_collector
+    from gpufeed.simulate import build_simulated_node
+
+    try:
+        backend, sim_collectors, _ = build_simulated_node(
+            args.simulate or None, seed=args.simulate_seed, pace=args.simulate_pace
+        )
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise UsageError(str(exc)) from exc
+    gpu, _ = build_gpu_collector("simulated", simulated=lambda: backend)
+    if gpu is not None:
+        parts.collectors.append(gpu)
+    parts.collectors.extend(sim_collectors)
+    parts.banner = SIMULATED_BANNER
+    scenario = args.simulate or "the built-in scenario"
+    log.info("simulated node from %s at pace %g", scenario, args.simulate_pace)
+
+
+def _add_host_collectors(
+    args: argparse.Namespace, ctx: CollectorContext, parts: AgentParts
+) -> None:
+    storage: Any = None
+    for spec in available():
+        if getattr(args, f"collector_{spec.name}", spec.default_enabled):
+            collector = spec.factory(ctx)
+            parts.collectors.append(collector)
+            if spec.name == "storage":
+                storage = collector
+    gpu = _gpu_collector(args) if args.collector_gpu else None
+    if args.gpu_backend == "simulated":
+        parts.banner = SIMULATED_BANNER
+    if gpu is not None:
+        parts.collectors.append(gpu)
+    if not (args.collector_jobs or args.collector_sdk or args.collector_job_io):
+        return
+    from gpufeed.jobs.wiring import build_job_collectors
+
+    jobs = build_job_collectors(
+        ctx,
+        (lambda: gpu.last_samples) if gpu is not None else (lambda: ()),
+        storage.devices_to_tier if storage is not None else dict,
+        socket_path=args.sdk_socket,
+    )
+    if args.collector_sdk:
+        try:
+            jobs.start()
+        except OSError as exc:
+            # The rest of the agent is still worth serving; the SDK series are just absent.
+            log.error("SDK socket: %s; SDK metrics are off", exc)
+    wanted = {
+        "sdk": args.collector_sdk,
+        "jobs": args.collector_jobs,
+        "job_io": args.collector_job_io,
+    }
+    parts.collectors.extend(c for c in jobs.collectors() if wanted.get(c.name, True))
+
+
+def _gpu_collector(args: argparse.Namespace) -> GpuCollector | None:
     from gpufeed.collectors.gpu import build_gpu_collector
     from gpufeed.gpu.nvml import NvmlUnavailable
 
+    simulated = None
+    if args.gpu_backend == "simulated":
+        # Only the GPUs are simulated (fixtures and demos); --simulate replaces the whole node.
+        from gpufeed.simulate import build_simulated_node
+
+        backend, _, _ = build_simulated_node(
+            args.simulate or None, seed=args.simulate_seed, pace=args.simulate_pace
+        )
+        simulated = lambda: backend  # noqa: E731
     try:
-        collector, reason = build_gpu_collector(args.gpu_backend)
+        collector, reason = build_gpu_collector(args.gpu_backend, simulated=simulated)
     except NvmlUnavailable as exc:
         raise UsageError(f"--gpu.backend=nvml: {exc}") from exc
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
     log.info("%s", reason)
     return collector
 

@@ -15,6 +15,7 @@ from gpufeed import __version__
 
 SUBCOMMAND_MODULES = [
     "gpufeed.agent",
+    "gpufeed.run_cli",
     "gpufeed.correlator.analyze_cmd",
     "gpufeed.correlator.windows_cmd",
 ]

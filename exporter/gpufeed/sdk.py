@@ -1,9 +1,380 @@
-"""Training-loop SDK (placeholder until the job layer lands)."""
+"""Training-loop SDK: tells the gpufeed agent how a job spends its time.
+
+    import gpufeed
+    job = gpufeed.Job("resnet50")
+    for batch in job.track(loader):      # time in next() -> data_wait, loop body -> compute
+        ...
+    with job.phase("eval"): ...
+    with job.checkpoint(path): torch.save(state, path)
+    job.epoch()
+    job.close()
+
+Events go as datagrams on a Unix socket (the agent's `--sdk.socket`), sent with
+MSG_DONTWAIT: when the agent is absent or its queue is full they are dropped and counted
+in `Job.events_dropped`; the training loop never waits for the agent. Steps and phase
+times are summed in the process and sent every FLUSH_SECONDS (see `Job`).
+
+This file is deliberately self-contained (standard library only, no gpufeed imports, Python
+3.8 syntax, annotations never evaluated): `gpufeed run` loads it by path into programs that
+run in another Python environment, where gpufeed is not installed. The agent's decoder (gpufeed.jobs.wire) holds
+the same format; a test checks that the two agree.
+
+Wire format v1, little-endian; a datagram holds one or more messages back to back, at most
+MAX_DATAGRAM_BYTES in all, each:
+    magic "gf" | version u8 | kind u8 | phase u8 | reserved u8 (0) | id_len u8 | name_len u8
+    | a f64 | b f64 | n i64 | job id (utf-8, id_len bytes) | name (utf-8, name_len bytes)
+    STEP:       a = data_wait seconds, b = compute seconds, n = steps (sums since the last)
+    PHASE:      phase = index in PHASES, a = seconds (a sum since the last)
+    CHECKPOINT: a = seconds, n = bytes written (-1: unknown)
+    EPOCH:      a = seconds
+    CLOSE:      the process is done with the job
+"""
 
 from __future__ import annotations
 
+import atexit
+import os
+import socket as _socket
+import struct
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
+from typing import TypeVar
+
+WIRE_VERSION = 1
+MAGIC = b"gf"
+KIND_STEP = 1
+KIND_PHASE = 2
+KIND_CHECKPOINT = 3
+KIND_EPOCH = 4
+KIND_CLOSE = 5
+PHASES = ("compute", "data_wait", "checkpoint", "communication", "startup", "eval", "other")
+HEADER = struct.Struct("<2sBBBBBBddq")
+MAX_JOB_ID_BYTES = 128
+MAX_NAME_BYTES = 64
+MAX_DATAGRAM_BYTES = 8192
+# Same value as gpufeed.config.DEFAULT_SDK_SOCKET (not imported: this file stands alone).
+DEFAULT_SOCKET = "/run/gpufeed/sdk.sock"
+SOCKET_ENV = "GPUFEED_SOCKET"
+_RECONNECT_SECONDS = 1.0
+FLUSH_SECONDS = 0.1
+_PHASE_INDEX = {name: i for i, name in enumerate(PHASES)}
+_DATA_WAIT = _PHASE_INDEX["data_wait"]
+_STARTUP = _PHASE_INDEX["startup"]
+
+T = TypeVar("T")
+
+_startup_reported = False
+
 
 class Job:
+    """One job as seen from one process. Several processes of a job (ranks, workers) each
+    make their own `Job` with the same name; the agent adds them up.
+
+    Steps and phase times are added up in the process and sent as sums at most every
+    FLUSH_SECONDS (checked at each event), at close() and at exit: a socket send wakes the
+    agent and can cost more than the whole 10 microsecond budget on a busy host, while
+    adding to a float costs well under one. Checkpoints and epochs, each a histogram
+    observation, are queued and go out whole with the same flush. `events_sent` /
+    `events_dropped` count events (a step, a phase block, a checkpoint ...), not datagrams.
+
+    A Job belongs to the thread that runs the loop; another thread that reports phases
+    makes its own Job with the same name (the agent adds them up).
+    """
+
     def __init__(self, name: str, socket: str | None = None) -> None:
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError("gpufeed.Job needs a non-empty name")
         self.name = name
-        self.socket = socket
+        self.socket_path = socket or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+        self.job_id = resolve_job_id(name)
+        self.events_sent = 0
+        self.events_dropped = 0
+        job_bytes = _truncate_utf8(self.job_id, MAX_JOB_ID_BYTES)
+        name_bytes = _truncate_utf8(name, MAX_NAME_BYTES)
+        self._lens = (len(job_bytes), len(name_bytes))
+        self._suffix = job_bytes + name_bytes
+        self._sock: _socket.socket | None = None
+        self._retry_at = 0.0
+        self._closed = False
+        # Seconds spent in explicit phases (phase(), checkpoint()) so far: what a loop body
+        # or an enclosing phase subtracts, so that phases never count the same second twice.
+        self._inner_seconds = 0.0
+        self._epoch_started = time.perf_counter()
+        # sums not yet sent: data_wait and compute of steps, steps, seconds per phase index
+        self._acc_wait = 0.0
+        self._acc_compute = 0.0
+        self._acc_steps = 0
+        self._acc_phase = [0.0] * len(PHASES)
+        self._acc_observations: list[tuple[int, float, int]] = []  # checkpoints, epochs
+        self._acc_events = 0
+        self._flush_at = time.perf_counter() + FLUSH_SECONDS
+        atexit.register(self._flush)
+
+    # -- the API ---------------------------------------------------------------------------
+
+    def track(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Yields the items of `iterable`; time blocked in next() is data_wait, the loop body
+        until the following next() is compute, and every item is one step."""
+        self._report_startup()
+        clock = time.perf_counter
+        started = clock()
+        it = iter(iterable)  # DataLoader starts its workers here: part of the first wait
+        wait = 0.0
+        body_start: float | None = None
+        inner_at_yield = 0.0
+        try:
+            while True:
+                t0 = clock()
+                if body_start is not None:
+                    compute = t0 - body_start - (self._inner_seconds - inner_at_yield)
+                    self._add_step(wait, compute, t0)
+                    body_start = None
+                else:
+                    t0 = started  # the first item: iter() is part of its wait
+                try:
+                    item = next(it)
+                except StopIteration:
+                    now = clock()
+                    self._add_phase(_DATA_WAIT, now - t0, now)
+                    return
+                body_start = clock()
+                wait = body_start - t0
+                inner_at_yield = self._inner_seconds
+                yield item
+        finally:
+            if body_start is not None:  # left the loop with break or an exception
+                now = clock()
+                compute = now - body_start - (self._inner_seconds - inner_at_yield)
+                self._add_step(wait, compute, now)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time spent in the block counts as phase `name` (one of PHASES)."""
+        index = _PHASE_INDEX.get(name)
+        if index is None:
+            raise ValueError(f"unknown phase {name!r}; phases are: {', '.join(PHASES)}")
+        inner0 = self._inner_seconds
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            now = time.perf_counter()
+            own = max(now - t0 - (self._inner_seconds - inner0), 0.0)
+            self._inner_seconds += own
+            self._add_phase(index, own, now)
+
+    @contextmanager
+    def checkpoint(self, path: str | None = None) -> Iterator[None]:
+        """The block's duration is a checkpoint; with a path, the bytes it holds afterwards
+        (a file's size, or the sum over a directory's files) are checkpoint bytes written."""
+        inner0 = self._inner_seconds
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            own = max(time.perf_counter() - t0 - (self._inner_seconds - inner0), 0.0)
+            self._inner_seconds += own
+            size = path_bytes(path) if path is not None else -1
+            self._emit(KIND_CHECKPOINT, own, size)
+
+    def epoch(self) -> None:
+        """An epoch boundary: the time since the previous one (or since the Job was made)."""
+        now = time.perf_counter()
+        self._emit(KIND_EPOCH, now - self._epoch_started, 0)
+        self._epoch_started = now
+
+    def close(self) -> None:
+        """Sends what is pending and tells the agent this process is done; the job's series
+        go after the agent's grace period once every process of the job has closed or
+        exited."""
+        if self._closed:
+            return
+        self._flush()
+        close = HEADER.pack(MAGIC, WIRE_VERSION, KIND_CLOSE, 0, 0, *self._lens, 0.0, 0.0, 0)
+        if self._send(close + self._suffix):
+            self.events_sent += 1
+        else:
+            self.events_dropped += 1
+        self._closed = True
+        atexit.unregister(self._flush)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    # -- batching ----------------------------------------------------------------------------
+
+    def _report_startup(self) -> None:
+        """Once per process: the time from process start to the first loop is start-up."""
+        global _startup_reported
+        if _startup_reported:
+            return
+        _startup_reported = True
+        age = process_age_seconds()
+        if age is not None:
+            self._add_phase(_STARTUP, age, time.perf_counter())
+
+    def _add_step(self, wait: float, compute: float, now: float) -> None:
+        self._acc_wait += wait
+        self._acc_compute += compute if compute > 0.0 else 0.0
+        self._acc_steps += 1
+        self._acc_events += 1
+        if now >= self._flush_at:
+            self._flush()
+
+    def _add_phase(self, index: int, seconds: float, now: float) -> None:
+        self._acc_phase[index] += seconds
+        self._acc_events += 1
+        if now >= self._flush_at:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Sends the pending sums and observations, packed into as few datagrams as fit;
+        if any datagram fails, all the flush's events count as dropped."""
+        self._flush_at = time.perf_counter() + FLUSH_SECONDS
+        events = self._acc_events
+        if not events:
+            return
+        pack, head = HEADER.pack, (MAGIC, WIRE_VERSION)
+        lens, suffix = self._lens, self._suffix
+        msgs = []
+        if self._acc_steps or self._acc_wait or self._acc_compute:
+            msgs.append(
+                pack(
+                    *head,
+                    KIND_STEP,
+                    0,
+                    0,
+                    *lens,
+                    self._acc_wait,
+                    self._acc_compute,
+                    self._acc_steps,
+                )
+                + suffix
+            )
+        for index, seconds in enumerate(self._acc_phase):
+            if seconds > 0.0:
+                msgs.append(pack(*head, KIND_PHASE, index, 0, *lens, seconds, 0.0, 0) + suffix)
+        for kind, a, n in self._acc_observations:
+            msgs.append(pack(*head, kind, 0, 0, *lens, a, 0.0, n) + suffix)
+        self._acc_observations = []
+        self._acc_wait = self._acc_compute = 0.0
+        self._acc_steps = self._acc_events = 0
+        self._acc_phase = [0.0] * len(PHASES)
+        ok = True
+        per_datagram = max(MAX_DATAGRAM_BYTES // len(msgs[0]), 1) if msgs else 1
+        for i in range(0, len(msgs), per_datagram):
+            ok = self._send(b"".join(msgs[i : i + per_datagram])) and ok
+        if ok:
+            self.events_sent += events
+        else:
+            self.events_dropped += events
+
+    def _emit(self, kind: int, a: float, n: int) -> None:
+        """A checkpoint or an epoch: an observation of its own, sent with the next flush."""
+        self._acc_observations.append((kind, a, n))
+        self._acc_events += 1
+        if time.perf_counter() >= self._flush_at:
+            self._flush()
+
+    # -- transport ---------------------------------------------------------------------------
+
+    def _send(self, datagram: bytes) -> bool:
+        if self._closed:
+            return False
+        sock = self._sock
+        if sock is None:
+            sock = self._connect()
+            if sock is None:
+                return False
+        try:
+            sock.send(datagram, _socket.MSG_DONTWAIT)
+            return True
+        except BlockingIOError:  # the agent's queue is full: drop, never wait
+            return False
+        except OSError:  # the agent went away (restart): reconnect later
+            sock.close()
+            self._sock = None
+            self._retry_at = time.monotonic() + _RECONNECT_SECONDS
+            return False
+
+    def _connect(self) -> _socket.socket | None:
+        now = time.monotonic()
+        if now < self._retry_at:
+            return None
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            self._retry_at = now + _RECONNECT_SECONDS
+            return None
+        self._sock = sock
+        return sock
+
+
+def resolve_job_id(name: str) -> str:
+    """The scheduler's job id when there is one (Slurm, the Kubernetes pod), else `name`.
+
+    The agent prefers the id it reads from the sending process's cgroup, so this matters
+    mostly where the agent cannot see the process (another pid namespace).
+    """
+    slurm = os.environ.get("SLURM_JOB_ID", "").strip()
+    if slurm:
+        return slurm
+    pod = os.environ.get("POD_UID", "").strip()  # set by the downward API, by convention
+    if pod:
+        return pod
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return name
+    import re  # only here: most processes never need it
+
+    m = re.search(
+        r"kubepods.*?pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_]"
+        r"[0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}|[0-9a-fA-F]{32})(?:\.slice)?(?:/|$)",
+        text,
+        re.MULTILINE,
+    )
+    if m:
+        return m.group(1).replace("_", "-").lower()
+    return name
+
+
+def process_age_seconds() -> float | None:
+    """Seconds since this process started, from /proc; None where /proc is not there."""
+    try:
+        with open("/proc/self/stat", encoding="utf-8", errors="replace") as f:
+            stat = f.read()
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        start_ticks = int(stat[stat.rfind(")") + 1 :].split()[19])
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def path_bytes(path: str) -> int:
+    """Bytes a checkpoint holds: a file's size, or the sum over a directory tree; -1 if gone."""
+    try:
+        if not os.path.isdir(path):
+            return os.stat(path).st_size
+        total = 0
+        for root, _dirs, files in os.walk(path):
+            for f in files:
+                with suppress(OSError):
+                    total += os.stat(os.path.join(root, f)).st_size
+        return total
+    except OSError:
+        return -1
+
+
+def _truncate_utf8(text: str, limit: int) -> bytes:
+    """UTF-8 of at most `limit` bytes, control characters replaced (the agent refuses them)."""
+    text = "".join("_" if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 else c for c in text)
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= limit:
+        return data
+    return data[:limit].decode("utf-8", errors="ignore").encode("utf-8")

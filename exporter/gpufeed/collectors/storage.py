@@ -30,7 +30,7 @@ from gpufeed.storage.selection import (
     select_unassigned,
     visible_mounts,
 )
-from gpufeed.sysfs.block import BlockDevice
+from gpufeed.sysfs.block import BlockDevice, block_device_by_name
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,38 @@ class StorageCollector:
         self._calls = BoundedCalls(timeout, self._budget_seconds)
         self._devices = DeviceResolver(ctx.paths)
         self._logged: set[str] = set()
+        self._device_tiers: dict[str, str] = {}
+        self._parents: dict[str, tuple[int, int] | None] = {}
+
+    def devices_to_tier(self) -> dict[str, str]:
+        """ "MAJ:MIN" -> tier for the block devices behind the last collect's tiers.
+
+        For the job layer's cgroup I/O accounting, which the kernel keys by the device the
+        request was queued on: a partition's I/O shows under its whole disk, so the disk is
+        mapped too, unless partitions of it sit in different tiers (then it is ambiguous).
+        """
+        return dict(self._device_tiers)
+
+    def _remember_device_tiers(self, targets: list[Target]) -> None:
+        mapping: dict[str, str] = {}
+        parents: dict[str, set[str]] = {}
+        for t in targets:
+            if t.device is None:
+                continue
+            mapping[f"{t.device.major}:{t.device.minor}"] = t.tier
+            if t.device.parent:
+                if t.device.parent not in self._parents:
+                    parent = block_device_by_name(self._paths, t.device.parent)
+                    self._parents[t.device.parent] = (
+                        (parent.major, parent.minor) if parent is not None else None
+                    )
+                dev = self._parents[t.device.parent]
+                if dev is not None:
+                    parents.setdefault(f"{dev[0]}:{dev[1]}", set()).add(t.tier)
+        for key, tiers in parents.items():
+            if len(tiers) == 1 and key not in mapping:
+                mapping[key] = next(iter(tiers))
+        self._device_tiers = mapping
 
     def close(self) -> None:
         """Nothing to release; a statvfs still hung in the kernel keeps its daemon thread."""
@@ -151,6 +183,7 @@ class StorageCollector:
                 where = self._paths.proc(mount_table_pid(self._paths), "mountstats")
                 failed.append(f"cannot read {where}: NFS counters left out")
             nfs = nfs_or_none or {}
+        self._remember_device_tiers(targets)
         statfs = self._statfs_all(targets, deadline)
         for target in targets:
             self._emit(fams, target, disk, nfs, statfs)

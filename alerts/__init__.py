@@ -1,0 +1,1 @@
+"""gpufeed's Prometheus rules: recording rules and alerts, generated from `alerts.config`."""

@@ -1,0 +1,113 @@
+"""Every selector, threshold and duration the rules use, in one place (the mixin pattern).
+
+The rules in `alerts.rules` are built from a `RulesConfig`; a site that wants other
+thresholds builds its own config instead of editing generated YAML. Tests build a copy with
+shorter `for:` durations through `RulesConfig.with_for_override`, so the shipped rules are
+never edited to make a test fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+RUNBOOK_BASE_URL = "https://github.com/gpufeed/gpufeed/blob/main/docs/runbooks.md"
+
+# What on-call should look at first, per correlator cause (the `cause` label values of the
+# metrics contract). The GpuUtilizationLow description picks one of these by template.
+CAUSE_HINTS: dict[str, str] = {
+    "data_loading": (
+        "The job waits for its input data: open the Storage tiers dashboard and check the "
+        "tier it reads (throughput against its usual level, latency, queue depth) and the "
+        "job's data_wait phase."
+    ),
+    "preprocessing": (
+        "The job's CPU-side preprocessing cannot keep up: check host CPU use and CPU pressure "
+        "on the Node dashboard and the number of data-loader workers; the job's owners decide."
+    ),
+    "checkpointing": (
+        "The job is writing a checkpoint: compare checkpoint durations and bytes on the Job "
+        "dashboard with the write throughput and latency of the checkpoint tier."
+    ),
+    "network": (
+        "The job waits for collective communication: check fabric throughput against link "
+        "speed and transmit-wait on the Node dashboard, on this node and its peers."
+    ),
+    "throttling": (
+        "The GPU runs at reduced clocks: check clock event reasons, temperature and power "
+        "on the Node dashboard (cooling, power capping)."
+    ),
+    "startup": (
+        "The job is still starting (loading the model, compiling): if this lasts, check the "
+        "job's startup phase and the tier it loads from."
+    ),
+    "idle": (
+        "The job holds the GPU but runs nothing on it: check whether the job is hung or "
+        "finished without releasing its allocation."
+    ),
+    "gpu_error": (
+        "The GPU reported errors: check XIDs and whether the GPU is still up; drain the "
+        "node if the XID is fatal."
+    ),
+    "unknown": (
+        "No cause is known yet (the correlator has not opened a window, or no evidence "
+        "matched): check the Job dashboard's phase breakdown and the Node dashboard."
+    ),
+}
+
+# XIDs that need the node drained or the GPU reset rather than a job restart: double-bit
+# ECC (48), row-remapping failures (63, 64), NVLink errors (74), fallen off the bus (79),
+# contained and uncontained ECC (94, 95), GSP errors (119, 120).
+FATAL_XIDS: tuple[str, ...] = ("48", "63", "64", "74", "79", "94", "95", "119", "120")
+
+# Clock event reasons that mean heat or power is holding the GPU back. sw_power_cap is
+# left out on purpose: a GPU working at its power limit is a busy GPU, not an incident.
+THROTTLE_REASONS: tuple[str, ...] = (
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "sw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RulesConfig:
+    # Prometheus scrape job that scrapes the agents; the compose stack names it gpufeed.
+    scrape_job: str = "gpufeed"
+    utilization_threshold_ratio: float = 0.8  # the correlator's default threshold too
+    utilization_low_for: str = "10m"
+    fatal_xid_lookback: str = "10m"
+    gpu_lost_for: str = "1m"
+    throttling_for: str = "10m"
+    storage_busy_ratio: float = 0.9
+    storage_saturated_for: str = "15m"
+    latency_factor: float = 5.0  # "far above normal": this many times the baseline
+    latency_floor_seconds: float = 0.005  # ignore slow-but-fine latencies below this
+    latency_baseline: str = "1d"
+    latency_high_for: str = "15m"
+    fill_lookback: str = "6h"
+    fill_horizon_seconds: int = 24 * 3600
+    fill_free_ratio_below: float = 0.15
+    filling_up_for: str = "1h"
+    transmit_wait_ratio: float = 0.1  # a port unable to send 10% of the time
+    fabric_congested_for: str = "10m"
+    agent_down_for: str = "5m"
+    collector_failing_for: str = "10m"
+    rate_window: str = "5m"
+    fatal_xids: tuple[str, ...] = FATAL_XIDS
+    throttle_reasons: tuple[str, ...] = THROTTLE_REASONS
+    cause_hints: dict[str, str] = field(default_factory=lambda: dict(CAUSE_HINTS))
+    runbook_base_url: str = RUNBOOK_BASE_URL
+
+    @property
+    def sel(self) -> str:
+        """The label matcher every query puts on gpufeed series."""
+        return f'job="{self.scrape_job}"'
+
+    def with_for_override(self, duration: str) -> RulesConfig:
+        """A copy with every `for:` set to `duration` (tests shorten them this way)."""
+        changes: dict[str, Any] = {
+            f.name: duration for f in dataclasses.fields(self) if f.name.endswith("_for")
+        }
+        return dataclasses.replace(self, **changes)

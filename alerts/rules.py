@@ -1,0 +1,350 @@
+"""Builds gpufeed's recording rules and alerts from a `RulesConfig`, as plain dicts.
+
+Recording rules follow `level:metric:operations`; alerts carry `severity`, a static
+`summary`, a templated `description` and a `runbook_url` that `_with_runbook` adds to every
+alert, pointing at the alert's section in docs/runbooks.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alerts.config import RulesConfig
+
+Rule = dict[str, Any]
+
+GPU_LABELS = "instance, gpu, uuid"
+HELD_LABELS = "instance, gpu, uuid, job_id"
+
+
+def _indent(text: str, spaces: int) -> str:
+    return "\n".join(" " * spaces + line for line in text.splitlines())
+
+
+def held_utilization(cfg: RulesConfig) -> str:
+    """Utilization of every GPU that a job holds, one series per (GPU, job_id).
+
+    job_info is the "many" side so that a GPU shared by several jobs yields one series per
+    job; a GPU no job holds has no job_info series and drops out (capacity, not incident).
+    """
+    return (
+        f"max by ({HELD_LABELS}) (\n"
+        f"  gpufeed_job_info{{{cfg.sel}}}\n"
+        f"  * on ({GPU_LABELS}) group_left ()\n"
+        f"  gpufeed_gpu_utilization_ratio{{{cfg.sel}}}\n"
+        ")"
+    )
+
+
+def utilization_low_expr(cfg: RulesConfig) -> str:
+    """Low utilization on a held GPU, labelled with the correlator's current cause.
+
+    While the correlator has a window open on the GPU, its `cause` is copied from
+    gpufeed_gpu_underutilization_cause (topk picks one if two ever coexist, so the join
+    cannot fail); before a window opens, or where no correlator runs, cause="unknown", so
+    a GPU stays covered even when the correlator is down.
+    """
+    low = f"{held_utilization(cfg)} < {cfg.utilization_threshold_ratio:g}"
+    cause = f"gpufeed_gpu_underutilization_cause{{{cfg.sel}}}"
+    return (
+        f"(\n{_indent(low, 2)}\n)\n"
+        f"* on ({HELD_LABELS}) group_left (cause)\n"
+        f"topk by ({HELD_LABELS}) (1, {cause})\n"
+        "or\n"
+        "label_replace(\n"
+        f"  (\n{_indent(low, 4)}\n  )\n"
+        f"  unless on ({HELD_LABELS})\n"
+        f"  {cause},\n"
+        '  "cause", "unknown", "", ""\n'
+        ")"
+    )
+
+
+def cause_description(cfg: RulesConfig) -> str:
+    """A description template that says what to look at for the alert's cause."""
+    head = (
+        "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}, held by job "
+        "{{ $labels.job_id }}, runs at {{ $value | humanizePercentage }} utilization; "
+        "cause: {{ $labels.cause }}. "
+    )
+    branches = []
+    for i, (cause, hint) in enumerate((c, h) for c, h in cfg.cause_hints.items() if c != "unknown"):
+        keyword = "if" if i == 0 else "else if"
+        branches.append(f'{{{{ {keyword} eq $labels.cause "{cause}" }}}}{hint}')
+    fallback = cfg.cause_hints.get("unknown", "")
+    return head + "".join(branches) + f"{{{{ else }}}}{fallback}{{{{ end }}}}"
+
+
+def io_latency(cfg: RulesConfig) -> str:
+    """Mean I/O latency per mount, only where operations completed: an idle mount has no
+    latency, and a NaN would poison the baseline that StorageTierLatencyHigh averages."""
+    s, w = cfg.sel, cfg.rate_window
+    return (
+        "sum by (instance, tier, mountpoint) (\n"
+        f"  rate(gpufeed_storage_read_time_seconds_total{{{s}}}[{w}])\n"
+        f"  + rate(gpufeed_storage_write_time_seconds_total{{{s}}}[{w}])\n"
+        ")\n/\n"
+        "(\n"
+        "  sum by (instance, tier, mountpoint) (\n"
+        f"    rate(gpufeed_storage_reads_completed_total{{{s}}}[{w}])\n"
+        f"    + rate(gpufeed_storage_writes_completed_total{{{s}}}[{w}])\n"
+        "  ) > 0\n"
+        ")"
+    )
+
+
+def recording_rules(cfg: RulesConfig) -> list[Rule]:
+    """Fleet aggregates the dashboards query (cheap to read over long ranges)."""
+    s, w = cfg.sel, cfg.rate_window
+    rules: list[Rule] = [
+        {
+            "record": "fleet:gpufeed_gpu_utilization_ratio:avg",
+            "expr": f"avg(gpufeed_gpu_utilization_ratio{{{s}}})",
+        },
+        {
+            "record": "instance_gpu_job_id:gpufeed_gpu_utilization_ratio:held",
+            "expr": held_utilization(cfg),
+        },
+        {
+            # seconds lost per second = GPUs lost right now = GPU-hours lost per hour
+            "record": f"cause:gpufeed_gpu_underutilized_seconds:rate{w}",
+            "expr": f"sum by (cause) (rate(gpufeed_gpu_underutilized_seconds_total{{{s}}}[{w}]))",
+        },
+        {
+            "record": "cause:gpufeed_gpu_underutilization_windows_open:count",
+            "expr": f"count by (cause) (gpufeed_gpu_underutilization_cause{{{s}}})",
+        },
+        {
+            "record": "fleet:gpufeed_gpu_lost:count",
+            "expr": f"count(gpufeed_gpu_up{{{s}}} == 0) or vector(0)",
+        },
+    ]
+    for counter in (
+        "read_bytes",
+        "written_bytes",
+        "reads_completed",
+        "writes_completed",
+        "read_time_seconds",
+        "write_time_seconds",
+        "io_time_weighted_seconds",
+    ):
+        rules.append(
+            {
+                "record": f"tier:gpufeed_storage_{counter}:rate{w}",
+                "expr": f"sum by (tier) (rate(gpufeed_storage_{counter}_total{{{s}}}[{w}]))",
+            }
+        )
+    for gauge in ("capacity_bytes", "free_bytes"):
+        rules.append(
+            {
+                "record": f"tier:gpufeed_storage_{gauge}:sum",
+                "expr": f"sum by (tier) (gpufeed_storage_{gauge}{{{s}}})",
+            }
+        )
+    rules.append(
+        {
+            "record": f"instance_tier_mountpoint:gpufeed_storage_io_latency_seconds:mean{w}",
+            "expr": io_latency(cfg),
+        }
+    )
+    return rules
+
+
+def alert_rules(cfg: RulesConfig) -> list[Rule]:
+    s, w = cfg.sel, cfg.rate_window
+    xids = "|".join(cfg.fatal_xids)
+    xid_series = f'gpufeed_gpu_xid_errors_total{{{s}, xid=~"{xids}"}}'
+    reasons = "|".join(cfg.throttle_reasons)
+    latency = f"instance_tier_mountpoint:gpufeed_storage_io_latency_seconds:mean{w}"
+    pct = f"{cfg.utilization_threshold_ratio:.0%}"
+    return [
+        {
+            "alert": "GpuUtilizationLow",
+            "expr": utilization_low_expr(cfg),
+            "for": cfg.utilization_low_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": f"A GPU held by a job has run below {pct} utilization for {cfg.utilization_low_for}.",
+                "description": cause_description(cfg),
+            },
+        },
+        {
+            "alert": "GpuFatalXid",
+            # increase() cannot see the first sample of a new xid series, so a series that
+            # did not exist one lookback ago counts too; sum without () drops __name__ so
+            # both branches give the same label set and `or` keeps one of them.
+            "expr": (
+                f"increase({xid_series}[{cfg.fatal_xid_lookback}]) > 0\n"
+                "or\n"
+                "sum without () (\n"
+                f"  {xid_series}\n"
+                f"  unless {xid_series} offset {cfg.fatal_xid_lookback}\n"
+                ") > 0"
+            ),
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "A GPU reported an XID error that needs the GPU reset or the node drained.",
+                "description": (
+                    "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }} "
+                    "reported XID {{ $labels.xid }} ({{ $value | humanize }} in the last "
+                    f"{cfg.fatal_xid_lookback})."
+                ),
+            },
+        },
+        {
+            "alert": "GpuLost",
+            "expr": f"gpufeed_gpu_up{{{s}}} == 0",
+            "for": cfg.gpu_lost_for,
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "A GPU stopped answering (fallen off the bus or lost).",
+                "description": (
+                    "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }} "
+                    f"has not answered for {cfg.gpu_lost_for}."
+                ),
+            },
+        },
+        {
+            "alert": "GpuClockThrottled",
+            "expr": (
+                f"max by ({GPU_LABELS}, reason) (\n"
+                f'  gpufeed_gpu_clock_event_active{{{s}, reason=~"{reasons}"}}\n'
+                ") == 1"
+            ),
+            "for": cfg.throttling_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "A GPU is held back by thermal or power throttling.",
+                "description": (
+                    "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }} "
+                    f"has been throttled ({{{{ $labels.reason }}}}) for {cfg.throttling_for}."
+                ),
+            },
+        },
+        {
+            "alert": "StorageTierSaturated",
+            "expr": (
+                "max by (instance, tier, mountpoint, device) (\n"
+                f"  rate(gpufeed_storage_io_time_seconds_total{{{s}}}[{w}])\n"
+                f") > {cfg.storage_busy_ratio:g}"
+            ),
+            "for": cfg.storage_saturated_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "A storage tier's device is busy nearly all the time.",
+                "description": (
+                    "{{ $labels.device }} ({{ $labels.mountpoint }}, tier {{ $labels.tier }}) "
+                    "on {{ $labels.instance }} has been busy {{ $value | humanizePercentage }} "
+                    f"of the time for {cfg.storage_saturated_for}."
+                ),
+            },
+        },
+        {
+            "alert": "StorageTierLatencyHigh",
+            # The current latency is computed inline and only the baseline comes from the
+            # recording rule: Prometheus evaluates rule groups independently, and an alert
+            # that read the current value from another group would lag it by one round.
+            "expr": (
+                f"(\n{_indent(io_latency(cfg), 2)}\n)\n"
+                f"> {cfg.latency_floor_seconds:g}\n"
+                f"> {cfg.latency_factor:g} * avg_over_time({latency}[{cfg.latency_baseline}])"
+            ),
+            "for": cfg.latency_high_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "A storage tier's I/O latency is far above its usual level.",
+                "description": (
+                    "Mean I/O latency on {{ $labels.mountpoint }} (tier {{ $labels.tier }}) on "
+                    "{{ $labels.instance }} is {{ $value | humanizeDuration }}, more than "
+                    f"{cfg.latency_factor:g} times its {cfg.latency_baseline} average, "
+                    f"for {cfg.latency_high_for}."
+                ),
+            },
+        },
+        {
+            "alert": "StorageTierFillingUp",
+            "expr": (
+                f"gpufeed_storage_free_bytes{{{s}}}\n"
+                f"  / (gpufeed_storage_capacity_bytes{{{s}}} > 0)\n"
+                f"  < {cfg.fill_free_ratio_below:g}\n"
+                "and\n"
+                f"predict_linear(gpufeed_storage_free_bytes{{{s}}}[{cfg.fill_lookback}], "
+                f"{cfg.fill_horizon_seconds}) < 0"
+            ),
+            "for": cfg.filling_up_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "A storage tier will run out of space within a day.",
+                "description": (
+                    "{{ $labels.mountpoint }} (tier {{ $labels.tier }}) on {{ $labels.instance }} "
+                    "has {{ $value | humanizePercentage }} free and, at the rate of the last "
+                    f"{cfg.fill_lookback}, fills up within "
+                    f"{cfg.fill_horizon_seconds // 3600} hours."
+                ),
+            },
+        },
+        {
+            "alert": "FabricCongested",
+            "expr": (
+                f"rate(gpufeed_network_transmit_wait_seconds_total{{{s}}}[{w}])"
+                f" > {cfg.transmit_wait_ratio:g}"
+            ),
+            "for": cfg.fabric_congested_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "A fabric port cannot send for a large part of the time (congestion).",
+                "description": (
+                    "{{ $labels.fabric }} port {{ $labels.device }}/{{ $labels.port }} on "
+                    "{{ $labels.instance }} had data it could not send "
+                    "{{ $value | humanizePercentage }} of the time for "
+                    f"{cfg.fabric_congested_for}."
+                ),
+            },
+        },
+        {
+            "alert": "GpufeedAgentDown",
+            "expr": f"up{{{s}}} == 0",
+            "for": cfg.agent_down_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "Prometheus cannot scrape a gpufeed agent; its GPUs are unwatched.",
+                "description": (
+                    "The gpufeed agent on {{ $labels.instance }} has not answered scrapes "
+                    f"for {cfg.agent_down_for}; no GPU alert can fire for that node."
+                ),
+            },
+        },
+        {
+            "alert": "GpufeedCollectorFailing",
+            "expr": f"gpufeed_collector_success{{{s}}} == 0",
+            "for": cfg.collector_failing_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "A gpufeed collector keeps failing; its metrics are missing.",
+                "description": (
+                    "Collector {{ $labels.collector }} of the gpufeed agent on "
+                    f"{{{{ $labels.instance }}}} has failed for {cfg.collector_failing_for}."
+                ),
+            },
+        },
+    ]
+
+
+def _with_runbook(rule: Rule, cfg: RulesConfig) -> Rule:
+    anchor = rule["alert"].lower()
+    annotations = dict(rule["annotations"])
+    annotations["runbook_url"] = f"{cfg.runbook_base_url}#{anchor}"
+    return {**rule, "annotations": annotations}
+
+
+def rule_groups(cfg: RulesConfig) -> dict[str, Any]:
+    """The whole rule file, as Prometheus loads it."""
+    return {
+        "groups": [
+            {"name": "gpufeed.rules", "rules": recording_rules(cfg)},
+            {
+                "name": "gpufeed.alerts",
+                "rules": [_with_runbook(r, cfg) for r in alert_rules(cfg)],
+            },
+        ]
+    }

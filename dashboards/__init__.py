@@ -1,0 +1,1 @@
+"""gpufeed's Grafana dashboards: one `*.dashboard.py` per dashboard, house style in `presets`."""

@@ -1,0 +1,119 @@
+"""Fleet: is the fleet busy, and where do GPU-hours go when it is not?"""
+
+from dashboards.presets import (
+    GPU_HOURS,
+    GPU_HOURS_PER_HOUR,
+    PER_SECOND,
+    RATIO,
+    build_dashboard,
+    heatmap,
+    instance_variable,
+    stat,
+    table,
+    target,
+    timeseries,
+)
+
+NODES = 'instance=~"$instance"'
+
+dashboard = build_dashboard(
+    title="gpufeed / Fleet",
+    uid="gpufeed-fleet",
+    description="Utilization of every GPU, GPU-hours lost by cause, the jobs losing most, "
+    "open underutilization windows, XIDs and lost GPUs.",
+    variables=[instance_variable()],
+    rows=[
+        (
+            "Utilization",
+            [
+                heatmap(
+                    "GPU utilization, every GPU",
+                    [
+                        target(
+                            f"gpufeed_gpu_utilization_ratio{{{NODES}}}", "{{instance}} GPU {{gpu}}"
+                        )
+                    ],
+                    description="One row per GPU; red is idle, green is busy.",
+                ),
+                timeseries(
+                    "Mean GPU utilization",
+                    [
+                        target("fleet:gpufeed_gpu_utilization_ratio:avg", "whole fleet"),
+                        target(f"avg(gpufeed_gpu_utilization_ratio{{{NODES}}})", "selected nodes"),
+                    ],
+                    RATIO,
+                    max_value=1,
+                ),
+            ],
+        ),
+        (
+            "GPU-hours lost to underutilization",
+            [
+                timeseries(
+                    "GPU-hours lost per hour, by cause",
+                    [target("cause:gpufeed_gpu_underutilized_seconds:rate5m", "{{cause}}")],
+                    GPU_HOURS_PER_HOUR,
+                    stacked=True,
+                    by_cause=True,
+                    description="Seconds of underutilization per second, fleet-wide: the "
+                    "number of GPUs lost right now, i.e. GPU-hours lost per hour.",
+                ),
+                table(
+                    "Jobs losing the most GPU-hours (time range)",
+                    [
+                        target(
+                            "topk(10, sum by (job_id, cause) (increase("
+                            f"gpufeed_gpu_underutilized_seconds_total{{{NODES}}}[$__range]"
+                            "))) / 3600",
+                            instant=True,
+                            table=True,
+                        )
+                    ],
+                    GPU_HOURS,
+                    sort_by="Value",
+                ),
+            ],
+        ),
+        (
+            "Windows and GPU health",
+            [
+                table(
+                    "Open underutilization windows now",
+                    [
+                        target(
+                            f"gpufeed_gpu_underutilization_cause{{{NODES}}}",
+                            instant=True,
+                            table=True,
+                        )
+                    ],
+                    PER_SECOND,
+                    sort_by="cause",
+                ),
+                timeseries(
+                    "Open windows by cause",
+                    [target("cause:gpufeed_gpu_underutilization_windows_open:count", "{{cause}}")],
+                    PER_SECOND,
+                    stacked=True,
+                    by_cause=True,
+                ),
+                stat(
+                    "XID errors (time range)",
+                    [
+                        target(
+                            "sum(increase(gpufeed_gpu_xid_errors_total"
+                            f"{{{NODES}}}[$__range])) or vector(0)"
+                        )
+                    ],
+                    PER_SECOND,
+                    red_above=1,
+                ),
+                stat(
+                    "Lost GPUs now",
+                    [target("fleet:gpufeed_gpu_lost:count")],
+                    PER_SECOND,
+                    red_above=1,
+                ),
+            ],
+        ),
+    ],
+)

@@ -1,0 +1,148 @@
+"""Storage tiers: each tier across the fleet, and which jobs load it."""
+
+from dashboards.presets import (
+    BYTES,
+    BYTES_PER_SECOND,
+    OPS_PER_SECOND,
+    PER_SECOND,
+    RATIO,
+    SECONDS,
+    build_dashboard,
+    instance_variable,
+    table,
+    target,
+    tier_variable,
+    timeseries,
+)
+
+TIER = 'tier=~"$tier"'
+NODES_TIER = 'instance=~"$instance", tier=~"$tier"'
+RI = "[$__rate_interval]"
+
+
+def recorded(name: str) -> str:
+    """A fleet-wide per-tier aggregate from the recording rules (alerts/)."""
+    return f"tier:gpufeed_storage_{name}{{{TIER}}}"
+
+
+dashboard = build_dashboard(
+    title="gpufeed / Storage tiers",
+    uid="gpufeed-storage",
+    description="Per tier across the fleet: throughput, IOPS, latency, queue depth, "
+    "capacity, and the jobs that load each tier.",
+    variables=[instance_variable(), tier_variable()],
+    rows=[
+        (
+            "Throughput and IOPS (fleet)",
+            [
+                timeseries(
+                    "Throughput",
+                    [
+                        target(recorded("read_bytes:rate5m"), "{{tier}} read"),
+                        target(recorded("written_bytes:rate5m"), "{{tier}} write"),
+                    ],
+                    BYTES_PER_SECOND,
+                ),
+                timeseries(
+                    "IOPS",
+                    [
+                        target(recorded("reads_completed:rate5m"), "{{tier}} read"),
+                        target(recorded("writes_completed:rate5m"), "{{tier}} write"),
+                    ],
+                    OPS_PER_SECOND,
+                ),
+            ],
+        ),
+        (
+            "Latency and queue depth (fleet)",
+            [
+                timeseries(
+                    "Mean latency",
+                    [
+                        target(
+                            f"{recorded('read_time_seconds:rate5m')}"
+                            f" / {recorded('reads_completed:rate5m')}",
+                            "{{tier}} read",
+                        ),
+                        target(
+                            f"{recorded('write_time_seconds:rate5m')}"
+                            f" / {recorded('writes_completed:rate5m')}",
+                            "{{tier}} write",
+                        ),
+                    ],
+                    SECONDS,
+                ),
+                timeseries(
+                    "Queue depth",
+                    [target(recorded("io_time_weighted_seconds:rate5m"), "{{tier}}")],
+                    PER_SECOND,
+                    description="Requests in flight, summed over the tier's block devices.",
+                ),
+                table(
+                    "Busiest devices",
+                    [
+                        target(
+                            "topk(10, max by (instance, tier, mountpoint, device) (rate("
+                            f"gpufeed_storage_io_time_seconds_total{{{NODES_TIER}}}{RI})))",
+                            instant=True,
+                            table=True,
+                        )
+                    ],
+                    RATIO,
+                    sort_by="Value",
+                ),
+            ],
+        ),
+        (
+            "Capacity (fleet)",
+            [
+                timeseries(
+                    "Capacity and free space",
+                    [
+                        target(recorded("capacity_bytes:sum"), "{{tier}} capacity"),
+                        target(recorded("free_bytes:sum"), "{{tier}} free"),
+                    ],
+                    BYTES,
+                ),
+                timeseries(
+                    "Used",
+                    [
+                        target(
+                            f"1 - {recorded('free_bytes:sum')} / {recorded('capacity_bytes:sum')}",
+                            "{{tier}}",
+                        )
+                    ],
+                    RATIO,
+                    max_value=1,
+                ),
+            ],
+        ),
+        (
+            "Jobs loading each tier",
+            [
+                timeseries(
+                    "Top readers",
+                    [
+                        target(
+                            "topk(10, sum by (tier, job_id) (rate("
+                            f"gpufeed_job_storage_read_bytes_total{{{NODES_TIER}}}{RI})))",
+                            "{{tier}} {{job_id}}",
+                        )
+                    ],
+                    BYTES_PER_SECOND,
+                ),
+                timeseries(
+                    "Top writers",
+                    [
+                        target(
+                            "topk(10, sum by (tier, job_id) (rate("
+                            f"gpufeed_job_storage_written_bytes_total{{{NODES_TIER}}}{RI})))",
+                            "{{tier}} {{job_id}}",
+                        )
+                    ],
+                    BYTES_PER_SECOND,
+                ),
+            ],
+        ),
+    ],
+)

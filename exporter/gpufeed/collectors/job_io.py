@@ -1,0 +1,144 @@
+"""The "job_io" collector: per-job bytes read and written per storage tier.
+
+Jobs are found by walking the cgroup trees for Slurm and Kubernetes job directories
+(gpufeed.jobs.io_accounting); their bytes per device come from cgroup v2 io.stat or v1
+blkio.throttle.io_service_bytes, and devices map to tiers through `devices_to_tier`
+("MAJ:MIN" -> tier name, from the storage collector's mount resolution). Devices in no tier
+are left out. Where a job's cgroup has no usable accounting, and for SDK jobs that run under
+no scheduler, the job's processes' /proc/PID/io is summed instead, with tier="unattributed"
+because that file does not say which device the bytes went to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+from gpufeed.collectors.base import CollectorContext
+from gpufeed.jobs.identity import read_text
+from gpufeed.jobs.io_accounting import (
+    DeviceBytes,
+    cgroup_pids,
+    find_job_cgroups,
+    parse_blkio_service_bytes,
+    parse_io_stat,
+    parse_proc_io,
+)
+from gpufeed.model import Families, Family
+
+DevicesToTier = Callable[[], Mapping[str, str]]
+JobPids = Callable[[], Mapping[str, Sequence[int]]]
+
+UNATTRIBUTED_TIER = "unattributed"
+READ = "gpufeed_job_storage_read_bytes_total"
+WRITTEN = "gpufeed_job_storage_written_bytes_total"
+READ_HELP = "Bytes the job read per storage tier (cgroup io accounting, else /proc/PID/io)"
+WRITTEN_HELP = "Bytes the job wrote per storage tier (cgroup io accounting, else /proc/PID/io)"
+
+
+class _ProcIoSum:
+    """Monotonic sum of /proc/PID/io over a changing set of processes: a process that exits
+    leaves its last reading behind, so the job's counter never goes down."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, DeviceBytes] = {}
+        self.retired_read = 0
+        self.retired_written = 0
+
+    def update(self, procfs: Path, pids: Iterable[int]) -> DeviceBytes:
+        current: dict[int, DeviceBytes] = {}
+        for pid in pids:
+            text = read_text(procfs / str(pid) / "io")
+            got = parse_proc_io(text) if text is not None else None
+            if got is not None:
+                current[pid] = got
+        for pid, old in self.last.items():
+            if pid not in current:
+                self.retired_read += old.read_bytes
+                self.retired_written += old.written_bytes
+        self.last = current
+        return DeviceBytes(
+            self.retired_read + sum(v.read_bytes for v in current.values()),
+            self.retired_written + sum(v.written_bytes for v in current.values()),
+        )
+
+
+class JobIoCollector:
+    name = "job_io"
+
+    def __init__(
+        self,
+        context: CollectorContext,
+        devices_to_tier: DevicesToTier,
+        sdk_job_pids: JobPids | None = None,
+    ) -> None:
+        self._procfs = context.paths.procfs
+        self._cgroup_root = context.paths.sys("fs", "cgroup")
+        self._devices_to_tier = devices_to_tier
+        self._sdk_job_pids = sdk_job_pids
+        self._proc_sums: dict[str, _ProcIoSum] = {}
+
+    def collect(self) -> list[Family]:
+        tiers = self._devices_to_tier()
+        accounted: dict[str, dict[str, DeviceBytes]] = {}
+        fallback: dict[str, list[int]] = {}
+        for root, filename, parse in self._sources():
+            for job in find_job_cgroups(root):
+                if job.job_id in accounted:
+                    continue
+                text = read_text(job.directory / filename)
+                stats = parse(text) if text is not None else {}
+                if stats:
+                    accounted[job.job_id] = stats
+                    fallback.pop(job.job_id, None)
+                else:
+                    fallback.setdefault(job.job_id, []).extend(cgroup_pids(job.directory))
+        if self._sdk_job_pids is not None:
+            for job_id, pids in self._sdk_job_pids().items():
+                if job_id not in accounted:
+                    fallback.setdefault(job_id, []).extend(pids)
+
+        f = Families()
+        f.declare(READ, "counter", READ_HELP)
+        f.declare(WRITTEN, "counter", WRITTEN_HELP)
+        for job_id, stats in sorted(accounted.items()):
+            per_tier: dict[str, list[int]] = {}
+            for dev, b in stats.items():
+                tier = tiers.get(dev)
+                if tier is None:
+                    continue
+                acc = per_tier.setdefault(tier, [0, 0])
+                acc[0] += b.read_bytes
+                acc[1] += b.written_bytes
+            for tier, (r, w) in sorted(per_tier.items()):
+                labels = {"job_id": job_id, "tier": tier}
+                f.counter(READ, READ_HELP, labels, r)
+                f.counter(WRITTEN, WRITTEN_HELP, labels, w)
+        sums: dict[str, _ProcIoSum] = {}
+        for job_id, pids in sorted(fallback.items()):
+            s = sums[job_id] = self._proc_sums.get(job_id) or _ProcIoSum()
+            total = s.update(self._procfs, pids)
+            if not s.last and not (s.retired_read or s.retired_written):
+                continue  # no process readable (gone, or /proc/PID/io not permitted)
+            labels = {"job_id": job_id, "tier": UNATTRIBUTED_TIER}
+            f.counter(READ, READ_HELP, labels, total.read_bytes)
+            f.counter(WRITTEN, WRITTEN_HELP, labels, total.written_bytes)
+        self._proc_sums = sums
+        return f.build()
+
+    def close(self) -> None:
+        self._proc_sums = {}
+
+    def _sources(self) -> list[tuple[Path, str, Callable[[str], dict[str, DeviceBytes]]]]:
+        """(hierarchy root, accounting file, parser) for cgroup v2 and v1 blkio."""
+        root = self._cgroup_root
+        out: list[tuple[Path, str, Callable[[str], dict[str, DeviceBytes]]]] = []
+        if (root / "cgroup.controllers").exists():  # pure v2
+            return [(root, "io.stat", parse_io_stat)]
+        if (root / "unified" / "cgroup.controllers").exists():  # hybrid
+            out.append((root / "unified", "io.stat", parse_io_stat))
+        if (root / "blkio").is_dir():
+            out.append(
+                (root / "blkio", "blkio.throttle.io_service_bytes", parse_blkio_service_bytes)
+            )
+        return out

@@ -1,0 +1,44 @@
+"""The "sdk" collector: per-job series from the training-loop SDK (see gpufeed.jobs).
+
+Owns the SDK socket server: `start()` binds `sdk.socket_path` and starts its receiving
+thread, `stop()` / `close()` undo that. `collect()` serves the current per-job sums and
+the drop counters; a job with no GPU gets its series all the same.
+"""
+
+from __future__ import annotations
+
+from gpufeed.collectors.base import CollectorContext
+from gpufeed.jobs.sdk_server import SdkServer
+from gpufeed.model import Family
+
+
+class SdkCollector:
+    name = "sdk"
+
+    def __init__(self, context: CollectorContext, socket_path: str | None = None) -> None:
+        cfg = context.config.sdk
+        self.server = SdkServer(
+            socket_path or cfg.socket_path,
+            max_jobs=cfg.max_jobs,
+            max_messages_per_second=cfg.max_messages_per_second,
+            grace_seconds=cfg.job_grace_seconds,
+            procfs=context.paths.procfs,
+        )
+
+    def start(self) -> None:
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def collect(self) -> list[Family]:
+        return self.server.families()
+
+    def close(self) -> None:
+        self.server.stop()
+
+    def job_for_pid(self, pid: int) -> tuple[str, str] | None:
+        return self.server.job_for_pid(pid)
+
+    def pids_by_job(self) -> dict[str, list[int]]:
+        return self.server.pids_by_job()

@@ -1,0 +1,278 @@
+"""The patches `gpufeed run` applies to torch, reporting through gpufeed's SDK.
+
+- Iterating a torch.utils.data.DataLoader is tracked as `Job.track` would: the time blocked
+  in the iterator's __next__ is data_wait, the time from a batch's return to the next call
+  is compute (less any checkpoint inside it), each batch is one step. Patched on the
+  iterator class, so `for b in loader`, `next(iter(loader))` and libraries' fetchers are
+  all seen. A loop left with `break` reports its last step when the iterator is collected.
+- torch.save to a path or a real file is a checkpoint: its duration, and the bytes the file
+  holds afterwards (a path) or the bytes written (a file object, by its position).
+  torch.save into memory (io.BytesIO) is serialisation, not a checkpoint, and is ignored.
+- torch.distributed.checkpoint.save (and save_state_dict) is a checkpoint: its duration on
+  every rank, and the size of the checkpoint directory, reported by global rank 0 only
+  (every rank sees the whole directory). Saves nested inside a checkpoint count once.
+
+The SDK is gpufeed/sdk.py loaded by path: it is standard-library only, so this works in a
+training environment that does not have gpufeed installed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import importlib.util
+import os
+import sys
+import threading
+import time
+import weakref
+from types import ModuleType
+from typing import Any
+
+_job: Any = None
+_job_lock = threading.Lock()
+_local = threading.local()  # .depth: how many checkpoints this thread is inside
+
+
+def _sdk() -> ModuleType:
+    mod = sys.modules.get("_gpufeed_sdk")
+    if mod is not None:
+        return mod
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sdk.py")
+    spec = importlib.util.spec_from_file_location("_gpufeed_sdk", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"gpufeed SDK not found at {path}")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["_gpufeed_sdk"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def job() -> Any:
+    """The process's one Job, made on first use (after a fork, the child makes its own)."""
+    global _job
+    j = _job
+    if j is not None and j._pid == os.getpid():
+        return j
+    with _job_lock:
+        if _job is None or _job._pid != os.getpid():
+            name = os.environ.get("GPUFEED_JOB_NAME") or _program_name()
+            new = _sdk().Job(name)
+            new._pid = os.getpid()
+            _job = new
+            atexit.register(new.close)
+        return _job
+
+
+def _program_name() -> str:
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else "python"
+    return os.path.basename(argv0) or "python"
+
+
+# -- DataLoader ---------------------------------------------------------------------------
+
+
+class _StepState:
+    """One DataLoader iterator's step clock; flushes its last step when the iterator goes."""
+
+    __slots__ = ("body_start", "inner0", "iter_started", "wait")
+
+    def __init__(self, iter_started: float) -> None:
+        self.iter_started: float | None = iter_started
+        self.body_start: float | None = None
+        self.wait = 0.0
+        self.inner0 = 0.0
+
+    def finish_step(self, now: float) -> None:
+        if self.body_start is None:
+            return
+        j = job()
+        compute = now - self.body_start - (j._inner_seconds - self.inner0)
+        j._add_step(self.wait, compute, now)
+        self.body_start = None
+
+    def flush(self) -> None:
+        with contextlib.suppress(Exception):
+            self.finish_step(time.perf_counter())
+
+
+def _state(it: Any, now: float) -> _StepState:
+    st: _StepState | None = it.__dict__.get("_gpufeed_state")
+    if st is None:
+        st = _StepState(now)
+        it.__dict__["_gpufeed_state"] = st
+        weakref.finalize(it, st.flush)
+    return st
+
+
+def patch_torch(torch: Any) -> None:
+    from torch.utils.data import dataloader as dl
+
+    loader_cls = dl.DataLoader
+    iter_cls = dl._BaseDataLoaderIter
+    if getattr(iter_cls.__next__, "_gpufeed", False):
+        return
+    orig_iter = loader_cls.__iter__
+    orig_next = iter_cls.__next__
+
+    @functools.wraps(orig_iter)
+    def __iter__(self: Any) -> Any:
+        t0 = time.perf_counter()
+        it = orig_iter(self)  # starts the workers: part of the first batch's wait
+        try:
+            st = _state(it, t0)
+            st.flush()  # a reused (persistent-workers) iterator: close its last step
+            st.iter_started = t0
+        except Exception:
+            pass
+        return it
+
+    @functools.wraps(orig_next)
+    def __next__(self: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            j = job()
+            j._report_startup()
+            st = _state(self, t0)
+            st.finish_step(t0)
+            if st.iter_started is not None:
+                t0, st.iter_started = min(t0, st.iter_started), None
+        except Exception:
+            return orig_next(self)
+        try:
+            batch = orig_next(self)
+        except StopIteration:
+            now = time.perf_counter()
+            j._add_phase(1, now - t0, now)  # the wait for the end of the data: data_wait
+            raise
+        now = time.perf_counter()
+        st.wait, st.body_start, st.inner0 = now - t0, now, j._inner_seconds
+        return batch
+
+    __next__._gpufeed = True  # type: ignore[attr-defined]
+    loader_cls.__iter__ = __iter__  # type: ignore[method-assign]
+    iter_cls.__next__ = __next__  # type: ignore[method-assign]
+
+    orig_save = torch.save
+
+    @functools.wraps(orig_save)
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        target = _file_target(f)
+        if target is None or _depth():
+            return orig_save(obj, f, *args, **kwargs)
+        pos0 = _position(f) if target == "file" else None
+        with _checkpoint() as done:
+            result = orig_save(obj, f, *args, **kwargs)
+            if target == "file":
+                pos1 = _position(f)
+                done(pos1 - pos0 if pos0 is not None and pos1 is not None else -1)
+            else:
+                done(_sdk().path_bytes(os.fspath(f)))
+        return result
+
+    torch.save = save
+    serialization: Any = sys.modules.get("torch.serialization")
+    if serialization is not None:
+        serialization.save = save
+
+
+def _depth() -> int:
+    depth: int = getattr(_local, "depth", 0)
+    return depth
+
+
+def _file_target(f: Any) -> str | None:
+    """'path', 'file' (a real file object) or None (memory: not a checkpoint)."""
+    if isinstance(f, (str, bytes, os.PathLike)):
+        return "path"
+    try:
+        f.fileno()
+    except Exception:
+        return None
+    return "file"
+
+
+def _position(f: Any) -> int | None:
+    try:
+        flush = getattr(f, "flush", None)
+        if flush is not None:
+            flush()
+        return int(f.tell())
+    except Exception:
+        return None
+
+
+class _checkpoint:
+    """Times a checkpoint (excluding nested ones) and sends it with the bytes given to done()."""
+
+    def __enter__(self) -> Any:
+        self.j = job()
+        self.nbytes = -1
+        _local.depth = _depth() + 1
+        self.inner0 = self.j._inner_seconds
+        self.t0 = time.perf_counter()
+
+        def done(nbytes: int) -> None:
+            self.nbytes = nbytes
+
+        return done
+
+    def __exit__(self, *exc: object) -> None:
+        _local.depth -= 1
+        own = max(time.perf_counter() - self.t0 - (self.j._inner_seconds - self.inner0), 0.0)
+        self.j._inner_seconds += own
+        self.j._emit(3, own, self.nbytes)  # KIND_CHECKPOINT
+
+
+# -- torch.distributed.checkpoint -------------------------------------------------------------
+
+
+def patch_distributed_checkpoint(dcp: ModuleType) -> None:
+    for attr in ("save", "save_state_dict"):
+        orig = getattr(dcp, attr, None)
+        if orig is None or getattr(orig, "_gpufeed", False):
+            continue
+        setattr(dcp, attr, _wrap_dcp_save(orig))
+
+
+def _wrap_dcp_save(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def save(*args: Any, **kwargs: Any) -> Any:
+        if _depth():
+            return orig(*args, **kwargs)
+        with _checkpoint() as done:
+            result = orig(*args, **kwargs)
+            done(_dcp_bytes(args, kwargs))
+        return result
+
+    save._gpufeed = True  # type: ignore[attr-defined]
+    return save
+
+
+def _dcp_bytes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """The checkpoint directory's size, from global rank 0; -1 elsewhere or if unknown."""
+    if _global_rank() != 0:
+        return -1
+    where = kwargs.get("checkpoint_id")
+    if where is None:
+        # save(state_dict, *, storage_writer=...) or save_state_dict(state_dict, writer)
+        writer = kwargs.get("storage_writer", args[1] if len(args) > 1 else None)
+        where = getattr(writer, "path", None)
+    if where is None:
+        return -1
+    try:
+        return int(_sdk().path_bytes(os.fspath(where)))
+    except TypeError:
+        return -1
+
+
+def _global_rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:
+        pass
+    return 0

@@ -1,0 +1,194 @@
+"""The agent's per-job sums of SDK events, and when a job's series go away.
+
+Every process of a job (ranks, DataLoader workers, a relaunched rank) sends deltas, so the
+job's series are plain sums over whatever arrives. A job ends when every process that spoke
+for it has closed its `Job` or exited; its series stay for the grace period (so that the
+last increments get scraped) and then go. Not thread-safe: the SDK server serialises calls.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpufeed.jobs import wire
+from gpufeed.model import Families, Family
+
+CHECKPOINT_BUCKETS_SECONDS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
+EPOCH_BUCKETS_SECONDS = (1.0, 10.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0)
+
+# A process the agent cannot see (pid 0: another pid namespace) counts as alive this long
+# after its last message; one it can see is alive while /proc/PID exists.
+UNSEEN_PROCESS_TIMEOUT_SECONDS = 300.0
+
+
+class Histogram:
+    """Cumulative-bucket histogram in the shape `Families.histogram` takes."""
+
+    __slots__ = ("bounds", "count", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.count = 0
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        i = bisect.bisect_left(self.bounds, value)
+        if i < len(self.counts):
+            self.counts[i] += 1
+        self.count += 1
+        self.total += value
+
+    def cumulative(self) -> list[tuple[float, float]]:
+        out: list[tuple[float, float]] = []
+        running = 0
+        for le, n in zip(self.bounds, self.counts, strict=True):
+            running += n
+            out.append((le, float(running)))
+        return out
+
+
+@dataclass(slots=True)
+class JobState:
+    job_id: str
+    name: str
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
+    checkpoint: Histogram = field(default_factory=lambda: Histogram(CHECKPOINT_BUCKETS_SECONDS))
+    checkpoint_bytes: int | None = None
+    epoch: Histogram = field(default_factory=lambda: Histogram(EPOCH_BUCKETS_SECONDS))
+    # pid -> (closed, monotonic time of its last message)
+    processes: dict[int, tuple[bool, float]] = field(default_factory=dict)
+    ended_at: float | None = None
+
+
+class JobTable:
+    """Sums SDK messages into per-job series; bounded to `max_jobs` jobs."""
+
+    def __init__(
+        self,
+        max_jobs: int,
+        grace_seconds: float,
+        pid_alive: Callable[[int], bool],
+    ) -> None:
+        self.max_jobs = max_jobs
+        self.grace_seconds = grace_seconds
+        self._pid_alive = pid_alive
+        self._jobs: dict[str, JobState] = {}
+
+    def apply(self, msg: wire.Message, pid: int, now: float) -> str | None:
+        """Adds one message from process `pid` (0 = unknown); returns a drop reason or None."""
+        job = self._jobs.get(msg.job_id)
+        if job is None:
+            if len(self._jobs) >= self.max_jobs and not self._evict_one_ended():
+                return wire.REASON_MAX_JOBS
+            job = self._jobs[msg.job_id] = JobState(msg.job_id, msg.name)
+        if pid > 0 and pid not in job.processes and len(job.processes) >= 4096:
+            # a job of thousands of processes on one node: forget the closed ones first
+            for p, (closed, _) in list(job.processes.items()):
+                if closed:
+                    del job.processes[p]
+        job.processes[pid] = (msg.kind == wire.KIND_CLOSE, now)
+        if msg.kind != wire.KIND_CLOSE:
+            job.ended_at = None
+        ph = job.phase_seconds
+        if msg.kind == wire.KIND_STEP:
+            ph["data_wait"] = ph.get("data_wait", 0.0) + msg.seconds
+            ph["compute"] = ph.get("compute", 0.0) + msg.compute_seconds
+            job.steps += msg.steps
+        elif msg.kind == wire.KIND_PHASE:
+            ph[msg.phase] = ph.get(msg.phase, 0.0) + msg.seconds
+        elif msg.kind == wire.KIND_CHECKPOINT:
+            ph["checkpoint"] = ph.get("checkpoint", 0.0) + msg.seconds
+            job.checkpoint.observe(msg.seconds)
+            if msg.checkpoint_bytes is not None:
+                job.checkpoint_bytes = (job.checkpoint_bytes or 0) + msg.checkpoint_bytes
+        elif msg.kind == wire.KIND_EPOCH:
+            job.epoch.observe(msg.seconds)
+        return None
+
+    def expire(self, now: float) -> None:
+        """Marks jobs with no live process as ended, and drops those past their grace."""
+        for job_id, job in list(self._jobs.items()):
+            if self._has_live_process(job, now):
+                job.ended_at = None
+                continue
+            if job.ended_at is None:
+                job.ended_at = now
+            if now - job.ended_at >= self.grace_seconds:
+                del self._jobs[job_id]
+
+    def job_ids(self) -> list[str]:
+        return list(self._jobs)
+
+    def job_for_pid(self, pid: int) -> tuple[str, str] | None:
+        """(job id, name) of the live job process `pid` spoke for, if any."""
+        for job in self._jobs.values():
+            entry = job.processes.get(pid)
+            if entry is not None and not entry[0]:
+                return job.job_id, job.name
+        return None
+
+    def pids_by_job(self) -> dict[str, list[int]]:
+        return {
+            j.job_id: [p for p, (closed, _) in j.processes.items() if p > 0 and not closed]
+            for j in self._jobs.values()
+        }
+
+    def families(self) -> list[Family]:
+        f = Families()
+        phase_name = "gpufeed_job_phase_seconds_total"
+        f.declare(phase_name, "counter", "Time the job reported in each phase (job SDK)")
+        for job in self._jobs.values():
+            labels = {"job_id": job.job_id}
+            for phase, seconds in sorted(job.phase_seconds.items()):
+                f.counter(
+                    phase_name,
+                    "Time the job reported in each phase (job SDK)",
+                    {**labels, "phase": phase},
+                    seconds,
+                )
+            f.counter("gpufeed_job_steps_total", "Training steps completed", labels, job.steps)
+            f.histogram(
+                "gpufeed_job_checkpoint_seconds",
+                "Checkpoint save durations",
+                labels,
+                job.checkpoint.cumulative(),
+                job.checkpoint.total,
+                job.checkpoint.count,
+            )
+            f.counter(
+                "gpufeed_job_checkpoint_written_bytes_total",
+                "Checkpoint bytes written",
+                labels,
+                job.checkpoint_bytes,
+            )
+            f.histogram(
+                "gpufeed_job_epoch_seconds",
+                "Epoch durations",
+                labels,
+                job.epoch.cumulative(),
+                job.epoch.total,
+                job.epoch.count,
+            )
+        return f.build()
+
+    def _has_live_process(self, job: JobState, now: float) -> bool:
+        for pid, (closed, last_seen) in job.processes.items():
+            if closed:
+                continue
+            if pid <= 0:
+                if now - last_seen < UNSEEN_PROCESS_TIMEOUT_SECONDS:
+                    return True
+            elif self._pid_alive(pid):
+                return True
+        return False
+
+    def _evict_one_ended(self) -> bool:
+        ended = [(j.ended_at, k) for k, j in self._jobs.items() if j.ended_at is not None]
+        if not ended:
+            return False
+        del self._jobs[min(ended)[1]]
+        return True

@@ -1,0 +1,278 @@
+"""The agent's end of the SDK socket: a Unix datagram socket read by one thread.
+
+A thread blocked in recvmsg() (with a short timeout so that stop() is prompt) suits a
+datagram socket better than the event loop: it drains the kernel queue as fast as datagrams
+come, whatever the HTTP server is doing, and the work per datagram is a struct unpack and a
+few dict updates under a lock.
+
+The kernel attaches the sender's pid to each datagram (SO_PASSCRED), which tells the agent
+which processes speak for a job (to notice when they exit) and lets it take the job id from
+the sender's cgroup (Slurm, Kubernetes) rather than trusting what the process claims.
+
+The socket file is created 0660: bound under a temporary name, chmod-ed, then renamed into
+place, so it is never reachable with looser permissions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import stat
+import struct
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+from gpufeed.jobs import wire
+from gpufeed.jobs.aggregate import JobTable
+from gpufeed.jobs.identity import SCHEDULER_PROCESS, JobIdentity, read_job_identity
+from gpufeed.model import Families, Family
+
+log = logging.getLogger(__name__)
+
+SOCKET_MODE = 0o660
+RECEIVE_BUFFER_BYTES = 4 * 1024 * 1024
+_CREDS = struct.Struct("iII")  # struct ucred: pid, uid, gid
+_POLL_SECONDS = 0.2
+_IDENTITY_CACHE_SIZE = 4096
+
+
+class TokenBucket:
+    """At most `rate` per second on average, bursts up to one second's worth."""
+
+    def __init__(self, rate: float, now: float) -> None:
+        self.rate = rate
+        self.tokens = rate
+        self.last = now
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(self.rate, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+class SdkServer:
+    """Receives SDK datagrams into a `JobTable`; start() binds and starts the thread."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        *,
+        max_jobs: int,
+        max_messages_per_second: int,
+        grace_seconds: float,
+        procfs: Path = Path("/proc"),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.socket_path = socket_path
+        self._procfs = procfs
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._table = JobTable(max_jobs, grace_seconds, self._pid_alive)
+        self._bucket = TokenBucket(float(max_messages_per_second), clock())
+        self._dropped: Counter[str] = Counter()
+        self._received = 0
+        self._identities: OrderedDict[int, JobIdentity | None] = OrderedDict()
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._inode: int | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Binds the socket (replacing a stale one) and starts the receiving thread.
+
+        Raises OSError with the path in the message if the socket cannot be created.
+        """
+        if self._thread is not None:
+            return
+        path = Path(self.socket_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._remove_stale(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            sock.bind(str(tmp))
+            os.chmod(tmp, SOCKET_MODE)
+            os.rename(tmp, path)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
+            sock.settimeout(_POLL_SECONDS)
+        except OSError as exc:
+            sock.close()
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise OSError(exc.errno, f"SDK socket {path}: {exc.strerror or exc}") from exc
+        self._inode = os.stat(path).st_ino
+        self._sock = sock
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="gpufeed-sdk", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops the thread, closes the socket and removes its file (if it is still ours)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        try:
+            if self._inode is not None and os.stat(self.socket_path).st_ino == self._inode:
+                os.unlink(self.socket_path)
+        except OSError:
+            pass
+        self._inode = None
+
+    # -- what the collectors read ------------------------------------------------------------
+
+    def families(self) -> list[Family]:
+        now = self._clock()
+        with self._lock:
+            self._table.expire(now)
+            fams = self._table.families()
+            dropped = dict(self._dropped)
+            received = self._received
+        f = Families()
+        f.extend(fams)
+        help_ = "SDK datagrams the agent dropped, by reason"
+        for reason in wire.DROP_REASONS:
+            f.counter(
+                "gpufeed_sdk_messages_dropped_total",
+                help_,
+                {"reason": reason},
+                dropped.get(reason, 0),
+            )
+        f.counter(
+            "gpufeed_sdk_messages_received_total",
+            "SDK datagrams the agent received (accepted or not)",
+            {},
+            received,
+        )
+        return f.build()
+
+    def job_for_pid(self, pid: int) -> tuple[str, str] | None:
+        """(job id, job name) of the SDK job process `pid` speaks for, if any."""
+        with self._lock:
+            return self._table.job_for_pid(pid)
+
+    def pids_by_job(self) -> dict[str, list[int]]:
+        """The live processes of each SDK job that the agent can see."""
+        with self._lock:
+            return self._table.pids_by_job()
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    def handle(self, data: bytes, pid: int, truncated: bool = False) -> str | None:
+        """Validates and applies one datagram from process `pid` (0 = unknown); returns the
+        first drop reason or None. The receiving thread calls this; tests may too.
+
+        Counting is per message; a datagram refused whole (bad framing, bad field) counts
+        as one message, since how many it claimed to hold cannot be trusted."""
+        now = self._clock()
+        decoded = wire.REASON_SIZE if truncated else wire.decode_datagram(data)
+        with self._lock:
+            if isinstance(decoded, str):
+                self._received += 1
+                self._dropped[decoded] += 1
+                return decoded
+            self._received += len(decoded)
+            first: str | None = None
+            for msg in decoded:
+                reason = self._admit(msg, pid, now)
+                if reason is not None:
+                    self._dropped[reason] += 1
+                    first = first or reason
+            return first
+
+    def _admit(self, msg: wire.Message, pid: int, now: float) -> str | None:
+        if not self._bucket.take(now):
+            return wire.REASON_RATE
+        ident = self._identity(pid)
+        if ident is not None and ident.scheduler != SCHEDULER_PROCESS:
+            # The scheduler's id from the kernel beats the one the process sent: it joins
+            # gpufeed_job_info and cannot be forged by a process inside the job.
+            msg = wire.Message(
+                msg.kind,
+                ident.job_id,
+                msg.name,
+                msg.phase,
+                msg.seconds,
+                msg.compute_seconds,
+                msg.steps,
+                msg.checkpoint_bytes,
+            )
+        return self._table.apply(msg, pid, now)
+
+    def _run(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        anc = socket.CMSG_SPACE(_CREDS.size)
+        while not self._stop.is_set():
+            try:
+                data, ancdata, flags, _ = sock.recvmsg(wire.MAX_DATAGRAM_BYTES + 1, anc)
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if self._stop.is_set():
+                    return
+                log.warning("SDK socket %s: receive failed: %s", self.socket_path, exc)
+                time.sleep(_POLL_SECONDS)
+                continue
+            pid = 0
+            for level, kind, payload in ancdata:
+                if (
+                    level == socket.SOL_SOCKET
+                    and kind == socket.SCM_CREDENTIALS
+                    and len(payload) >= _CREDS.size
+                ):
+                    pid = _CREDS.unpack_from(payload)[0]
+            self.handle(data, pid, truncated=bool(flags & socket.MSG_TRUNC))
+
+    def _identity(self, pid: int) -> JobIdentity | None:
+        if pid <= 0:
+            return None
+        if pid in self._identities:
+            self._identities.move_to_end(pid)
+            return self._identities[pid]
+        ident = read_job_identity(self._procfs, pid)
+        self._identities[pid] = ident
+        if len(self._identities) > _IDENTITY_CACHE_SIZE:
+            self._identities.popitem(last=False)
+        return ident
+
+    def _pid_alive(self, pid: int) -> bool:
+        alive = (self._procfs / str(pid)).exists()
+        if not alive:
+            self._identities.pop(pid, None)  # the pid may be reused by another job
+        return alive
+
+    def _remove_stale(self, path: Path) -> None:
+        """A socket left by a previous agent is removed; anything else there is an error."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise OSError(f"SDK socket {path}: exists and is not a socket; not replacing it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # nobody listens: stale
+            return
+        finally:
+            probe.close()
+        raise OSError(f"SDK socket {path}: another agent is listening on it")

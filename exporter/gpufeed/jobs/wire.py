@@ -1,0 +1,164 @@
+"""The agent's decoder for SDK datagrams (format v1, described in gpufeed/sdk.py).
+
+A datagram holds one or more messages back to back (the SDK sends a whole flush in one).
+Everything that arrives on the socket is untrusted: `decode_datagram` either returns the
+messages, every field of each in range, or the name of the first rule the datagram broke
+(the `reason` label of gpufeed_sdk_messages_dropped_total); one bad message spoils the whole
+datagram, since what follows it cannot be trusted to be framed right. It never raises.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+WIRE_VERSION: Final = 1
+MAGIC: Final = b"gf"
+KIND_STEP: Final = 1
+KIND_PHASE: Final = 2
+KIND_CHECKPOINT: Final = 3
+KIND_EPOCH: Final = 4
+KIND_CLOSE: Final = 5
+PHASES: Final = ("compute", "data_wait", "checkpoint", "communication", "startup", "eval", "other")
+HEADER: Final = struct.Struct("<2sBBBBBBddq")
+MAX_JOB_ID_BYTES: Final = 128
+MAX_NAME_BYTES: Final = 64
+MAX_MESSAGE_BYTES: Final = HEADER.size + MAX_JOB_ID_BYTES + MAX_NAME_BYTES
+MAX_DATAGRAM_BYTES: Final = 8192
+
+# The longest duration one event may carry; anything longer is a broken clock or a forgery.
+MAX_EVENT_SECONDS: Final = 30 * 86400.0
+MAX_STEPS_PER_EVENT: Final = 1_000_000
+MAX_CHECKPOINT_BYTES: Final = 1 << 50  # 1 PiB
+
+# Reasons for dropping a datagram, as exported; decode returns the first four, the server
+# the other three.
+REASON_SIZE: Final = "size"
+REASON_VERSION: Final = "version"
+REASON_SCHEMA: Final = "schema"
+REASON_PHASE: Final = "phase"
+REASON_NAME_LENGTH: Final = "name_length"
+REASON_MAX_JOBS: Final = "max_jobs"
+REASON_RATE: Final = "rate"
+DROP_REASONS: Final = (
+    REASON_SIZE,
+    REASON_VERSION,
+    REASON_SCHEMA,
+    REASON_PHASE,
+    REASON_NAME_LENGTH,
+    REASON_MAX_JOBS,
+    REASON_RATE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    kind: int
+    job_id: str
+    name: str
+    phase: str = ""  # PHASE only
+    seconds: float = 0.0  # PHASE, CHECKPOINT, EPOCH: the duration; STEP: data_wait seconds
+    compute_seconds: float = 0.0  # STEP only
+    steps: int = 0  # STEP only
+    checkpoint_bytes: int | None = None  # CHECKPOINT only; None = not reported
+
+
+def decode_datagram(data: bytes) -> list[Message] | str:
+    """The datagram's validated messages, or the drop reason."""
+    if len(data) < HEADER.size or len(data) > MAX_DATAGRAM_BYTES:
+        return REASON_SIZE
+    out: list[Message] = []
+    offset = 0
+    while offset < len(data):
+        got = _decode_one(data, offset)
+        if isinstance(got, str):
+            return got
+        msg, offset = got
+        out.append(msg)
+    return out
+
+
+def _decode_one(data: bytes, offset: int) -> tuple[Message, int] | str:
+    if len(data) - offset < HEADER.size:
+        return REASON_SIZE
+    head = HEADER.unpack_from(data, offset)
+    magic, version, kind, phase, reserved, id_len, name_len, a, b, n = head
+    if magic != MAGIC:
+        return REASON_SCHEMA
+    if version != WIRE_VERSION:
+        return REASON_VERSION
+    if not KIND_STEP <= kind <= KIND_CLOSE or reserved != 0:
+        return REASON_SCHEMA
+    if not 0 < id_len <= MAX_JOB_ID_BYTES or not 0 < name_len <= MAX_NAME_BYTES:
+        return REASON_NAME_LENGTH
+    start = offset + HEADER.size
+    end = start + id_len + name_len
+    if end > len(data):
+        return REASON_SIZE
+    msg = _message(kind, phase, a, b, n, data[start : start + id_len], data[start + id_len : end])
+    return msg if isinstance(msg, str) else (msg, end)
+
+
+def _message(
+    kind: int, phase: int, a: float, b: float, n: int, raw_id: bytes, raw_name: bytes
+) -> Message | str:
+    job_id = _label_text(raw_id)
+    name = _label_text(raw_name)
+    if job_id is None or name is None:
+        return REASON_SCHEMA
+    if not (_duration_ok(a) and _duration_ok(b)):
+        return REASON_SCHEMA
+    if kind == KIND_PHASE:
+        if phase >= len(PHASES):
+            return REASON_PHASE
+        if b != 0.0 or n != 0:
+            return REASON_SCHEMA
+        return Message(kind, job_id, name, phase=PHASES[phase], seconds=a)
+    if phase != 0:
+        return REASON_PHASE
+    if kind == KIND_STEP:
+        if not 0 <= n <= MAX_STEPS_PER_EVENT:
+            return REASON_SCHEMA
+        return Message(kind, job_id, name, seconds=a, compute_seconds=b, steps=n)
+    if b != 0.0:
+        return REASON_SCHEMA
+    if kind == KIND_CHECKPOINT:
+        if not -1 <= n <= MAX_CHECKPOINT_BYTES:
+            return REASON_SCHEMA
+        return Message(kind, job_id, name, seconds=a, checkpoint_bytes=None if n < 0 else n)
+    if n != 0 or (kind == KIND_CLOSE and a != 0.0):
+        return REASON_SCHEMA
+    return Message(kind, job_id, name, seconds=a)
+
+
+def encode(msg: Message) -> bytes:
+    """One message's bytes (tests and tools; the SDK has its own copy of this); a datagram
+    is one or more of these concatenated."""
+    job_id, name = msg.job_id.encode(), msg.name.encode()
+    phase = PHASES.index(msg.phase) if msg.kind == KIND_PHASE else 0
+    if msg.kind == KIND_STEP:
+        a, b, n = msg.seconds, msg.compute_seconds, msg.steps
+    elif msg.kind == KIND_CHECKPOINT:
+        a, b = msg.seconds, 0.0
+        n = -1 if msg.checkpoint_bytes is None else msg.checkpoint_bytes
+    else:
+        a, b, n = msg.seconds, 0.0, 0
+    head = HEADER.pack(MAGIC, WIRE_VERSION, msg.kind, phase, 0, len(job_id), len(name), a, b, n)
+    return head + job_id + name
+
+
+def _duration_ok(x: float) -> bool:
+    return math.isfinite(x) and 0.0 <= x <= MAX_EVENT_SECONDS
+
+
+def _label_text(raw: bytes) -> str | None:
+    """UTF-8 without control characters (they would garble logs and label values)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if not text.strip() or any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in text):
+        return None
+    return text

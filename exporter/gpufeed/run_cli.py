@@ -1,0 +1,107 @@
+"""`gpufeed run -- COMMAND ...`: runs a program with zero-code PyTorch instrumentation.
+
+The command runs with gpufeed/inject/ first on PYTHONPATH (its sitecustomize patches torch
+when the program imports it) and GPUFEED_SOCKET set, and every process it starts inherits
+both: torchrun's ranks, mpirun's, a shell script's pythons. See docs/jobs.md for coverage.
+
+Runnable on its own as `python -m gpufeed.run_cli [--socket P] [--name N] -- COMMAND ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+
+from gpufeed.config import DEFAULT_SDK_SOCKET
+
+INJECT_DIR = Path(__file__).resolve().parent / "inject"
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def instrumented_env(
+    base: Mapping[str, str], socket_path: str | None = None, name: str | None = None
+) -> dict[str, str]:
+    """The environment a command runs in under `gpufeed run`."""
+    env = dict(base)
+    inject = str(INJECT_DIR)
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != inject]
+    env["PYTHONPATH"] = os.pathsep.join([inject, *rest])
+    env["GPUFEED_SOCKET"] = socket_path or env.get("GPUFEED_SOCKET") or DEFAULT_SDK_SOCKET
+    if name:
+        env["GPUFEED_JOB_NAME"] = name
+    return env
+
+
+def run_command(
+    command: Sequence[str], socket_path: str | None = None, name: str | None = None
+) -> int:
+    """Runs `command` instrumented, forwarding signals; returns its exit status the way a
+    shell would (128 + N for a command killed by signal N)."""
+    if not command:
+        raise ValueError("gpufeed run needs a command after --")
+    env = instrumented_env(os.environ, socket_path, name or Path(command[0]).name)
+    try:
+        proc = subprocess.Popen(list(command), env=env)
+    except OSError as exc:
+        print(f"gpufeed run: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in _FORWARDED}
+    try:
+        code = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 - code if code < 0 else code
+
+
+def _func(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("gpufeed run: give a command after --", file=sys.stderr)
+        return 2
+    return run_command(command, args.socket, args.name)
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="the agent's SDK socket (default: $GPUFEED_SOCKET, else " + DEFAULT_SDK_SOCKET + ")",
+    )
+    p.add_argument("--name", help="the job's name (default: the command's name)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
+    p.set_defaults(func=_func)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "run",
+        help="run a PyTorch program with zero-code job instrumentation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_arguments(p)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="gpufeed run", description=__doc__)
+    _add_arguments(p)
+    args = p.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

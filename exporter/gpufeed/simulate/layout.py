@@ -1,0 +1,92 @@
+"""Where each simulated quantity lives in the engine's flat value lists.
+
+The engine keeps every gauge of one time cell in one list of floats and every counter's
+running total in another, so that a cell is cheap to compute, to copy into the history, and
+to turn into millions of trace samples. This module names the offsets.
+"""
+
+from __future__ import annotations
+
+from gpufeed.simulate.scenario import CLOCK_EVENT_REASONS, Scenario
+
+SDK_PHASES = ("compute", "data_wait", "checkpoint", "communication", "startup", "eval", "other")
+CPU_MODES = ("user", "system", "iowait", "idle", "irq", "softirq", "steal", "nice")
+PRESSURE_SOME = ("cpu", "io", "memory")
+PRESSURE_FULL = ("io", "memory")
+CHECKPOINT_BUCKETS_SECONDS = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+EPOCH_BUCKETS_SECONDS = (60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0)
+
+# per-GPU gauges
+G_UP, G_UTIL, G_SMACT, G_MEMBW, G_MEMUSED, G_POWER, G_TEMP, G_CLOCK, G_REASONS = range(9)
+GPU_GAUGES = G_REASONS + len(CLOCK_EVENT_REASONS)
+# per-GPU counters
+C_ENERGY, C_PCIE_TX, C_PCIE_RX, C_NVL_TX, C_NVL_RX, C_XID79 = range(6)
+GPU_COUNTERS = 6
+# per-tier counters (and one gauge: free bytes)
+T_READ_B, T_WRITE_B, T_READS, T_WRITES, T_READ_T, T_WRITE_T, T_IO_T, T_IO_W = range(8)
+TIER_COUNTERS = 8
+# per-port counters
+P_RX, P_TX, P_WAIT = range(3)
+PORT_COUNTERS = 3
+# host counters: cpu modes, then pressure some, then pressure full
+H_CPU = 0
+H_SOME = len(CPU_MODES)
+H_FULL = H_SOME + len(PRESSURE_SOME)
+HOST_COUNTERS = H_FULL + len(PRESSURE_FULL)
+
+
+class Layout:
+    """Offsets of every entity's block in the gauge and counter lists of one scenario."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        s = scenario
+        self.n_gpus = s.node.gpus
+        self.n_tiers = len(s.tiers)
+        self.n_ports = len(s.ports)
+        self.n_jobs = len(s.jobs)
+        # gauges: GPUs, then tier free bytes, then host memory available
+        self.g_gpu = 0
+        self.g_tier_free = self.n_gpus * GPU_GAUGES
+        self.g_mem_available = self.g_tier_free + self.n_tiers
+        self.n_gauges = self.g_mem_available + 1
+        # counters: GPUs, tiers, ports, host, jobs
+        self.c_gpu = 0
+        self.c_tier = self.n_gpus * GPU_COUNTERS
+        self.c_port = self.c_tier + self.n_tiers * TIER_COUNTERS
+        self.c_host = self.c_port + self.n_ports * PORT_COUNTERS
+        self.c_job = self.c_host + HOST_COUNTERS
+        # per job: sdk phases, steps, checkpoint bytes, per-tier read+write, two histograms
+        self.j_phase = 0
+        self.j_steps = len(SDK_PHASES)
+        self.j_ckpt_bytes = self.j_steps + 1
+        self.j_tier_read = self.j_ckpt_bytes + 1
+        self.j_tier_write = self.j_tier_read + self.n_tiers
+        self.j_ckpt_hist = self.j_tier_write + self.n_tiers  # buckets..., +Inf, sum, count
+        self.j_epoch_hist = self.j_ckpt_hist + len(CHECKPOINT_BUCKETS_SECONDS) + 3
+        self.job_counters = self.j_epoch_hist + len(EPOCH_BUCKETS_SECONDS) + 3
+        self.n_counters = self.c_job + self.n_jobs * self.job_counters
+        # counters that jump by whole events (histograms, XIDs) are never interpolated
+        self.event_counter = [False] * self.n_counters
+        for g in range(self.n_gpus):
+            self.event_counter[self.gc(g, C_XID79)] = True
+        for j in range(self.n_jobs):
+            for i in range(self.j_ckpt_hist, self.job_counters):
+                self.event_counter[self.jc(j, i)] = True
+
+    def gg(self, gpu: int, i: int) -> int:
+        return self.g_gpu + gpu * GPU_GAUGES + i
+
+    def gc(self, gpu: int, i: int) -> int:
+        return self.c_gpu + gpu * GPU_COUNTERS + i
+
+    def tc(self, tier: int, i: int) -> int:
+        return self.c_tier + tier * TIER_COUNTERS + i
+
+    def pc(self, port: int, i: int) -> int:
+        return self.c_port + port * PORT_COUNTERS + i
+
+    def hc(self, i: int) -> int:
+        return self.c_host + i
+
+    def jc(self, job: int, i: int) -> int:
+        return self.c_job + job * self.job_counters + i

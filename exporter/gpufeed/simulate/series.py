@@ -1,0 +1,301 @@
+"""Every contract series the simulated node exposes, as a table over the engine's value lists.
+
+Which series exist, with which labels, is data (one `SeriesDef` per series), not code
+paths: the live collector and the trace generator read the same table, so a recorded trace
+and a scrape of `--simulate` carry exactly the same names and labels.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpufeed.gpu.backend import GpuIdentity
+from gpufeed.model import Family, LabelPairs, MetricType, Sample, label_pairs
+from gpufeed.simulate import layout as L
+from gpufeed.simulate.engine import mix
+from gpufeed.simulate.scenario import CLOCK_EVENT_REASONS, Scenario
+
+ALWAYS, GPU_UP, JOB_PRESENT, NONZERO = range(4)
+CONST, GAUGE, COUNTER = range(3)
+
+HELP = {
+    "gpufeed_gpu_info": "GPU identity; backend is nvml or simulated.",
+    "gpufeed_gpu_up": "1 while the GPU answers, 0 once it is lost (XID 79, fallen off the bus).",
+    "gpufeed_gpu_utilization_ratio": "Fraction of the last sample period in which a kernel ran.",
+    "gpufeed_gpu_sm_active_ratio": "SM activity (NVML GPM).",
+    "gpufeed_gpu_memory_bandwidth_utilization_ratio": "Fraction of time device memory was read or written.",
+    "gpufeed_gpu_memory_used_bytes": "Framebuffer memory used.",
+    "gpufeed_gpu_memory_total_bytes": "Framebuffer memory total.",
+    "gpufeed_gpu_power_watts": "Power draw.",
+    "gpufeed_gpu_energy_joules_total": "Energy since driver load.",
+    "gpufeed_gpu_temperature_celsius": "Core temperature.",
+    "gpufeed_gpu_sm_clock_hertz": "SM clock.",
+    "gpufeed_gpu_clock_event_active": "1 while the clock event reason is active.",
+    "gpufeed_gpu_pcie_transmit_bytes_total": "PCIe bytes sent, device to host.",
+    "gpufeed_gpu_pcie_receive_bytes_total": "PCIe bytes received, host to device.",
+    "gpufeed_gpu_nvlink_transmit_bytes_total": "NVLink bytes sent, summed over links.",
+    "gpufeed_gpu_nvlink_receive_bytes_total": "NVLink bytes received, summed over links.",
+    "gpufeed_gpu_xid_errors_total": "XID events.",
+    "gpufeed_storage_read_bytes_total": "Bytes read on the tier's mount.",
+    "gpufeed_storage_written_bytes_total": "Bytes written on the tier's mount.",
+    "gpufeed_storage_reads_completed_total": "Completed reads.",
+    "gpufeed_storage_writes_completed_total": "Completed writes.",
+    "gpufeed_storage_read_time_seconds_total": "Time spent on reads.",
+    "gpufeed_storage_write_time_seconds_total": "Time spent on writes.",
+    "gpufeed_storage_io_time_seconds_total": "Time the device was busy.",
+    "gpufeed_storage_io_time_weighted_seconds_total": "In-flight-weighted I/O time (rate = average queue depth).",
+    "gpufeed_storage_capacity_bytes": "Filesystem size.",
+    "gpufeed_storage_free_bytes": "Filesystem free space.",
+    "gpufeed_network_receive_bytes_total": "Bytes received.",
+    "gpufeed_network_transmit_bytes_total": "Bytes transmitted.",
+    "gpufeed_network_speed_bytes_per_second": "Link speed.",
+    "gpufeed_network_transmit_wait_seconds_total": "Time the port had data to send but could not.",
+    "gpufeed_host_cpu_seconds_total": "CPU time summed over all CPUs, by mode.",
+    "gpufeed_host_cpus": "Logical CPUs.",
+    "gpufeed_host_pressure_waiting_seconds_total": "PSI some total.",
+    "gpufeed_host_pressure_stalled_seconds_total": "PSI full total.",
+    "gpufeed_host_memory_available_bytes": "MemAvailable.",
+    "gpufeed_job_info": "Which job holds which GPU.",
+    "gpufeed_job_phase_seconds_total": "Time the job reports in each phase (job SDK).",
+    "gpufeed_job_steps_total": "Training steps completed.",
+    "gpufeed_job_checkpoint_seconds": "Checkpoint save durations.",
+    "gpufeed_job_checkpoint_written_bytes_total": "Checkpoint bytes written.",
+    "gpufeed_job_epoch_seconds": "Epoch durations.",
+    "gpufeed_job_storage_read_bytes_total": "Bytes the job read per tier.",
+    "gpufeed_job_storage_written_bytes_total": "Bytes the job wrote per tier.",
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesDef:
+    family: str
+    type: MetricType
+    sample: str  # the sample's own name (`..._bucket`, `..._sum` for histograms)
+    labels: LabelPairs
+    source: int  # CONST, GAUGE or COUNTER
+    index: int  # into the gauge or counter list
+    const: float = 0.0
+    gate: int = ALWAYS  # when the series is present
+    gate_index: int = -1  # the GPU or job the gate looks at
+    integer: bool = False  # counts of whole things (steps) are floored
+
+
+def gpu_identities(scenario: Scenario, seed: int) -> list[GpuIdentity]:
+    """Stable, seed-dependent UUIDs and PCI addresses, so that two simulated nodes differ."""
+    out = []
+    for g in range(scenario.node.gpus):
+        h = random.Random(mix(seed, 11, g)).getrandbits(128)
+        x = f"{h:032x}"
+        uuid = f"GPU-{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+        bus = f"00000000:{0x18 + 0x10 * g:02X}:00.0"
+        out.append(GpuIdentity(g, uuid, scenario.node.gpu_name, scenario.node.driver_version, bus))
+    return out
+
+
+def gpu_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -> list[SeriesDef]:
+    """GPU series as the GPU collector renders them (used by the trace generator)."""
+    out: list[SeriesDef] = []
+
+    def add(fam: str, typ: MetricType, labels: dict[str, str], src: int, idx: int,
+            const: float = 0.0, gate: int = GPU_UP, g: int = -1) -> None:  # fmt: skip
+        out.append(SeriesDef(fam, typ, fam, label_pairs(labels), src, idx, const, gate, g))
+
+    for ident in ids:
+        g = ident.index
+        base = {"gpu": str(g), "uuid": ident.uuid}
+        info = {**base, "name": ident.name, "driver_version": ident.driver_version,
+                "pci_bus_id": ident.pci_bus_id, "backend": "simulated"}  # fmt: skip
+        add("gpufeed_gpu_info", "gauge", info, CONST, 0, 1.0, ALWAYS)
+        add("gpufeed_gpu_up", "gauge", base, GAUGE, lay.gg(g, L.G_UP), gate=ALWAYS)
+        gauges = [
+            ("gpufeed_gpu_utilization_ratio", L.G_UTIL),
+            ("gpufeed_gpu_sm_active_ratio", L.G_SMACT),
+            ("gpufeed_gpu_memory_bandwidth_utilization_ratio", L.G_MEMBW),
+            ("gpufeed_gpu_memory_used_bytes", L.G_MEMUSED),
+            ("gpufeed_gpu_power_watts", L.G_POWER),
+            ("gpufeed_gpu_temperature_celsius", L.G_TEMP),
+            ("gpufeed_gpu_sm_clock_hertz", L.G_CLOCK),
+        ]
+        for fam, i in gauges:
+            if i == L.G_SMACT and not scenario.node.sm_active:
+                continue
+            add(fam, "gauge", base, GAUGE, lay.gg(g, i), g=g)
+        add(
+            "gpufeed_gpu_memory_total_bytes",
+            "gauge",
+            base,
+            CONST,
+            0,
+            scenario.node.gpu_memory_bytes,
+            g=g,
+        )
+        for r, reason in enumerate(CLOCK_EVENT_REASONS):
+            add("gpufeed_gpu_clock_event_active", "gauge", {**base, "reason": reason}, GAUGE,
+                lay.gg(g, L.G_REASONS + r), g=g)  # fmt: skip
+        counters = [
+            ("gpufeed_gpu_energy_joules_total", L.C_ENERGY),
+            ("gpufeed_gpu_pcie_transmit_bytes_total", L.C_PCIE_TX),
+            ("gpufeed_gpu_pcie_receive_bytes_total", L.C_PCIE_RX),
+            ("gpufeed_gpu_nvlink_transmit_bytes_total", L.C_NVL_TX),
+            ("gpufeed_gpu_nvlink_receive_bytes_total", L.C_NVL_RX),
+        ]
+        for fam, i in counters:
+            add(fam, "counter", base, COUNTER, lay.gc(g, i), g=g)
+        out.append(SeriesDef("gpufeed_gpu_xid_errors_total", "counter",
+                             "gpufeed_gpu_xid_errors_total", label_pairs({**base, "xid": "79"}),
+                             COUNTER, lay.gc(g, L.C_XID79), 0.0, NONZERO, -1))  # fmt: skip
+    return _by_family(out)
+
+
+def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -> list[SeriesDef]:
+    """Storage, network, host and job series (what the `simulated` collector emits)."""
+    out: list[SeriesDef] = []
+
+    def add(fam: str, typ: MetricType, labels: dict[str, str], src: int, idx: int,
+            const: float = 0.0, gate: int = ALWAYS, gi: int = -1, sample: str = "",
+            integer: bool = False) -> None:  # fmt: skip
+        out.append(SeriesDef(fam, typ, sample or fam, label_pairs(labels), src, idx, const,
+                             gate, gi, integer))  # fmt: skip
+
+    s = scenario
+    for t, tier in enumerate(s.tiers):
+        lab = {"tier": tier.name, "mountpoint": tier.mountpoint}
+        if tier.device is not None:
+            lab["device"] = tier.device
+        for fam, i in (
+            ("gpufeed_storage_read_bytes_total", L.T_READ_B),
+            ("gpufeed_storage_written_bytes_total", L.T_WRITE_B),
+            ("gpufeed_storage_reads_completed_total", L.T_READS),
+            ("gpufeed_storage_writes_completed_total", L.T_WRITES),
+            ("gpufeed_storage_read_time_seconds_total", L.T_READ_T),
+            ("gpufeed_storage_write_time_seconds_total", L.T_WRITE_T),
+            ("gpufeed_storage_io_time_seconds_total", L.T_IO_T),
+            ("gpufeed_storage_io_time_weighted_seconds_total", L.T_IO_W),
+        ):
+            if i in (L.T_IO_T, L.T_IO_W) and tier.device is None:
+                continue  # a network filesystem has no block-device busy time: absent
+            add(fam, "counter", lab, COUNTER, lay.tc(t, i), integer=i in (L.T_READS, L.T_WRITES))
+        add("gpufeed_storage_capacity_bytes", "gauge", lab, CONST, 0, tier.capacity_bytes)
+        add("gpufeed_storage_free_bytes", "gauge", lab, GAUGE, lay.g_tier_free + t)
+    for p, port in enumerate(s.ports):
+        lab = {"device": port.device, "fabric": port.fabric}
+        if port.port is not None:
+            lab["port"] = port.port
+        add("gpufeed_network_receive_bytes_total", "counter", lab, COUNTER, lay.pc(p, L.P_RX))
+        add("gpufeed_network_transmit_bytes_total", "counter", lab, COUNTER, lay.pc(p, L.P_TX))
+        add(
+            "gpufeed_network_speed_bytes_per_second",
+            "gauge",
+            lab,
+            CONST,
+            0,
+            port.speed_bytes_per_second,
+        )
+        if port.counts_transmit_wait:
+            add("gpufeed_network_transmit_wait_seconds_total", "counter", lab, COUNTER,
+                lay.pc(p, L.P_WAIT))  # fmt: skip
+    for i, mode in enumerate(L.CPU_MODES):
+        add(
+            "gpufeed_host_cpu_seconds_total",
+            "counter",
+            {"mode": mode},
+            COUNTER,
+            lay.hc(L.H_CPU + i),
+        )
+    add("gpufeed_host_cpus", "gauge", {}, CONST, 0, float(s.node.cpus))
+    for i, res in enumerate(L.PRESSURE_SOME):
+        add("gpufeed_host_pressure_waiting_seconds_total", "counter", {"resource": res}, COUNTER,
+            lay.hc(L.H_SOME + i))  # fmt: skip
+    for i, res in enumerate(L.PRESSURE_FULL):
+        add("gpufeed_host_pressure_stalled_seconds_total", "counter", {"resource": res}, COUNTER,
+            lay.hc(L.H_FULL + i))  # fmt: skip
+    add("gpufeed_host_memory_available_bytes", "gauge", {}, GAUGE, lay.g_mem_available)
+    for j, job in enumerate(s.jobs):
+        jl = {"job_id": job.job_id}
+        for g in job.gpus:
+            info = {**jl, "gpu": str(g), "uuid": ids[g].uuid, "scheduler": job.scheduler,
+                    "name": job.name}  # fmt: skip
+            add("gpufeed_job_info", "gauge", info, CONST, 0, 1.0, JOB_PRESENT, j)
+        if job.sdk:
+            for i, phase in enumerate(L.SDK_PHASES):
+                add("gpufeed_job_phase_seconds_total", "counter", {**jl, "phase": phase}, COUNTER,
+                    lay.jc(j, lay.j_phase + i), gate=JOB_PRESENT, gi=j)  # fmt: skip
+            add("gpufeed_job_steps_total", "counter", jl, COUNTER, lay.jc(j, lay.j_steps),
+                gate=JOB_PRESENT, gi=j, integer=True)  # fmt: skip
+            for fam, base, buckets in (
+                ("gpufeed_job_checkpoint_seconds", lay.j_ckpt_hist, L.CHECKPOINT_BUCKETS_SECONDS),
+                ("gpufeed_job_epoch_seconds", lay.j_epoch_hist, L.EPOCH_BUCKETS_SECONDS),
+            ):
+                for i, le in enumerate((*buckets, math.inf)):
+                    le_s = "+Inf" if math.isinf(le) else repr(le)
+                    add(fam, "histogram", {**jl, "le": le_s}, COUNTER, lay.jc(j, base + i),
+                        gate=JOB_PRESENT, gi=j, sample=fam + "_bucket")  # fmt: skip
+                nb = len(buckets) + 1
+                add(fam, "histogram", jl, COUNTER, lay.jc(j, base + nb), gate=JOB_PRESENT, gi=j,
+                    sample=fam + "_sum")  # fmt: skip
+                add(fam, "histogram", jl, COUNTER, lay.jc(j, base + nb + 1), gate=JOB_PRESENT,
+                    gi=j, sample=fam + "_count")  # fmt: skip
+            add("gpufeed_job_checkpoint_written_bytes_total", "counter", jl, COUNTER,
+                lay.jc(j, lay.j_ckpt_bytes), gate=JOB_PRESENT, gi=j)  # fmt: skip
+        # per-tier I/O comes from cgroup accounting, not the SDK: present without it too,
+        # for the tiers the job touches (cgroup io.stat lists only devices it used)
+        touched = {job.data_tier, job.checkpoint_tier} | {ph.tier for ph in job.phases if ph.tier}
+        for t, tier in enumerate(s.tiers):
+            if tier.name not in touched:
+                continue
+            tl = {**jl, "tier": tier.name}
+            add("gpufeed_job_storage_read_bytes_total", "counter", tl, COUNTER,
+                lay.jc(j, lay.j_tier_read + t), gate=JOB_PRESENT, gi=j)  # fmt: skip
+            add("gpufeed_job_storage_written_bytes_total", "counter", tl, COUNTER,
+                lay.jc(j, lay.j_tier_write + t), gate=JOB_PRESENT, gi=j)  # fmt: skip
+    return _by_family(out)
+
+
+def _by_family(defs: list[SeriesDef]) -> list[SeriesDef]:
+    """Groups series by family (stable), as exposition formats want them contiguous."""
+    order: dict[str, int] = {}
+    for d in defs:
+        order.setdefault(d.family, len(order))
+    return sorted(defs, key=lambda d: order[d.family])
+
+
+def value_of(
+    d: SeriesDef, gauges: Sequence[float], counters: Sequence[float],
+    up: Sequence[bool], present: Sequence[bool],
+) -> float | None:  # fmt: skip
+    """The series' value in one reading, or None where the series is absent."""
+    if d.gate == GPU_UP and not up[d.gate_index]:
+        return None
+    if d.gate == JOB_PRESENT and not present[d.gate_index]:
+        return None
+    if d.source == CONST:
+        return d.const
+    v = gauges[d.index] if d.source == GAUGE else counters[d.index]
+    if d.gate == NONZERO and v == 0:
+        return None
+    return math.floor(v) if d.integer else v
+
+
+def render(
+    defs: Sequence[SeriesDef], gauges: Sequence[float], counters: Sequence[float],
+    up: Sequence[bool], present: Sequence[bool],
+) -> list[Family]:  # fmt: skip
+    """Families of one reading; a family whose series are all absent is left out."""
+    out: list[Family] = []
+    cur: list[Sample] = []
+    prev: SeriesDef | None = None
+    for d in defs:
+        if prev is not None and d.family != prev.family:
+            if cur:
+                out.append(Family(prev.family, prev.type, HELP[prev.family], tuple(cur)))
+            cur = []
+        prev = d
+        v = value_of(d, gauges, counters, up, present)
+        if v is not None:
+            cur.append(Sample(d.sample, d.labels, float(v)))
+    if prev is not None and cur:
+        out.append(Family(prev.family, prev.type, HELP[prev.family], tuple(cur)))
+    return out

@@ -1,0 +1,152 @@
+"""Alert and recording rules: promtool check and promtool unit tests (real binaries), the
+committed file matches the generator, and the conventions hold for every rule."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from stack_support import (
+    EXTRA_METRICS,
+    REPO_ROOT,
+    RULES_FILE,
+    contract_metrics,
+    contract_path,
+    metric_names,
+    promtool,
+    recorded_names,
+    repo_module,
+    rule_exprs,
+)
+
+build = repo_module("alerts.build")
+RulesConfig = repo_module("alerts.config").RulesConfig
+
+TESTS_DIR = REPO_ROOT / "alerts" / "tests"
+RUNBOOKS = REPO_ROOT / "docs" / "runbooks.md"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+
+
+def alerts(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
+
+
+@pytest.fixture(scope="module")
+def shipped() -> dict[str, Any]:
+    return yaml.safe_load(RULES_FILE.read_text(encoding="utf-8"))
+
+
+def test_promtool_check_rules_is_clean() -> None:
+    result = run(promtool(), "check", "rules", str(RULES_FILE))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_promtool_unit_tests_pass() -> None:
+    files = sorted(str(p) for p in TESTS_DIR.glob("*.yml"))
+    assert files
+    result = run(promtool(), "test", "rules", *files)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_unit_tests_can_fail(tmp_path: Path) -> None:
+    # The same tests against rules with a higher threshold must fail: the tests pin the
+    # rules' behaviour, they do not just run them.
+    changed = RulesConfig(utilization_threshold_ratio=0.2, fabric_congested_for="11m")
+    rules = tmp_path / "gpufeed.rules.yml"
+    rules.write_text(build.render(changed), encoding="utf-8")
+    for test in TESTS_DIR.glob("*.yml"):
+        (tmp_path / "tests").mkdir(exist_ok=True)
+        (tmp_path / "tests" / test.name).write_text(test.read_text(encoding="utf-8"))
+    result = run(
+        promtool(), "test", "rules", *sorted(str(p) for p in (tmp_path / "tests").glob("*.yml"))
+    )
+    assert result.returncode != 0
+    assert "GpuUtilizationLow" in result.stdout + result.stderr
+    assert "FabricCongested" in result.stdout + result.stderr
+
+
+def test_committed_rules_match_the_generator() -> None:
+    assert RULES_FILE.read_text(encoding="utf-8") == build.render(), "stale: make alerts"
+    assert build.main(["--check"]) == 0
+
+
+def test_for_override_shortens_every_for_in_a_copy(tmp_path: Path) -> None:
+    before = RULES_FILE.read_text(encoding="utf-8")
+    out = tmp_path / "fast.rules.yml"
+    assert build.main(["--for", "7s", "--out", str(out)]) == 0
+    fast = yaml.safe_load(out.read_text(encoding="utf-8"))
+    shipped = yaml.safe_load(before)
+    for fast_rule, rule in zip(alerts(fast), alerts(shipped), strict=True):
+        assert fast_rule["alert"] == rule["alert"]
+        assert fast_rule["expr"] == rule["expr"]
+        assert fast_rule.get("for") == ("7s" if "for" in rule else None)
+    assert RULES_FILE.read_text(encoding="utf-8") == before
+    result = run(promtool(), "check", "rules", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_alert_conventions(shipped: dict[str, Any]) -> None:
+    anchors = set(re.findall(r"^## (\w+)\s*$", RUNBOOKS.read_text(encoding="utf-8"), re.M))
+    for rule in alerts(shipped):
+        name = rule["alert"]
+        assert re.fullmatch(r"(?:[A-Z][a-z0-9]+)+", name), f"{name}: not CamelCase"
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
+        ann = rule["annotations"]
+        assert set(ann) == {"summary", "description", "runbook_url"}, name
+        assert "{{" not in ann["summary"], f"{name}: summary must be static"
+        assert "{{" in ann["description"], f"{name}: description must be templated"
+        assert ann["runbook_url"].endswith(f"docs/runbooks.md#{name.lower()}"), name
+        assert name in anchors, f"{name}: no '## {name}' section in docs/runbooks.md"
+
+
+def test_gpu_utilization_low_contract(shipped: dict[str, Any]) -> None:
+    rule = next(r for r in alerts(shipped) if r["alert"] == "GpuUtilizationLow")
+    value, unit = re.fullmatch(r"(\d+)([smh])", rule["for"]).groups()  # type: ignore[union-attr]
+    assert int(value) * {"s": 1, "m": 60, "h": 3600}[unit] <= 15 * 60
+    assert "< 0.8" in rule["expr"]
+    assert "gpufeed_job_info" in rule["expr"]
+    assert "group_left (cause)" in rule["expr"]
+    assert '"cause", "unknown"' in rule["expr"]
+    for cause in RulesConfig().cause_hints:
+        if cause != "unknown":
+            assert f'eq $labels.cause "{cause}"' in rule["annotations"]["description"]
+    assert {"critical"} == {
+        r["labels"]["severity"] for r in alerts(shipped) if r["alert"] in {"GpuFatalXid", "GpuLost"}
+    }
+
+
+def test_every_alert_and_recording_rule_has_a_unit_test(shipped: dict[str, Any]) -> None:
+    tested_alerts: set[str] = set()
+    tested_exprs: set[str] = set()
+    for path in TESTS_DIR.glob("*.yml"):
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        for case in doc["tests"]:
+            for t in case.get("alert_rule_test", []):
+                if t["exp_alerts"]:  # a firing check; the not-yet-firing side is below
+                    tested_alerts.add(t["alertname"])
+            for t in case.get("promql_expr_test", []):
+                tested_exprs.add(t["expr"])
+            # Both sides of the boundary: some eval_time with no alert for each name.
+            quiet = {t["alertname"] for t in case.get("alert_rule_test", []) if not t["exp_alerts"]}
+            fired = {t["alertname"] for t in case.get("alert_rule_test", []) if t["exp_alerts"]}
+            assert fired <= quiet, f"{path.name}: {fired - quiet} only tested firing"
+    assert {r["alert"] for r in alerts(shipped)} <= tested_alerts
+    assert recorded_names() <= tested_exprs
+
+
+def test_rules_use_contract_metrics_only() -> None:
+    path = contract_path()
+    if path is None:
+        pytest.skip("metrics contract not found (../shared/metrics-contract.md)")
+    allowed = contract_metrics(path.read_text(encoding="utf-8")) | recorded_names() | EXTRA_METRICS
+    for name, expr in rule_exprs():
+        assert metric_names(expr) <= allowed, f"{name}: {metric_names(expr) - allowed}"

@@ -1,0 +1,165 @@
+"""The compose stack's configs: checked by promtool and amtool (real binaries), routing by
+cause tested through amtool's route tester, and the compose files wired consistently."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from stack_support import (
+    REPO_ROOT,
+    alertmanager_config_for_test,
+    prometheus_config_for_test,
+    promtool,
+)
+
+COMPOSE = REPO_ROOT / "compose"
+PROMETHEUS_YML = COMPOSE / "prometheus" / "prometheus.yml"
+ALERTMANAGER_YML = COMPOSE / "alertmanager" / "alertmanager.yml"
+AGENT_PORT = 9842
+
+
+def amtool() -> str:
+    path = shutil.which("amtool")
+    assert path, "amtool not found (Debian package prometheus-alertmanager)"
+    return path
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+
+
+def load(path: Path) -> Any:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def test_prometheus_config_checks_clean_with_the_rules() -> None:
+    result = run(promtool(), "check", "config", str(PROMETHEUS_YML))
+    assert result.returncode == 0, result.stdout + result.stderr
+    # The rule file is found and checked through the config, as the container loads it.
+    assert "gpufeed.rules.yml" in result.stdout
+    assert "1 rule files found" in result.stdout
+
+
+def test_alertmanager_config_checks_clean() -> None:
+    result = run(amtool(), "check-config", str(ALERTMANAGER_YML))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        (["alertname=GpuUtilizationLow", "cause=data_loading"], "storage-owners"),
+        (["alertname=GpuUtilizationLow", "cause=checkpointing"], "storage-owners"),
+        (["alertname=GpuUtilizationLow", "cause=network"], "network-team"),
+        (["alertname=GpuUtilizationLow", "cause=preprocessing"], "job-owners"),
+        (["alertname=GpuUtilizationLow", "cause=throttling"], "oncall"),
+        (["alertname=GpuUtilizationLow", "cause=unknown"], "oncall"),
+        (["alertname=GpuLost", "severity=critical"], "oncall"),
+    ],
+)
+def test_alertmanager_routes_by_cause(labels: list[str], receiver: str) -> None:
+    result = run(amtool(), "config", "routes", "test", f"--config.file={ALERTMANAGER_YML}", *labels)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == [receiver]
+
+
+def test_compose_services_are_wired_together() -> None:
+    compose = load(COMPOSE / "docker-compose.yml")
+    services = compose["services"]
+    assert set(services) == {"agent", "prometheus", "alertmanager", "grafana"}
+
+    agent = services["agent"]
+    assert agent["command"][:2] == ["agent", "--simulate"]
+    assert f"0.0.0.0:{AGENT_PORT}" in agent["command"]
+    assert (COMPOSE / agent["build"]["context"] / agent["build"]["dockerfile"]).is_file()
+
+    prom = load(PROMETHEUS_YML)
+    scrape = {c["job_name"]: c for c in prom["scrape_configs"]}
+    assert scrape["gpufeed"]["static_configs"][0]["targets"] == [f"agent:{AGENT_PORT}"]
+    am_targets = prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"]
+    assert am_targets == ["alertmanager:9093"]
+
+    # Every bind mount exists in the repository, and Prometheus reads its config and rules
+    # where they are mounted.
+    mounts: dict[str, dict[str, Path]] = {}
+    for name, svc in services.items():
+        for volume in svc.get("volumes", []):
+            source, target = volume.split(":")[:2]
+            if source.startswith("."):
+                assert (COMPOSE / source).exists(), f"{name}: {source} missing"
+                mounts.setdefault(name, {})[target] = (COMPOSE / source).resolve()
+    config_flag = next(
+        a for a in services["prometheus"]["command"] if a.startswith("--config.file=")
+    )
+    config_in_container = Path(config_flag.split("=", 1)[1])
+    assert mounts["prometheus"][str(config_in_container)] == PROMETHEUS_YML.resolve()
+    for rule_file in prom["rule_files"]:
+        in_container = (config_in_container.parent / rule_file).resolve()
+        assert (
+            mounts["prometheus"][str(in_container)] == (PROMETHEUS_YML.parent / rule_file).resolve()
+        )
+
+    # Grafana: the datasource points at the prometheus service; the dashboards provider
+    # reads the directory where dashboards/json is mounted.
+    provisioning = COMPOSE / "grafana" / "provisioning"
+    datasource = load(provisioning / "datasources" / "prometheus.yml")["datasources"][0]
+    assert datasource["type"] == "prometheus" and datasource["url"] == "http://prometheus:9090"
+    provider = load(provisioning / "dashboards" / "gpufeed.yml")["providers"][0]
+    assert mounts["grafana"][provider["options"]["path"]] == (REPO_ROOT / "dashboards" / "json")
+    assert mounts["grafana"]["/etc/grafana/provisioning"] == provisioning.resolve()
+
+
+def test_nvidia_variant_uses_the_nvidia_runtime_and_real_gpus() -> None:
+    variant = load(COMPOSE / "docker-compose.nvidia.yml")
+    agent = variant["services"]["agent"]
+    assert agent["runtime"] == "nvidia"
+    assert "--simulate" not in agent["command"]
+    assert any(a.startswith("--path.procfs=") for a in agent["command"])
+    dockerfile = (COMPOSE / "Dockerfile").read_text(encoding="utf-8")
+    assert 'ENTRYPOINT ["gpufeed"]' in dockerfile
+    assert f"EXPOSE {AGENT_PORT}" in dockerfile
+
+
+def test_end_to_end_copies_change_only_addresses_paths_and_timings(tmp_path: Path) -> None:
+    """The e2e test's copies of the compose configs stay valid and keep everything else."""
+    rules = tmp_path / "rules.yml"
+    rules.write_text((REPO_ROOT / "alerts" / "gpufeed.rules.yml").read_text(encoding="utf-8"))
+    prom = prometheus_config_for_test(
+        PROMETHEUS_YML,
+        agent="127.0.0.1:19400",
+        alertmanager="127.0.0.1:19402",
+        rule_files=[str(rules)],
+        interval="1s",
+    )
+    prom_path = tmp_path / "prometheus.yml"
+    prom_path.write_text(yaml.safe_dump(prom))
+    result = run(promtool(), "check", "config", str(prom_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    shipped = load(PROMETHEUS_YML)
+    assert [c["job_name"] for c in prom["scrape_configs"]] == ["gpufeed"]
+    assert prom["scrape_configs"][0]["static_configs"] == [{"targets": ["127.0.0.1:19400"]}]
+    assert set(prom) == set(shipped)
+
+    am = alertmanager_config_for_test(
+        ALERTMANAGER_YML, webhook_base="http://127.0.0.1:19403", group_wait="1s"
+    )
+    am_path = tmp_path / "alertmanager.yml"
+    am_path.write_text(yaml.safe_dump(am))
+    result = run(amtool(), "check-config", str(am_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    original = load(ALERTMANAGER_YML)
+    assert am["route"]["routes"] == original["route"]["routes"]
+    assert am["inhibit_rules"] == original["inhibit_rules"]
+    urls = {r["name"]: r["webhook_configs"][0]["url"] for r in am["receivers"]}
+    assert urls == {
+        "oncall": "http://127.0.0.1:19403/oncall",
+        "storage-owners": "http://127.0.0.1:19403/storage-owners",
+        "network-team": "http://127.0.0.1:19403/network-team",
+        "job-owners": "http://127.0.0.1:19403/job-owners",
+    }

@@ -1,0 +1,107 @@
+"""The torch patches of `gpufeed run`, with real torch (CPU) and the real SDK server; no root.
+
+Covers what the end-to-end training test does not: torch.distributed.checkpoint.save, a
+torch.save into memory (not a checkpoint), a torch.save nested in dcp.save (counted once),
+and a DataLoader loop left with `break`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpufeed.jobs.sdk_server import SdkServer
+from gpufeed.model import iter_samples
+
+pytestmark = pytest.mark.slow
+
+EXPORTER = Path(__file__).parents[1] / "exporter"
+
+PROGRAM = r"""
+import io, json, os, sys, time
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.utils.data import DataLoader
+
+out = {}
+loader = DataLoader(list(range(20)), batch_size=2)
+for i, batch in enumerate(loader):          # 10 batches; leave after the 4th
+    time.sleep(0.01)
+    if i == 3:
+        break
+del batch
+torch.save({"x": torch.zeros(10)}, io.BytesIO())          # memory: not a checkpoint
+path = os.path.join(sys.argv[1], "model.pt")
+with open(path, "wb") as f:                               # a real file object
+    torch.save({"w": torch.zeros(1000)}, f)
+out["file_bytes"] = os.path.getsize(path)
+ck = os.path.join(sys.argv[1], "dcp")
+dcp.save({"w": torch.zeros(5000)}, checkpoint_id=ck)
+out["dcp_bytes"] = sum(os.path.getsize(os.path.join(ck, n)) for n in os.listdir(ck))
+print(json.dumps(out))
+"""
+
+
+def test_torch_patches_under_gpufeed_run(tmp_path: Path) -> None:
+    srv = SdkServer(
+        str(tmp_path / "sdk.sock"), max_jobs=8, max_messages_per_second=10000, grace_seconds=60
+    )
+    srv.start()
+    try:
+        code = (
+            "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+            "from gpufeed.run_cli import main; sys.exit(main(sys.argv[1:]))"
+        )
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                code,
+                str(EXPORTER),
+                "--socket",
+                srv.socket_path,
+                "--name",
+                "patched",
+                "--",
+                sys.executable,
+                "-c",
+                PROGRAM,
+                str(tmp_path),
+            ],
+            env={"PATH": os.environ["PATH"]},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        own = json.loads(out.stdout.strip().splitlines()[-1])
+        deadline = time.monotonic() + 10
+        got: dict[tuple[str, str], float] = {}
+        while time.monotonic() < deadline:
+            got = {
+                (s.name, s.label("phase")): s.value
+                for s in iter_samples(srv.families())
+                if s.label("job_id") == "patched"
+            }
+            if got.get(("gpufeed_job_checkpoint_seconds_count", "")) == 2:
+                break
+            time.sleep(0.05)
+    finally:
+        srv.stop()
+    assert got[("gpufeed_job_steps_total", "")] == 4  # the step left with break included
+    assert got[("gpufeed_job_phase_seconds_total", "compute")] >= 4 * 0.01
+    assert ("gpufeed_job_phase_seconds_total", "data_wait") in got
+    assert ("gpufeed_job_phase_seconds_total", "startup") in got
+    # two checkpoints: the file object and dcp.save (the BytesIO save and the torch.save
+    # calls inside dcp.save are not counted)
+    assert got[("gpufeed_job_checkpoint_seconds_count", "")] == 2
+    assert (
+        got[("gpufeed_job_checkpoint_written_bytes_total", "")]
+        == own["file_bytes"] + own["dcp_bytes"]
+    )

@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpufeed.collectors.base import CollectorContext, HostPaths
+from gpufeed.collectors.job_io import JobIoCollector
+from gpufeed.jobs.io_accounting import (
+    DeviceBytes,
+    find_job_cgroups,
+    parse_blkio_service_bytes,
+    parse_io_stat,
+    parse_proc_io,
+)
+from gpufeed.model import iter_samples
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TIERS = {"7:0": "hot", "7:1": "warm", "7:2": "warm"}
+POD = "1a2b3c4d-5e6f-7a8b-9c0d-0123456789ab"
+
+
+def series(c: JobIoCollector) -> dict[tuple[str, str, str], float]:
+    return {
+        (s.name.removeprefix("gpufeed_job_storage_"), s.label("job_id"), s.label("tier")): s.value
+        for s in iter_samples(c.collect())
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "7:0 rbytes=10 wbytes=20 rios=1 wios=2 dbytes=0 dios=0\n8:16 rbytes=5 wbytes=0\n",
+            {"7:0": DeviceBytes(10, 20), "8:16": DeviceBytes(5, 0)},
+        ),
+        ("7:0 rios=1\n\ngarbage\n", {}),
+        ("", {}),
+    ],
+)
+def test_parse_io_stat(text: str, expected: dict[str, DeviceBytes]) -> None:
+    assert parse_io_stat(text) == expected
+
+
+def test_parse_blkio_service_bytes_fixture() -> None:
+    path = "sysfs_jobs_v1/fs/cgroup/blkio/slurm/uid_1000/job_43/blkio.throttle.io_service_bytes"
+    assert parse_blkio_service_bytes((FIXTURES / path).read_text()) == {
+        "7:0": DeviceBytes(3145728, 0),
+        "7:1": DeviceBytes(4096, 1048576),
+    }
+    assert parse_blkio_service_bytes("Total 0\n") == {}
+
+
+def test_parse_proc_io() -> None:
+    assert parse_proc_io((FIXTURES / "procfs_jobs/200/io").read_text()) == DeviceBytes(4096, 8192)
+    assert parse_proc_io("rchar: 1\n") is None
+
+
+def test_find_job_cgroups_stops_at_the_job_directory() -> None:
+    root = FIXTURES / "sysfs_jobs_v2/fs/cgroup"
+    found = sorted(
+        (j.scheduler, j.job_id, j.directory.relative_to(root).as_posix())
+        for j in find_job_cgroups(root)
+    )
+    assert found == [
+        (
+            "kubernetes",
+            POD,
+            "kubepods.slice/kubepods-burstable.slice/"
+            "kubepods-burstable-pod1a2b3c4d_5e6f_7a8b_9c0d_0123456789ab.slice",
+        ),
+        ("slurm", "42", "system.slice/slurmstepd.scope/job_42"),
+        ("slurm", "44", "system.slice/slurmstepd.scope/job_44"),
+    ]
+
+
+def test_cgroup_v2_job_io_per_tier_with_proc_io_fallback() -> None:
+    paths = HostPaths(procfs=FIXTURES / "procfs_jobs", sysfs=FIXTURES / "sysfs_jobs_v2")
+    c = JobIoCollector(CollectorContext(paths=paths), lambda: TIERS)
+    assert series(c) == {
+        # job 42: the job-level io.stat (covers its steps); 7:1 and 7:2 are both warm; 8:0
+        # is in no tier and left out
+        ("read_bytes_total", "42", "hot"): 1048576,
+        ("written_bytes_total", "42", "hot"): 4096,
+        ("read_bytes_total", "42", "warm"): 8193,
+        ("written_bytes_total", "42", "warm"): 2097153,
+        ("read_bytes_total", POD, "hot"): 500,
+        ("written_bytes_total", POD, "hot"): 0,
+        # job 44 has no io.stat: its processes' /proc/PID/io (pids 200 and 300)
+        ("read_bytes_total", "44", "unattributed"): 5096,
+        ("written_bytes_total", "44", "unattributed"): 8192,
+    }
+
+
+def test_cgroup_v1_blkio_and_sdk_job_pids() -> None:
+    paths = HostPaths(procfs=FIXTURES / "procfs_jobs", sysfs=FIXTURES / "sysfs_jobs_v1")
+    c = JobIoCollector(
+        CollectorContext(paths=paths), lambda: TIERS, sdk_job_pids=lambda: {"my-run": [200]}
+    )
+    assert series(c) == {
+        ("read_bytes_total", "43", "hot"): 3145728,
+        ("written_bytes_total", "43", "hot"): 0,
+        ("read_bytes_total", "43", "warm"): 4096,
+        ("written_bytes_total", "43", "warm"): 1048576,
+        # job 45: the kernel counted nothing ("Total 0"): /proc/PID/io of pid 301
+        ("read_bytes_total", "45", "unattributed"): 65536,
+        ("written_bytes_total", "45", "unattributed"): 512,
+        # an SDK job under no scheduler
+        ("read_bytes_total", "my-run", "unattributed"): 4096,
+        ("written_bytes_total", "my-run", "unattributed"): 8192,
+    }
+
+
+def test_proc_io_fallback_stays_monotonic_when_a_process_exits(tmp_path: Path) -> None:
+    procfs = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "procfs_jobs", procfs)
+    pids = {"j": [200, 300]}
+    c = JobIoCollector(
+        CollectorContext(paths=HostPaths(procfs=procfs, sysfs=tmp_path / "nosys")),
+        lambda: TIERS,
+        sdk_job_pids=lambda: pids,
+    )
+    assert series(c)[("read_bytes_total", "j", "unattributed")] == 5096
+    shutil.rmtree(procfs / "300")  # the process exits; its bytes stay in the job's counter
+    assert series(c)[("read_bytes_total", "j", "unattributed")] == 5096
+    pids["j"] = []
+    assert series(c)[("read_bytes_total", "j", "unattributed")] == 5096
+    pids.clear()  # the job is gone: so are its series
+    assert series(c) == {}

@@ -1,0 +1,141 @@
+"""`gpufeed run` without torch: environment, sitecustomize chaining, exit codes, signals."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpufeed import run_cli
+
+EXPORTER = Path(run_cli.__file__).parents[1]
+
+
+def test_instrumented_env_puts_inject_first_and_keeps_the_rest() -> None:
+    env = run_cli.instrumented_env({"PYTHONPATH": "/a:/b", "X": "1"}, "/s.sock", "job")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(run_cli.INJECT_DIR), "/a", "/b"]
+    assert env["GPUFEED_SOCKET"] == "/s.sock"
+    assert env["GPUFEED_JOB_NAME"] == "job"
+    assert env["X"] == "1"
+    again = run_cli.instrumented_env(env)  # nested `gpufeed run`: no duplicate entry
+    assert again["PYTHONPATH"] == env["PYTHONPATH"]
+    assert again["GPUFEED_SOCKET"] == "/s.sock"
+    assert run_cli.instrumented_env({})["GPUFEED_SOCKET"] == "/run/gpufeed/sdk.sock"
+
+
+def test_inject_dir_holds_what_the_package_data_ships() -> None:
+    names = sorted(p.name for p in run_cli.INJECT_DIR.glob("*.py"))
+    assert names == ["_gpufeed_hook.py", "_gpufeed_torch.py", "sitecustomize.py"]
+    assert (run_cli.INJECT_DIR.parent / "sdk.py").is_file()
+
+
+def run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    code = (
+        "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+        "from gpufeed.run_cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, str(EXPORTER), "--socket", str(tmp_path / "s"), *args],
+        env={"PATH": os.environ["PATH"], **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_program_without_torch_is_untouched(tmp_path: Path) -> None:
+    probe = (
+        "import os, sys; print(os.environ['GPUFEED_SOCKET']); "
+        "print(sorted(m for m in sys.modules if 'gpufeed' in m or m == 'torch'))"
+    )
+    out = run(["--", sys.executable, "-c", probe], tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == str(tmp_path / "s")
+    assert lines[1] == "['_gpufeed_hook']"  # the hook only; no SDK, no torch, no patches
+    assert out.stderr == ""
+
+
+def test_the_shadowed_sitecustomize_still_runs(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = 'yes'\n")
+    probe = "import os; print(os.environ.get('THEIRS_RAN'))"
+    out = run(["--", sys.executable, "-c", probe], tmp_path, PYTHONPATH=str(theirs))
+    assert out.stdout.strip() == "yes", out.stderr
+
+
+def test_a_broken_sitecustomize_of_theirs_is_reported_not_fatal(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("raise RuntimeError('boom')\n")
+    out = run(["--", sys.executable, "-c", "print('ran')"], tmp_path, PYTHONPATH=str(theirs))
+    assert out.stdout.strip() == "ran"
+    assert "boom" in out.stderr
+
+
+def test_through_a_shell_script_launcher(tmp_path: Path) -> None:
+    script = tmp_path / "launch.sh"
+    script.write_text(
+        f"#!/bin/sh\nexec {sys.executable} -c \"import sys; print('_gpufeed_hook' in sys.modules)\"\n"
+    )
+    script.chmod(0o755)
+    out = run(["--", str(script)], tmp_path)
+    assert out.stdout.strip() == "True", out.stderr
+
+
+def test_exit_codes(tmp_path: Path) -> None:
+    assert run(["--", sys.executable, "-c", "raise SystemExit(7)"], tmp_path).returncode == 7
+    assert run(["--", str(tmp_path / "no-such-program")], tmp_path).returncode == 127
+    assert run(["--"], tmp_path).returncode == 2
+    kill = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    assert run(["--", sys.executable, "-c", kill], tmp_path).returncode == 128 + 9
+
+
+def test_sigterm_is_forwarded_to_the_command(tmp_path: Path) -> None:
+    marker = tmp_path / "got-term"
+    child = (
+        "import signal, sys, time, pathlib\n"
+        f"def h(*_): pathlib.Path({str(marker)!r}).write_text('x'); sys.exit(3)\n"
+        "signal.signal(signal.SIGTERM, h)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    code = (
+        "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+        "from gpufeed.run_cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(EXPORTER), "--", sys.executable, "-c", child],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 3
+    assert marker.exists()
+
+
+def test_register_adds_the_run_subcommand() -> None:
+    parser = argparse.ArgumentParser(prog="gpufeed")
+    run_cli.register(parser.add_subparsers(dest="subcommand"))
+    args = parser.parse_args(["run", "--name", "x", "--", "echo", "hi"])
+    assert args.func is not None
+    assert (args.name, args.command) == ("x", ["--", "echo", "hi"])
+
+
+@pytest.mark.parametrize("argv", [["--", "true"], ["true"]])
+def test_func_runs_the_command(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    run_cli.register(parser.add_subparsers())
+    args = parser.parse_args(["run", *argv])
+    start = time.monotonic()
+    assert args.func(args) == 0
+    assert time.monotonic() - start < 30

@@ -1,0 +1,381 @@
+"""The SDK against the real agent-side server on a real Unix socket (no mocks)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpufeed import sdk
+from gpufeed.config import DEFAULT_SDK_SOCKET
+from gpufeed.jobs import wire
+from gpufeed.jobs.aggregate import JobTable
+from gpufeed.jobs.sdk_server import SdkServer
+from gpufeed.model import Family, iter_samples
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def values(families: list[Family]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, s.labels): s.value for s in iter_samples(families)}
+
+
+def value(families: list[Family], name: str, **labels: str) -> float | None:
+    key = tuple(sorted(labels.items()))
+    return values(families).get((name, key))
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[SdkServer]:
+    srv = SdkServer(
+        str(tmp_path / "run" / "sdk.sock"),
+        max_jobs=8,
+        max_messages_per_second=100000,
+        grace_seconds=300,
+    )
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def wait_received(srv: SdkServer, n: int, timeout: float = 5.0) -> None:
+    wait_value(srv, "gpufeed_sdk_messages_received_total", n, timeout)
+
+
+def wait_value(srv: SdkServer, name: str, want: float, timeout: float = 5.0, **labels: str) -> None:
+    """Datagrams are processed by the server's thread: wait until `name` reaches `want`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = value(srv.families(), name, **labels) or 0
+        if got >= want:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{name}{labels} did not reach {want}")
+
+
+def test_sdk_and_agent_share_the_wire_format() -> None:
+    assert sdk.HEADER.format == wire.HEADER.format
+    assert sdk.PHASES == wire.PHASES
+    assert (sdk.MAGIC, sdk.WIRE_VERSION) == (wire.MAGIC, wire.WIRE_VERSION)
+    kinds = ("STEP", "PHASE", "CHECKPOINT", "EPOCH", "CLOSE")
+    assert [getattr(sdk, "KIND_" + k) for k in kinds] == [getattr(wire, "KIND_" + k) for k in kinds]
+    assert (sdk.MAX_JOB_ID_BYTES, sdk.MAX_NAME_BYTES) == (
+        wire.MAX_JOB_ID_BYTES,
+        wire.MAX_NAME_BYTES,
+    )
+    assert sdk.DEFAULT_SOCKET == DEFAULT_SDK_SOCKET
+    assert sdk.MAX_DATAGRAM_BYTES == wire.MAX_DATAGRAM_BYTES
+
+
+def test_socket_is_created_0660_and_removed_on_stop(tmp_path: Path) -> None:
+    path = tmp_path / "sdk.sock"
+    srv = SdkServer(str(path), max_jobs=1, max_messages_per_second=1, grace_seconds=1)
+    srv.start()
+    try:
+        mode = os.stat(path).st_mode
+        assert stat.S_ISSOCK(mode)
+        assert stat.S_IMODE(mode) == 0o660
+    finally:
+        srv.stop()
+    assert not path.exists()
+
+
+def test_refuses_to_replace_a_regular_file(tmp_path: Path) -> None:
+    path = tmp_path / "sdk.sock"
+    path.write_text("precious")
+    srv = SdkServer(str(path), max_jobs=1, max_messages_per_second=1, grace_seconds=1)
+    with pytest.raises(OSError, match="not a socket"):
+        srv.start()
+    assert path.read_text() == "precious"
+
+
+def test_replaces_a_stale_socket_but_not_a_live_one(tmp_path: Path) -> None:
+    path = str(tmp_path / "sdk.sock")
+    first = SdkServer(path, max_jobs=1, max_messages_per_second=1, grace_seconds=1)
+    first.start()
+    second = SdkServer(path, max_jobs=1, max_messages_per_second=1, grace_seconds=1)
+    with pytest.raises(OSError, match="another agent"):
+        second.start()
+    first.stop()
+    # an agent killed with SIGKILL leaves its socket file behind, with nobody listening
+    import socket
+
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dead.bind(path)
+    dead.close()
+    second.start()
+    try:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o660
+    finally:
+        second.stop()
+
+
+class SlowIterable:
+    """Yields `n` items, each after `wait_s` of (real) sleeping in next()."""
+
+    def __init__(self, n: int, wait_s: float) -> None:
+        self.n, self.wait_s = n, wait_s
+
+    def __iter__(self) -> Iterator[int]:
+        for i in range(self.n):
+            time.sleep(self.wait_s)
+            yield i
+
+
+def test_track_phase_checkpoint_epoch_reach_the_agent(
+    server: SdkServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sdk, "_startup_reported", False)
+    job = sdk.Job("resnet-test", socket=server.socket_path)
+    assert job.job_id == os.environ.get("SLURM_JOB_ID", "resnet-test")
+    ckpt = tmp_path / "ckpt.bin"
+    t_wait = t_body = 0.0
+    steps = 0
+    for _ in job.track(SlowIterable(6, 0.004)):
+        time.sleep(0.006)
+        steps += 1
+    with job.phase("eval"):
+        time.sleep(0.01)
+    with job.checkpoint(str(ckpt)):
+        ckpt.write_bytes(b"x" * 12345)
+    job.epoch()
+    job.close()
+    # events: startup, 6 steps, the end-of-data wait, eval, checkpoint, epoch, close
+    assert (job.events_sent, job.events_dropped) == (12, 0)
+    wait_value(server, "gpufeed_job_epoch_seconds_count", 1, job_id=job.job_id)
+    fams = server.families()
+    jid = job.job_id
+    assert value(fams, "gpufeed_job_steps_total", job_id=jid) == steps == 6
+    data_wait = value(fams, "gpufeed_job_phase_seconds_total", job_id=jid, phase="data_wait")
+    compute = value(fams, "gpufeed_job_phase_seconds_total", job_id=jid, phase="compute")
+    evals = value(fams, "gpufeed_job_phase_seconds_total", job_id=jid, phase="eval")
+    assert data_wait is not None and compute is not None and evals is not None
+    t_wait, t_body = 6 * 0.004, 6 * 0.006
+    # sleeps last at least as long as asked; a loaded 2-core runner may add a lot
+    assert t_wait <= data_wait < t_wait + 0.5
+    assert t_body <= compute < t_body + 0.5
+    assert 0.01 <= evals < 0.5
+    assert value(fams, "gpufeed_job_checkpoint_written_bytes_total", job_id=jid) == 12345
+    assert value(fams, "gpufeed_job_checkpoint_seconds_count", job_id=jid) == 1
+    assert value(fams, "gpufeed_job_epoch_seconds_count", job_id=jid) == 1
+    assert value(fams, "gpufeed_job_phase_seconds_total", job_id=jid, phase="startup") is not None
+
+
+def test_nested_phases_are_not_counted_twice(server: SdkServer) -> None:
+    job = sdk.Job("nested", socket=server.socket_path)
+    for _ in job.track([1]):
+        with job.checkpoint():
+            time.sleep(0.05)
+    job.close()
+    wait_value(server, "gpufeed_job_steps_total", 1, job_id=job.job_id)
+    fams = server.families()
+    jid = job.job_id
+    ckpt = value(fams, "gpufeed_job_phase_seconds_total", job_id=jid, phase="checkpoint")
+    compute = value(fams, "gpufeed_job_phase_seconds_total", job_id=jid, phase="compute")
+    assert ckpt is not None and compute is not None
+    assert ckpt >= 0.05
+    assert compute < 0.02  # the body was all checkpoint
+    assert value(fams, "gpufeed_job_checkpoint_written_bytes_total", job_id=jid) is None
+
+
+def test_unknown_phase_is_a_clear_error() -> None:
+    job = sdk.Job("x", socket="/nonexistent/sock")
+    with pytest.raises(ValueError, match="phases are: compute"), job.phase("lunch"):
+        pass
+
+
+def test_without_an_agent_events_are_dropped_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sdk, "_startup_reported", False)
+    job = sdk.Job("lonely", socket=str(tmp_path / "nobody.sock"))
+    for _ in job.track(range(3)):
+        pass
+    job.epoch()
+    job.close()
+    # startup, 3 steps, the end-of-data wait, the epoch, close
+    assert (job.events_sent, job.events_dropped) == (0, 7)
+
+
+def test_agent_restart_reconnects(tmp_path: Path) -> None:
+    path = str(tmp_path / "sdk.sock")
+    job = sdk.Job("restart", socket=path)
+    job.epoch()
+    job._flush()  # no agent yet: dropped
+    srv = SdkServer(path, max_jobs=4, max_messages_per_second=1000, grace_seconds=1)
+    srv.start()
+    try:
+        job._retry_at = 0.0  # skip the one-second reconnect back-off
+        job.epoch()
+        job.close()
+        wait_received(srv, 2)
+        assert (job.events_sent, job.events_dropped) == (2, 1)
+        assert value(srv.families(), "gpufeed_job_epoch_seconds_count", job_id=job.job_id) == 1
+    finally:
+        srv.stop()
+
+
+def test_several_processes_of_one_job_add_up(server: SdkServer) -> None:
+    code = (
+        "import sys; from gpufeed import sdk\n"
+        "j = sdk.Job('ddp', socket=sys.argv[1])\n"
+        "for _ in j.track(range(5)): pass\n"
+        "j.close(); print(j.events_dropped)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(sdk.__file__).parents[1])}
+    env.pop("SLURM_JOB_ID", None)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, server.socket_path], env=env, stdout=subprocess.PIPE
+        )
+        for _ in range(3)
+    ]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert [o.strip() for o in outs] == [b"0", b"0", b"0"]
+    wait_value(server, "gpufeed_job_steps_total", 15, job_id="ddp")
+    fams = server.families()
+    assert value(fams, "gpufeed_job_steps_total", job_id="ddp") == 15
+
+
+def test_garbage_is_dropped_by_reason(server: SdkServer) -> None:
+    import socket
+
+    good = wire.encode(wire.Message(wire.KIND_EPOCH, "g", "g", seconds=1.0))
+    bad_version = good[:2] + bytes([9]) + good[3:]
+    bad_phase = wire.encode(wire.Message(wire.KIND_PHASE, "g", "g", phase="eval", seconds=1))
+    bad_phase = bad_phase[:4] + bytes([200]) + bad_phase[5:]
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.connect(server.socket_path)
+    for payload in (b"", b"x" * 9000, b"\x00" * 40, bad_version, bad_phase, good):
+        s.send(payload)
+    s.close()
+    wait_received(server, 6)
+    fams = server.families()
+    dropped = {
+        r: value(fams, "gpufeed_sdk_messages_dropped_total", reason=r) for r in wire.DROP_REASONS
+    }
+    assert dropped == {
+        "size": 2,  # empty and oversized (truncated by the kernel)
+        "version": 1,
+        "schema": 1,  # no magic
+        "phase": 1,
+        "name_length": 0,
+        "max_jobs": 0,
+        "rate": 0,
+    }
+    assert value(fams, "gpufeed_job_epoch_seconds_count", job_id="g") == 1
+
+
+def test_rate_and_max_jobs_limits(tmp_path: Path) -> None:
+    now = [100.0]
+    srv = SdkServer(
+        str(tmp_path / "s"),
+        max_jobs=2,
+        max_messages_per_second=10,
+        grace_seconds=60,
+        clock=lambda: now[0],
+    )
+    msgs = [wire.encode(wire.Message(wire.KIND_EPOCH, f"job{i}", "n", seconds=1)) for i in range(3)]
+    reasons = [srv.handle(m, 0) for m in msgs]
+    assert reasons == [None, None, "max_jobs"]
+    reasons = [srv.handle(msgs[0], 0) for _ in range(10)]
+    assert reasons.count("rate") == 3  # 10 tokens a second, 3 used above
+    now[0] += 1.0
+    assert srv.handle(msgs[0], 0) is None
+
+
+def test_ended_job_goes_after_grace_and_frees_its_slot() -> None:
+    dead_pid = 4242
+    alive = {dead_pid: True}
+    table = JobTable(max_jobs=1, grace_seconds=30, pid_alive=lambda p: alive.get(p, False))
+    m = wire.Message(wire.KIND_STEP, "j1", "n", seconds=0.1, compute_seconds=0.2, steps=1)
+    assert table.apply(m, dead_pid, now=0.0) is None
+    table.expire(10.0)
+    assert table.job_ids() == ["j1"]
+    alive[dead_pid] = False  # the process exits without close()
+    table.expire(20.0)  # ended now; series stay for the grace period
+    assert table.job_ids() == ["j1"]
+    other = wire.Message(wire.KIND_EPOCH, "j2", "n", seconds=1)
+    assert table.apply(other, 0, now=21.0) is None  # the ended job's slot is reused
+    assert table.job_ids() == ["j2"]
+    table.expire(21.0 + 299.0)  # pid-less process: alive until 300 s of silence
+    assert table.job_ids() == ["j2"]
+    table.expire(21.0 + 300.0)  # silent for 300 s: ended now
+    assert table.job_ids() == ["j2"]
+    table.expire(21.0 + 300.0 + 30.0)
+    assert table.job_ids() == []
+
+
+def test_close_ends_the_job_after_grace() -> None:
+    table = JobTable(max_jobs=4, grace_seconds=5, pid_alive=lambda p: True)
+    table.apply(wire.Message(wire.KIND_EPOCH, "j", "n", seconds=1), 4242, 0.0)
+    table.apply(wire.Message(wire.KIND_CLOSE, "j", "n"), 4242, 1.0)
+    table.expire(2.0)
+    assert table.job_ids() == ["j"]
+    table.expire(7.0)
+    assert table.job_ids() == []
+
+
+def test_agent_takes_the_job_id_from_the_senders_cgroup(tmp_path: Path) -> None:
+    srv = SdkServer(
+        str(tmp_path / "s"),
+        max_jobs=4,
+        max_messages_per_second=100,
+        grace_seconds=5,
+        procfs=FIXTURES / "procfs_jobs",
+    )
+    m = wire.encode(wire.Message(wire.KIND_EPOCH, "claimed-id", "train", seconds=2.0))
+    assert srv.handle(m, 100) is None  # pid 100 of the fixture procfs is in Slurm job 987654
+    assert srv.handle(m, 200) is None  # pid 200 is a plain process: its own claim stands
+    fams = srv.families()
+    assert value(fams, "gpufeed_job_epoch_seconds_count", job_id="987654") == 1
+    assert value(fams, "gpufeed_job_epoch_seconds_count", job_id="claimed-id") == 1
+    assert srv.job_for_pid(100) == ("987654", "train")
+
+
+def test_job_id_from_slurm_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "777")
+    assert sdk.Job("x", socket="/nonexistent").job_id == "777"
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.setenv("POD_UID", "1a2b3c4d-5e6f-7a8b-9c0d-0123456789ab")
+    assert sdk.Job("x", socket="/nonexistent").job_id == "1a2b3c4d-5e6f-7a8b-9c0d-0123456789ab"
+
+
+def test_socket_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUFEED_SOCKET", "/tmp/elsewhere.sock")
+    assert sdk.Job("x").socket_path == "/tmp/elsewhere.sock"
+    monkeypatch.delenv("GPUFEED_SOCKET")
+    assert sdk.Job("x").socket_path == DEFAULT_SDK_SOCKET
+    assert sdk.Job("x", socket="/a").socket_path == "/a"
+
+
+def test_import_gpufeed_and_sdk_stay_light() -> None:
+    code = (
+        "import sys, gpufeed\n"
+        "j = gpufeed.Job('x', socket='/nonexistent')\n"
+        "heavy = {'torch', 'aiohttp', 'pynvml', 'yaml', 'prometheus_client', 'psutil'}\n"
+        "print(sorted(heavy & set(sys.modules)))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(sdk.__file__).parents[1])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, check=True)
+    assert out.stdout.strip() == b"[]"
+
+
+def test_steps_are_summed_in_the_process_not_sent_one_by_one(
+    server: SdkServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sdk, "_startup_reported", False)
+    job = sdk.Job("batched", socket=server.socket_path)
+    for _ in job.track(range(5000)):
+        pass
+    job.close()
+    assert (job.events_sent, job.events_dropped) == (5000 + 3, 0)  # + startup, end wait, close
+    wait_value(server, "gpufeed_job_steps_total", 5000, job_id=job.job_id)
+    received = value(server.families(), "gpufeed_sdk_messages_received_total")
+    assert received is not None and received < 100  # one datagram per FLUSH_SECONDS or so
