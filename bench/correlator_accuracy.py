@@ -175,6 +175,36 @@ def run_external(trace: str, labels_path: str, jobs: int) -> dict[str, object]:
     return res
 
 
+SIM_CONFIGS = (  # (seed, nodes, hours, step seconds, sdk)
+    (1, 4, 2.0, 15.0, None),
+    (2, 4, 2.0, 5.0, False),
+    (3, 4, 4.0, 15.0, True),
+    (4, 2, 1.0, 1.0, None),
+)
+
+
+def simulated(jobs: int) -> bool:
+    """Scores traces from the simulated node's own labelled generator (another model)."""
+    from gpufeed.simulate.tracegen import generate_trace
+
+    ok = True
+    print("\non traces of gpufeed.simulate.tracegen (seed, nodes, hours, step, sdk):")
+    with tempfile.TemporaryDirectory() as d:
+        for seed, nodes, hours, step, sdk in SIM_CONFIGS:
+            trace, labels = os.path.join(d, "t.om"), os.path.join(d, "t.labels.jsonl")
+            generate_trace(
+                trace, labels, nodes=nodes, duration_s=hours * 3600, step_s=step, seed=seed, sdk=sdk
+            )
+            res = run_external(trace, labels, jobs)
+            hw = float(res["healthy_in_window_ratio"])
+            print(
+                f"  {seed} {nodes} {hours:g}h {step:g}s sdk={sdk}: macro-F1 {float(res['macro_f1']):.3f},"
+                f" healthy in a window {hw * 100:.2f}%, confusions {res['confusion']}"
+            )
+            ok = ok and float(res["macro_f1"]) >= 0.95 and hw <= 0.02
+    return ok
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seeds", type=int, nargs="*", default=[11, 22, 33])
@@ -182,6 +212,11 @@ def main() -> int:
     ap.add_argument("--hours", type=float, default=4.0)
     ap.add_argument("--interval", type=float, default=5.0)
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument(
+        "--simulated",
+        action="store_true",
+        help="also score traces of the project's simulated node (gpufeed.simulate.tracegen)",
+    )
     ap.add_argument("--trace", help="score this externally labelled trace instead")
     ap.add_argument("--labels", help="its JSON-lines labels (with --trace)")
     a = ap.parse_args()
@@ -209,6 +244,8 @@ def main() -> int:
     print(f"confusions (truth->window, GPU-seconds): {res['confusion']}")
     print(f"analysis: {res['samples']} samples in {float(res['analysis_seconds']):.1f} s")
     ok = float(res["macro_f1"]) >= 0.95 and float(res["healthy_in_window_ratio"]) <= 0.02
+    if a.simulated:
+        ok = simulated(a.jobs) and ok
     return 0 if ok else 1
 
 
