@@ -50,7 +50,7 @@ bench: install promtool
 	$(PY) bench/run_all.py
 
 bench-correlator: install
-	$(PY) bench/correlator_accuracy.py
+	$(PY) bench/correlator_accuracy.py --simulated
 
 # Regenerate the committed dashboards/json/*.json and alerts/gpufeed.rules.yml from code
 # (tests fail when they drift).

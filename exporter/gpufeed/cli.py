@@ -16,6 +16,8 @@ from gpufeed import __version__
 SUBCOMMAND_MODULES = [
     "gpufeed.agent",
     "gpufeed.run_cli",
+    "gpufeed.correlator.analyze_cmd",
+    "gpufeed.correlator.windows_cmd",
 ]
 
 

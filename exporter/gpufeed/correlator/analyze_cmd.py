@@ -1,0 +1,95 @@
+"""`gpufeed analyze`: windows and causes from a recorded trace or a Prometheus server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from gpufeed.correlator.engine import WindowParams
+
+
+def register(subparsers: Any) -> None:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "analyze",
+        help="tag underutilization windows in a trace file or a Prometheus time range",
+        description=(
+            "Reads a trace (OpenMetrics with timestamps, ending in '# EOF') or queries a "
+            "Prometheus-compatible server, and writes one JSON object per window "
+            "(instance, gpu, uuid, job_id, start, end, cause, confidence, "
+            "mean_utilization, evidence)."
+        ),
+    )
+    p.add_argument("trace", nargs="?", help="trace file (.om); omit with --prometheus")
+    p.add_argument(
+        "--prometheus", metavar="URL", help="Prometheus/VictoriaMetrics/Thanos/Mimir base URL"
+    )
+    p.add_argument("--start", help="range start: unix seconds or RFC 3339 (with --prometheus)")
+    p.add_argument("--end", help="range end: unix seconds or RFC 3339 (with --prometheus)")
+    p.add_argument("--match", default="", help="extra selector, e.g. '{cluster=\"a\"}'")
+    p.add_argument(
+        "--step", type=float, default=15.0, help="query resolution in seconds (default 15)"
+    )
+    p.add_argument("--format", choices=("jsonl", "table"), default="jsonl")
+    p.add_argument(
+        "--threshold", type=float, default=0.8, help="utilization threshold (default 0.8)"
+    )
+    p.add_argument(
+        "--min-window", type=float, default=60.0, help="minimum window in seconds (default 60)"
+    )
+    p.add_argument(
+        "--merge-gap", type=float, default=30.0, help="recoveries shorter than this merge (s)"
+    )
+    p.add_argument(
+        "--output", "-o", metavar="FILE", help="write here (atomically) instead of stdout"
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="worker processes (default: up to 2)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpufeed.correlator.analyze import analyze_nodes
+    from gpufeed.correlator.output import write_result
+
+    if not 0.0 < args.threshold <= 1.0:
+        print("gpufeed analyze: --threshold must be in (0, 1]", file=sys.stderr)
+        return 2
+    if args.min_window <= 0:
+        print("gpufeed analyze: --min-window must be positive", file=sys.stderr)
+        return 2
+    params = WindowParams(args.threshold, args.min_window, args.merge_gap)
+    if args.prometheus:
+        from gpufeed.correlator.promql import PromError, load_range, parse_time
+
+        if args.trace:
+            print("gpufeed analyze: give a trace file or --prometheus, not both", file=sys.stderr)
+            return 2
+        if not args.start or not args.end:
+            print("gpufeed analyze: --prometheus needs --start and --end", file=sys.stderr)
+            return 2
+        try:
+            start, end = parse_time(args.start), parse_time(args.end)
+            nodes = load_range(args.prometheus, start, end, args.step, args.match)
+        except (PromError, ValueError) as e:
+            print(f"gpufeed analyze: {e}", file=sys.stderr)
+            return 1
+    else:
+        from gpufeed.correlator.trace import TraceError, read_trace
+
+        if not args.trace:
+            print("gpufeed analyze: give a trace file or --prometheus URL", file=sys.stderr)
+            return 2
+        try:
+            nodes = read_trace(args.trace, jobs=args.jobs).nodes
+        except (TraceError, OSError) as e:
+            print(f"gpufeed analyze: {e}", file=sys.stderr)
+            return 1
+    windows = analyze_nodes(nodes.values(), params, jobs=args.jobs)
+    write_result(windows, args.format, args.output)
+    return 0

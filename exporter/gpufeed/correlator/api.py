@@ -1,0 +1,35 @@
+"""`/api/windows`: recent closed and currently open windows as JSON (aiohttp)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from gpufeed.correlator.live import CorrelatorProcessor
+
+MAX_LIMIT = 10_000
+
+
+def windows_payload(processor: CorrelatorProcessor, limit: int = 200) -> dict[str, Any]:
+    closed, open_ = processor.windows(limit)
+    return {
+        "windows": [w.to_json() for w in closed],
+        "open": [w.to_json() for w in open_],
+    }
+
+
+def windows_routes(processor: CorrelatorProcessor) -> list[web.RouteDef]:
+    """Routes to add to the agent's aiohttp app: `app.add_routes(windows_routes(p))`."""
+    from aiohttp import web
+
+    async def handle(request: web.Request) -> web.Response:
+        try:
+            limit = int(request.query.get("limit", "200"))
+        except ValueError:
+            return web.json_response({"error": "limit must be an integer"}, status=400)
+        limit = max(0, min(limit, MAX_LIMIT))
+        return web.json_response(windows_payload(processor, limit))
+
+    return [web.get("/api/windows", handle)]

@@ -1,0 +1,51 @@
+"""Rolling baselines: what is normal for this node while its jobs run well.
+
+The engine feeds one value per signal per bucket (30 s) of healthy time; the baseline is
+the median of the last hour of those (120 buckets), which one bad stretch cannot move.
+Peaks (for "throughput at its ceiling") are tracked over all time, healthy or not.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable
+from statistics import median
+
+BUCKET_SECONDS = 30.0
+HOUR_BUCKETS = 120
+MIN_POINTS = 4  # fewer healthy buckets than this: no baseline yet (two minutes)
+
+
+class Baselines:
+    __slots__ = ("_cache", "_hist", "_peak")
+
+    def __init__(self) -> None:
+        self._hist: dict[Hashable, deque[float]] = {}
+        self._cache: dict[Hashable, float] = {}
+        self._peak: dict[Hashable, float] = {}
+
+    def observe(self, key: Hashable, value: float | None) -> None:
+        if value is None:
+            return
+        h = self._hist.get(key)
+        if h is None:
+            h = self._hist[key] = deque(maxlen=HOUR_BUCKETS)
+        h.append(value)
+        self._cache.pop(key, None)
+
+    def median(self, key: Hashable) -> float | None:
+        m = self._cache.get(key)
+        if m is not None:
+            return m
+        h = self._hist.get(key)
+        if h is None or len(h) < MIN_POINTS:
+            return None
+        m = self._cache[key] = median(h)
+        return m
+
+    def peak(self, key: Hashable, value: float | None) -> float | None:
+        """Updates and returns the all-time peak of `key` (None while nothing was seen)."""
+        p = self._peak.get(key)
+        if value is not None and (p is None or value > p):
+            p = self._peak[key] = value
+        return p

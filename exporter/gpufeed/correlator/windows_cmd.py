@@ -1,0 +1,56 @@
+"""`gpufeed windows`: the agent's recent and open windows as a table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+from gpufeed.correlator.window import Window
+
+DEFAULT_AGENT = "http://localhost:9400"
+
+
+def register(subparsers: Any) -> None:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "windows",
+        help="show recent and open underutilization windows of an agent",
+        description="Fetches /api/windows from an agent (or reads a windows log) and prints a table.",
+    )
+    p.add_argument(
+        "--agent", default=DEFAULT_AGENT, help=f"agent base URL (default {DEFAULT_AGENT})"
+    )
+    p.add_argument("--log", metavar="FILE", help="read this windows log instead of asking an agent")
+    p.add_argument("--limit", type=int, default=50, help="closed windows to show (default 50)")
+    p.add_argument("--format", choices=("table", "jsonl"), default="table")
+    p.set_defaults(func=run)
+
+
+def fetch(agent: str, limit: int) -> tuple[list[Window], list[Window]]:
+    url = agent.rstrip("/") + f"/api/windows?limit={limit}"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        body = json.loads(r.read())
+    closed = [Window.from_json(d) for d in body.get("windows", [])]
+    open_ = [Window.from_json(d, open_=True) for d in body.get("open", [])]
+    return closed, open_
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpufeed.correlator.output import render
+
+    try:
+        if args.log:
+            from gpufeed.correlator.windowlog import read_log
+
+            closed = list(read_log(args.log))[-args.limit :] if args.limit > 0 else []
+            open_: list[Window] = []
+        else:
+            closed, open_ = fetch(args.agent, args.limit)
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
+        print(f"gpufeed windows: cannot read windows: {e}", file=sys.stderr)
+        return 1
+    sys.stdout.write(render([*closed, *open_], args.format))
+    return 0

@@ -1,0 +1,82 @@
+"""Shared helpers for the correlator tests: the bench's scenario generator, and a tiny
+trace writer for hand-made series."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable
+
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+)
+
+import correlator_scenarios as scenarios
+
+from gpufeed.correlator.analyze import analyze_nodes
+from gpufeed.correlator.engine import WindowParams
+from gpufeed.correlator.trace import read_trace
+from gpufeed.correlator.window import Window
+
+__all__ = ["T0", "analyze_text", "scenarios", "trace_text"]
+
+T0 = 1_750_000_000.0
+
+# A sample generator: (t) -> list of (series text, value); None drops the sample.
+Gen = Callable[[float], Iterable[tuple[str, float | None]]]
+
+
+def trace_text(gen: Gen, seconds: float, interval: float = 5.0, skip: Iterable[float] = ()) -> str:
+    skipped = set(skip)
+    lines = []
+    t = T0
+    while t <= T0 + seconds:
+        if round(t - T0) not in skipped:
+            for series, v in gen(t):
+                if v is not None:
+                    lines.append(f"{series} {v:.9g} {t:.3f}")
+        t += interval
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"
+
+
+def analyze_text(
+    text: str, tmp_path: object, params: WindowParams | None = None, jobs: int = 1
+) -> list[Window]:
+    path = os.path.join(str(tmp_path), "trace.om")
+    with open(path, "w") as f:
+        f.write(text)
+    tr = read_trace(path, jobs=jobs)
+    return analyze_nodes(tr.nodes.values(), params or WindowParams(), jobs=jobs)
+
+
+def snapshots_of(text: str) -> list[object]:
+    """The trace's samples as the agent's snapshots (one per timestamp, no instance label)."""
+    from gpufeed.correlator.labels import parse_series
+    from gpufeed.model import Family, Sample, label_pairs
+    from gpufeed.snapshot import Snapshot
+
+    by_t: dict[float, dict[str, list[Sample]]] = {}
+    cache: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        head, v, ts = line.rsplit(" ", 2)
+        got = cache.get(head)
+        if got is None:
+            name, labels = parse_series(head)
+            labels.pop("instance", None)
+            got = cache[head] = (name, label_pairs(labels))
+        by_t.setdefault(float(ts), {}).setdefault(got[0], []).append(
+            Sample(got[0], got[1], float(v))
+        )
+    return [
+        Snapshot(
+            t,
+            tuple(
+                Family(n, "counter" if n.endswith("_total") else "gauge", "", tuple(s))
+                for n, s in by_t[t].items()
+            ),
+        )
+        for t in sorted(by_t)
+    ]

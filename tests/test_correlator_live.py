@@ -1,0 +1,257 @@
+"""The correlator inside the agent: exact families, the durable windows log (kill -9,
+rotation), /api/windows on a real aiohttp server and `gpufeed windows`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from correlator_helpers import T0, analyze_text, scenarios, snapshots_of
+from gpufeed.config import CorrelatorConfig
+from gpufeed.correlator import windows_cmd
+from gpufeed.correlator.causes import Cause
+from gpufeed.correlator.live import CAUSE, SECONDS, WINDOWS, CorrelatorProcessor
+from gpufeed.correlator.window import Window
+from gpufeed.correlator.windowlog import WindowLog, read_log
+
+PORT = 19351
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _values(families: list[object], name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    for f in families:
+        if f.name == name:  # type: ignore[attr-defined]
+            return {s.labels: s.value for s in f.samples}  # type: ignore[attr-defined]
+    raise AssertionError(f"no family {name}")
+
+
+def test_live_families_match_offline_windows(tmp_path: Path) -> None:
+    text, _labels = scenarios.single("checkpointing", "hot_tier", seed=8, minutes=30)
+    offline = analyze_text(text, tmp_path)
+    assert {w.cause for w in offline} == {Cause.CHECKPOINTING}
+    log = tmp_path / "windows.jsonl"
+    proc = CorrelatorProcessor(CorrelatorConfig(windows_log=str(log)), interval_seconds=5.0)
+    seen_open = False
+    last_seconds: dict[tuple[tuple[str, str], ...], float] = {}
+    fams: list[object] = []
+    for snap in snapshots_of(text):
+        fams = proc.process(snap)  # type: ignore[arg-type]
+        assert [f.name for f in fams] == [SECONDS, CAUSE, WINDOWS]  # type: ignore[attr-defined]
+        assert [f.type for f in fams] == ["counter", "gauge", "counter"]  # type: ignore[attr-defined]
+        cause = _values(fams, CAUSE)
+        if cause:
+            seen_open = True
+            for key, v in cause.items():
+                assert v == 1.0
+                assert dict(key)["cause"] == "checkpointing"
+                assert [k for k, _ in key] == ["cause", "gpu", "job_id", "uuid"]
+        for key, v in _values(fams, SECONDS).items():
+            assert v >= last_seconds.get(key, 0.0) - 1e-9  # a counter never goes back
+            last_seconds[key] = v
+    assert seen_open
+    assert _values(fams, CAUSE) == {}
+    windows = _values(fams, WINDOWS)
+    assert sum(windows.values()) == len(offline)
+    total = sum(w.duration_seconds for w in offline)
+    assert sum(_values(fams, SECONDS).values()) == pytest.approx(total)
+    logged = list(read_log(str(log)))
+
+    def key(w: Window) -> tuple[str, float, float, Cause]:
+        return (w.gpu, w.start_seconds, w.end_seconds, w.cause)
+
+    assert sorted(map(key, logged)) == sorted(map(key, offline))
+    # live windows name the host (Prometheus adds `instance` to the metrics instead)
+    assert {w.instance for w in logged} == {socket.gethostname()}
+    proc.close()
+    # a restarted agent shows the logged windows again
+    again = CorrelatorProcessor(CorrelatorConfig(windows_log=str(log)), interval_seconds=5.0)
+    closed, open_ = again.windows(limit=1000)
+    assert len(closed) == len(offline) and open_ == []
+    again.close()
+
+
+def _window(i: int) -> Window:
+    return Window(
+        "n",
+        str(i % 8),
+        "GPU-x",
+        "job",
+        T0 + i,
+        T0 + i + 90,
+        Cause.NETWORK,
+        0.9,
+        0.4,
+        (("network_utilization_ratio", 0.95),),
+        f"window {i}",
+    )
+
+
+def test_log_rotates_and_keeps_backups(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    log = WindowLog(str(path), max_bytes=2000, backups=2)
+    for i in range(40):
+        log.append(_window(i))
+    log.close()
+    assert path.stat().st_size <= 2000
+    assert (tmp_path / "w.jsonl.1").exists() and (tmp_path / "w.jsonl.2").exists()
+    assert not (tmp_path / "w.jsonl.3").exists()
+    got = [w.summary for w in read_log(str(path))]
+    assert got == [f"window {i}" for i in range(40 - len(got), 40)]  # newest kept, in order
+    assert len(got) < 40
+
+
+@pytest.mark.slow
+def test_log_survives_kill_9(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    code = textwrap.dedent(
+        f"""
+        import sys, time
+        from gpufeed.correlator.windowlog import WindowLog
+        from gpufeed.correlator.window import Window
+        from gpufeed.correlator.causes import Cause
+        log = WindowLog({str(path)!r}, max_bytes=1 << 30)
+        i = 0
+        while True:
+            log.append(Window("n", "0", "u", "j", i, i + 60.0, Cause.IDLE, 0.9, 0.0, (), "x" * 500))
+            i += 1
+            if i == 20:
+                print("ready", flush=True)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env)
+    assert p.stdout is not None
+    assert p.stdout.readline().strip() == b"ready"
+    time.sleep(0.3)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    docs = path.read_bytes().split(b"\n")
+    complete = [d for d in docs[:-1]]
+    assert len(complete) >= 20
+    for d in complete:
+        json.loads(d)  # every complete line is a whole window
+    ws = list(read_log(str(path)))
+    assert [w.start_seconds for w in ws] == [float(i) for i in range(len(ws))]
+
+
+@pytest.mark.slow
+def test_api_and_windows_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from aiohttp import web
+
+    from gpufeed.correlator.api import windows_routes
+
+    text, _ = scenarios.single("network", "saturated", seed=2, minutes=30)
+    proc = CorrelatorProcessor(CorrelatorConfig(windows_log=""), interval_seconds=5.0)
+    snaps = snapshots_of(text)
+    labels_end = max(w.end_seconds for w in analyze_text(text, tmp_path))
+    open_at = None
+    for snap in snaps:
+        proc.process(snap)  # type: ignore[arg-type]
+        if proc.windows()[1]:
+            open_at = snap.timestamp_seconds  # type: ignore[attr-defined]
+            break
+    assert open_at is not None and open_at < labels_end
+
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.add_routes(windows_routes(proc))
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", PORT).start())
+    th = threading.Thread(target=loop.run_forever, daemon=True)
+    th.start()
+    try:
+        import urllib.error
+        import urllib.request
+
+        body = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{PORT}/api/windows").read())
+        assert body["windows"] == []
+        assert {d["cause"] for d in body["open"]} == {"network"}
+        assert set(body["open"][0]) >= {
+            "instance",
+            "gpu",
+            "uuid",
+            "job_id",
+            "start",
+            "end",
+            "cause",
+            "confidence",
+            "mean_utilization",
+            "evidence",
+        }
+        for snap in snaps[
+            snaps.index(next(s for s in snaps if s.timestamp_seconds == open_at)) + 1 :
+        ]:  # type: ignore[attr-defined]
+            proc.process(snap)  # type: ignore[arg-type]
+        body = json.loads(
+            urllib.request.urlopen(f"http://127.0.0.1:{PORT}/api/windows?limit=3").read()
+        )
+        assert len(body["windows"]) == 3 and body["open"] == []
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(f"http://127.0.0.1:{PORT}/api/windows?limit=x")
+        p = argparse.ArgumentParser()
+        windows_cmd.register(p.add_subparsers())
+        args = p.parse_args(["windows", "--agent", f"http://127.0.0.1:{PORT}", "--limit", "100"])
+        assert args.func(args) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[0].startswith("INSTANCE") and len(out) == 9
+        assert all(" network " in line for line in out[1:])
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        th.join(5)
+    p = argparse.ArgumentParser()
+    windows_cmd.register(p.add_subparsers())
+    args = p.parse_args(["windows", "--agent", f"http://127.0.0.1:{PORT}"])
+    assert args.func(args) == 1
+    assert "cannot read windows" in capsys.readouterr().err
+
+
+def test_unwritable_log_does_not_stop_the_correlator(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    cfg = CorrelatorConfig(windows_log=str(blocker / "windows.jsonl"))
+    proc = CorrelatorProcessor(cfg, interval_seconds=5.0)
+    assert "cannot be opened" in caplog.text
+    text, _ = scenarios.single("idle", "job_ended", seed=1, minutes=30)
+    for snap in snapshots_of(text):
+        fams = proc.process(snap)  # type: ignore[arg-type]
+    assert sum(_values(fams, WINDOWS).values()) > 0
+
+
+def test_clock_stepping_back_is_ignored(tmp_path: Path) -> None:
+    import dataclasses
+
+    text, _ = scenarios.single("network", "congested", seed=3, minutes=30)
+    snaps = snapshots_of(text)
+    proc = CorrelatorProcessor(CorrelatorConfig(windows_log=""), interval_seconds=5.0)
+    for snap in snaps[:300]:
+        proc.process(snap)  # type: ignore[arg-type]
+    before = proc.windows(1000)
+    back = dataclasses.replace(snaps[300], timestamp_seconds=snaps[100].timestamp_seconds)  # type: ignore[type-var]
+    fams = proc.process(back)  # type: ignore[arg-type]
+    assert [f.name for f in fams] == [SECONDS, CAUSE, WINDOWS]  # type: ignore[attr-defined]
+    assert proc.windows(1000) == before
+    for snap in snaps[300:]:
+        proc.process(snap)  # type: ignore[arg-type]
+    closed, _ = proc.windows(1000)
+    offline = analyze_text(text, tmp_path)
+
+    def key(w: Window) -> tuple[str, float, Cause]:
+        return (w.gpu, w.start_seconds, w.cause)
+
+    assert sorted(map(key, closed)) == sorted(map(key, offline))

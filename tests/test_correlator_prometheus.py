@@ -1,0 +1,132 @@
+"""`gpufeed analyze --prometheus` against a real Prometheus (Debian package), loaded from a
+trace by `promtool tsdb create-blocks-from openmetrics`: the same windows as the file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from correlator_helpers import scenarios
+from gpufeed.correlator import analyze_cmd
+
+PORT = 19352
+pytestmark = pytest.mark.slow
+
+
+def _run(*argv: str) -> int:
+    p = argparse.ArgumentParser()
+    analyze_cmd.register(p.add_subparsers())
+    args = p.parse_args(["analyze", *argv])
+    return int(args.func(args))
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path):  # type: ignore[no-untyped-def]
+    if not shutil.which("prometheus") or not shutil.which("promtool"):
+        pytest.skip("Debian's prometheus package is not installed")
+    # two nodes, different causes, one of them without SDK signals
+    a, _ = scenarios.single("data_loading", "contended", seed=2, minutes=40)
+    b, _ = scenarios.single("network", "congested", seed=3, sdk=False, minutes=40)
+    b = b.replace('instance="node-t:9400"', 'instance="node-u:9400"')
+    body = [x for x in (a + b).splitlines() if x != "# EOF"]
+    trace = tmp_path / "trace.om"
+    trace.write_text("\n".join([*body, "# EOF"]) + "\n")
+    data = tmp_path / "data"
+    subprocess.run(
+        ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(trace), str(data)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text("global:\n  scrape_interval: 1h\n")
+    proc = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={cfg}",
+            f"--storage.tsdb.path={data}",
+            "--storage.tsdb.retention.time=100y",  # the trace lies in the past
+            f"--web.listen-address=127.0.0.1:{PORT}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{PORT}"
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(url + "/-/ready", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("prometheus did not become ready")
+        yield url, trace
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_range_query_gives_the_same_windows_as_the_file(prometheus, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    url, trace = prometheus
+    file_out = tmp_path / "file.jsonl"
+    prom_out = tmp_path / "prom.jsonl"
+    assert _run(str(trace), "--output", str(file_out)) == 0
+    start = 1_760_000_005
+    end = start + 40 * 60
+    assert (
+        _run(
+            "--prometheus",
+            url,
+            "--start",
+            str(start),
+            "--end",
+            str(end),
+            "--step",
+            "5",
+            "--output",
+            str(prom_out),
+        )
+        == 0
+    )
+    from_file = [json.loads(x) for x in file_out.read_text().splitlines()]
+    from_prom = [json.loads(x) for x in prom_out.read_text().splitlines()]
+    assert {d["instance"] for d in from_file} == {"node-t:9400", "node-u:9400"}
+    assert {(d["instance"], d["cause"]) for d in from_file} == {
+        ("node-t:9400", "data_loading"),
+        ("node-u:9400", "network"),
+    }
+    assert from_prom == from_file
+    # --match narrows to one node; RFC 3339 times work
+    only = tmp_path / "only.jsonl"
+    assert (
+        _run(
+            "--prometheus",
+            url,
+            "--start",
+            "2025-10-09T08:53:25Z",
+            "--end",
+            str(end),
+            "--step",
+            "5",
+            "--match",
+            '{instance="node-u:9400"}',
+            "--output",
+            str(only),
+        )
+        == 0
+    )
+    got = [json.loads(x) for x in only.read_text().splitlines()]
+    assert got == [d for d in from_file if d["instance"] == "node-u:9400"]
+
+
+def test_unreachable_server_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run("--prometheus", "http://127.0.0.1:19353", "--start", "0", "--end", "100") == 1
+    assert "gpufeed analyze:" in capsys.readouterr().err
