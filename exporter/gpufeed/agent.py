@@ -137,6 +137,7 @@ def register(subparsers: Any) -> None:
         ("jobs", "which job holds which GPU (gpufeed_job_info)", True),
         ("sdk", "per-job phases, steps, checkpoints and epochs from the SDK socket", True),
         ("job_io", "per-job bytes read and written per storage tier (cgroup io accounting)", True),
+        ("correlator", "underutilization windows and their causes (live correlator)", True),
     ]
     for name, help_, default in switches:
         group.add_argument(
@@ -189,6 +190,15 @@ def build_parts(args: argparse.Namespace) -> AgentParts:
         _add_simulated_node(args, parts)
     else:
         _add_host_collectors(args, ctx, parts)
+    if args.collector_correlator:
+        from gpufeed.correlator.api import windows_routes
+        from gpufeed.correlator.live import CorrelatorProcessor
+
+        correlator = CorrelatorProcessor(
+            config.correlator, interval_seconds=config.interval_seconds
+        )
+        parts.processors.append(correlator)
+        parts.routes.extend(windows_routes(correlator))
     if args.record:
         from gpufeed.record import TraceRecorder
 
