@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install run test lint typecheck unit bench bench-correlator dashboards alerts clean
+.PHONY: install run promtool test lint typecheck unit bench bench-correlator dashboards alerts clean
 
 install: $(STAMP)
 
@@ -26,12 +26,18 @@ run: install
 	  $(VENV)/bin/gpufeed agent --simulate $(ARGS); \
 	fi
 
-# promtool comes from Debian's prometheus package.
+# The real servers the tests run: Debian's prometheus (promtool), alertmanager (amtool),
+# node_exporter (the benchmark's reference), and e2fsprogs for the loop-mounted tiers.
 promtool:
-	@command -v promtool >/dev/null 2>&1 || { \
-	  echo "installing Debian's prometheus (promtool), prometheus-alertmanager, prometheus-node-exporter"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    prometheus prometheus-alertmanager prometheus-node-exporter >/dev/null; }
+	@missing=""; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v amtool >/dev/null 2>&1 || missing="$$missing prometheus-alertmanager"; \
+	command -v prometheus-node-exporter >/dev/null 2>&1 || missing="$$missing prometheus-node-exporter"; \
+	command -v mkfs.ext4 >/dev/null 2>&1 || missing="$$missing e2fsprogs"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
 
 lint: install
 	$(VENV)/bin/ruff check exporter tests bench dashboards alerts

@@ -133,6 +133,13 @@ class Sampler:
             self._thread.join(timeout=self._timeout + self._interval + 1)
         for w in self._workers:
             w.stop()
+        for p in self._processors:
+            close = getattr(p, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:
+                    log.exception("closing processor %s failed", p.name)
         for sink in self._sinks:
             try:
                 sink.close()
