@@ -71,3 +71,27 @@ def test_explicit_nvml_without_a_driver_fails_clearly() -> None:
     res = run("agent", "--gpu.backend", "nvml", "--web.listen-address", "127.0.0.1:19024")
     assert res.returncode == 2
     assert "--gpu.backend=nvml:" in res.stderr and "not found" in res.stderr
+
+
+def test_simulated_node_is_labelled_on_every_page(run_agent: Any, tmp_path: Path) -> None:
+    import json
+    import urllib.request
+
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(f"correlator:\n  windows_log: {tmp_path / 'w.jsonl'}\n")
+    proc = run_agent("--simulate", "--config", str(cfg), "--web.listen-address", "127.0.0.1:19027")
+    body = wait_for_metrics("http://127.0.0.1:19027/metrics", proc).decode()
+    assert body.startswith("# SIMULATED NODE")
+    assert body.count('backend="simulated"') == 8
+    assert 'backend="nvml"' not in body
+    for path in ("/metrics", "/healthz", "/", "/api/windows"):
+        with urllib.request.urlopen(f"http://127.0.0.1:19027{path}", timeout=5) as resp:
+            assert resp.headers["X-Gpufeed-Simulated"] == "true", path
+            page = resp.read().decode()
+        if path == "/":
+            assert "SIMULATED NODE" in page
+        if path == "/api/windows":
+            assert json.loads(page)["simulated"] is True
+    proc.terminate()
+    _, err = proc.communicate(timeout=15)
+    assert b"level=WARNING" in err and b"SIMULATED NODE" in err

@@ -198,7 +198,7 @@ def build_parts(args: argparse.Namespace) -> AgentParts:
             config.correlator, interval_seconds=config.interval_seconds
         )
         parts.processors.append(correlator)
-        parts.routes.extend(windows_routes(correlator))
+        parts.routes.extend(windows_routes(correlator, simulated=bool(parts.banner)))
     if args.record:
         from gpufeed.record import TraceRecorder
 

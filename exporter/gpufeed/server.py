@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from gpufeed import __version__
 from gpufeed.exposition import CONTENT_TYPE
@@ -22,7 +23,7 @@ BANNER_KEY = web.AppKey("banner", str)
 def build_app(
     sampler: Sampler, *, banner: str = "", extra_routes: Iterable[web.RouteDef] = ()
 ) -> web.Application:
-    app = web.Application()
+    app = web.Application(middlewares=[_simulated_header] if banner else [])
     app[SAMPLER_KEY] = sampler
     app[BANNER_KEY] = banner
     app.add_routes(
@@ -36,18 +37,21 @@ def build_app(
     return app
 
 
-def _headers(request: web.Request) -> dict[str, str]:
-    banner = request.app[BANNER_KEY]
-    return {"X-Gpufeed-Simulated": "true"} if banner else {}
+@web.middleware
+async def _simulated_header(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every response of a simulated node says so, whichever handler made it."""
+    response = await handler(request)
+    response.headers["X-Gpufeed-Simulated"] = "true"
+    return response
 
 
 async def _metrics(request: web.Request) -> web.Response:
     latest = request.app[SAMPLER_KEY].latest
     if latest is None:
-        return web.Response(status=503, text="no sample taken yet\n", headers=_headers(request))
+        return web.Response(status=503, text="no sample taken yet\n")
     return web.Response(
         body=latest.text,
-        headers={"Content-Type": CONTENT_TYPE, **_headers(request)},
+        headers={"Content-Type": CONTENT_TYPE},
     )
 
 
@@ -63,7 +67,7 @@ async def _healthz(request: web.Request) -> web.Response:
         return web.Response(status=503, text=f"last sample is {age:.1f}s old\n")
     failed = [s.name for s in latest.snapshot.statuses if not s.success]
     text = "ok\n" if not failed else f"ok (collectors failing: {', '.join(failed)})\n"
-    return web.Response(text=text, headers=_headers(request))
+    return web.Response(text=text)
 
 
 async def _index(request: web.Request) -> web.Response:
@@ -89,4 +93,4 @@ async def _index(request: web.Request) -> web.Response:
 <a href="/api/windows">/api/windows</a></p>
 <table><tr><th>collector</th><th>last duration</th><th>state</th></tr>{rows}</table>
 </body></html>"""
-    return web.Response(text=body, content_type="text/html", headers=_headers(request))
+    return web.Response(text=body, content_type="text/html")

@@ -29,13 +29,14 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def fetch(agent: str, limit: int) -> tuple[list[Window], list[Window]]:
+def fetch(agent: str, limit: int) -> tuple[list[Window], list[Window], bool]:
+    """Closed and open windows from an agent, and whether the agent is a simulated node."""
     url = agent.rstrip("/") + f"/api/windows?limit={limit}"
     with urllib.request.urlopen(url, timeout=10) as r:
         body = json.loads(r.read())
     closed = [Window.from_json(d) for d in body.get("windows", [])]
     open_ = [Window.from_json(d, open_=True) for d in body.get("open", [])]
-    return closed, open_
+    return closed, open_, bool(body.get("simulated", False))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,10 +48,13 @@ def run(args: argparse.Namespace) -> int:
 
             closed = list(read_log(args.log))[-args.limit :] if args.limit > 0 else []
             open_: list[Window] = []
+            simulated = False
         else:
-            closed, open_ = fetch(args.agent, args.limit)
+            closed, open_, simulated = fetch(args.agent, args.limit)
     except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
         print(f"gpufeed windows: cannot read windows: {e}", file=sys.stderr)
         return 1
+    if simulated:
+        print("SIMULATED NODE: these windows come from generated data.", file=sys.stderr)
     sys.stdout.write(render([*closed, *open_], args.format))
     return 0
