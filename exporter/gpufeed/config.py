@@ -66,16 +66,22 @@ class AgentConfig:
         return max(0.5, 0.8 * self.interval_seconds)
 
 
+def read_yaml_text(
+    path: str | Path, what: str, error: type[ConfigError] = ConfigError
+) -> tuple[str, str]:
+    """The text of a YAML file and the name to quote in errors; unreadable is an `error`."""
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8"), str(p)
+    except OSError as exc:
+        raise error(f"{p}: cannot read {what}: {exc.strerror or exc}") from exc
+
+
 def load_config(path: str | Path | None) -> AgentConfig:
     """Reads and validates a config file; None gives the defaults."""
     if path is None:
         return AgentConfig()
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read config file: {exc.strerror or exc}") from exc
-    return parse_config(text, str(p))
+    return parse_config(*read_yaml_text(path, "config file"))
 
 
 def parse_config(text: str, source: str = "<config>") -> AgentConfig:

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from gpufeed.config import ConfigError, _Reader, _show
+from gpufeed.config import ConfigError, _Reader, _show, read_yaml_text
 
 # Phase names are the correlator's causes where the phase is a cause; `compute` is healthy.
 PHASES = (
@@ -192,12 +192,7 @@ def load_scenario(path: str | Path | None) -> Scenario:
     """Reads and validates a scenario file; None gives the built-in default."""
     if path is None:
         return default_scenario()
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError(f"{p}: cannot read scenario file: {exc.strerror or exc}") from exc
-    return parse_scenario(text, str(p))
+    return parse_scenario(*read_yaml_text(path, "scenario file", ScenarioError))
 
 
 Entry = tuple[yaml.Node, yaml.Node]
