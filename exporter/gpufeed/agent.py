@@ -186,6 +186,29 @@ def build_parts(args: argparse.Namespace) -> AgentParts:
     paths = HostPaths(Path(args.procfs), Path(args.sysfs), Path(args.rootfs))
     ctx = CollectorContext(paths=paths, config=config)
     parts = AgentParts(config=config)
+    try:
+        _add_parts(args, ctx, parts)
+    except BaseException:
+        # What was already opened (NVML, the SDK socket, a spool) is released before exit.
+        close_parts(parts)
+        raise
+    return parts
+
+
+def close_parts(parts: AgentParts) -> None:
+    """Closes what `build_parts` opened, for when the agent stops before its sampler exists."""
+    for part in (*parts.processors, *parts.sinks, *parts.collectors):
+        close = getattr(part, "close", None)
+        if close is None:
+            continue
+        try:
+            close()
+        except Exception:
+            log.exception("closing %s failed", part.name)
+
+
+def _add_parts(args: argparse.Namespace, ctx: CollectorContext, parts: AgentParts) -> None:
+    config = parts.config
     if args.simulate is not None:
         _add_simulated_node(args, parts)
     else:
@@ -202,12 +225,16 @@ def build_parts(args: argparse.Namespace) -> AgentParts:
     if args.record:
         from gpufeed.record import TraceRecorder
 
-        parts.sinks.append(TraceRecorder(args.record))
+        try:
+            parts.sinks.append(TraceRecorder(args.record))
+        except OSError as exc:
+            raise UsageError(f"--record {args.record}: {exc.strerror or exc}") from exc
     if args.otlp_endpoint:
         from gpufeed.otlp import OtlpSink
 
+        if args.otlp_interval <= 0:
+            raise UsageError(f"--otlp.interval {args.otlp_interval:g}: must be positive")
         parts.sinks.append(OtlpSink(args.otlp_endpoint, push_interval_seconds=args.otlp_interval))
-    return parts
 
 
 def _add_simulated_node(args: argparse.Namespace, parts: AgentParts) -> None:
@@ -315,6 +342,10 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"gpufeed agent: error: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         return 1
+    finally:
+        # Also when the port is taken: closing removes the SDK socket file and the
+        # recorder's empty spool, which would otherwise be left behind on disk.
+        sampler.stop()
 
 
 async def _serve(sampler: Sampler, parts: AgentParts, host: str, port: int) -> int:
@@ -326,7 +357,11 @@ async def _serve(sampler: Sampler, parts: AgentParts, host: str, port: int) -> i
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
     sampler.start()
     names = ", ".join(c.name for c in parts.collectors) or "none"
     log.info("listening on http://%s:%d/metrics, collectors: %s", host, port, names)
@@ -337,5 +372,4 @@ async def _serve(sampler: Sampler, parts: AgentParts, host: str, port: int) -> i
     await stop.wait()
     log.info("shutting down")
     await runner.cleanup()
-    await asyncio.to_thread(sampler.stop)
-    return 0
+    return 0  # run() stops the sampler
