@@ -1,6 +1,9 @@
 import threading
 import time
 
+import pytest
+
+from conftest import http_get
 from gpufeed.collectors.base import PartialCollectionError
 from gpufeed.model import Families, Family
 from gpufeed.sampler import Sampler
@@ -134,3 +137,72 @@ def test_background_loop_keeps_sampling_on_the_interval() -> None:
     time.sleep(0.55)
     sampler.stop()
     assert 4 <= c.calls <= 8
+
+
+def test_still_hung_collector_reports_the_time_bound_as_its_duration() -> None:
+    hang = Hanging()
+    sampler = Sampler([hang], interval_seconds=1.0, timeout_seconds=0.2)
+    try:
+        first = sampler.sample_once().snapshot.statuses[0]
+        second = sampler.sample_once().snapshot.statuses[0]
+        assert (first.error, first.duration_seconds) == ("timed out after 0.20s", 0.2)
+        assert (second.error, second.duration_seconds) == ("still hung", 0.2)
+    finally:
+        sampler.stop()
+
+
+def test_stop_closes_every_collector_once() -> None:
+    class Counting(Const):
+        closed = 0
+
+        def close(self) -> None:
+            self.closed += 1
+
+    c = Counting("c", 1.0)
+    sampler = Sampler([c], interval_seconds=0.1, timeout_seconds=0.1)
+    sampler.start()
+    sampler.stop()
+    sampler.stop()
+    assert c.closed == 1
+    assert not sampler.alive()
+
+
+@pytest.mark.slow
+def test_scrape_answers_at_once_while_a_collector_hangs() -> None:
+    import asyncio
+
+    from aiohttp import web
+
+    from gpufeed.server import build_app
+
+    hang = Hanging()
+    sampler = Sampler([Const("good", 3.0), hang], interval_seconds=0.2, timeout_seconds=0.1)
+
+    async def scrape_while_hung() -> tuple[float, int, str, int, str]:
+        runner = web.AppRunner(build_app(sampler), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 19505)
+        await site.start()
+        try:
+            sampler.start()
+            await asyncio.sleep(0.7)  # a few ticks, every one with the collector hung
+            metrics = await asyncio.to_thread(http_get, "http://127.0.0.1:19505/metrics")
+            t0 = time.monotonic()
+            health = await asyncio.to_thread(http_get, "http://127.0.0.1:19505/healthz")
+            elapsed = time.monotonic() - t0
+        finally:
+            await runner.cleanup()
+        return elapsed, metrics[0], metrics[1].decode(), health[0], health[1].decode()
+
+    try:
+        elapsed, status, body, hstatus, htext = asyncio.run(scrape_while_hung())
+    finally:
+        hang.release.set()
+        sampler.stop()
+    assert status == 200
+    assert "gpufeed_test_good 3.0" in body
+    assert 'gpufeed_collector_success{collector="hang"} 0.0' in body
+    assert 'gpufeed_collector_duration_seconds{collector="hang"} 0.1' in body
+    assert hang.calls == 1
+    assert hstatus == 200 and htext == "ok (collectors failing: hang)\n"
+    assert elapsed < 1.0

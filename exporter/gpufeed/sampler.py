@@ -114,6 +114,7 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._logged_errors: dict[str, str] = {}
+        self._closed = False
 
     @property
     def latest(self) -> Rendered | None:
@@ -128,6 +129,10 @@ class Sampler:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stops sampling and closes every part once; later calls do nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self._timeout + self._interval + 1)
@@ -180,9 +185,9 @@ class Sampler:
         statuses: list[CollectorStatus] = []
         for w in self._workers:
             if w not in triggered:
-                statuses.append(
-                    CollectorStatus(w.name, False, time.monotonic() - started, "still hung")
-                )
+                # Its call from an earlier tick has not returned: it has used the whole bound
+                # again (docs/metrics.md: the duration is the time bound when it timed out).
+                statuses.append(CollectorStatus(w.name, False, self._timeout, "still hung"))
                 continue
             if not w.wait(deadline - time.monotonic()):
                 statuses.append(
