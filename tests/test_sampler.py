@@ -206,3 +206,38 @@ def test_scrape_answers_at_once_while_a_collector_hangs() -> None:
     assert hang.calls == 1
     assert hstatus == 200 and htext == "ok (collectors failing: hang)\n"
     assert elapsed < 1.0
+
+
+@pytest.mark.slow
+def test_index_links_only_the_pages_served() -> None:
+    import asyncio
+
+    from aiohttp import web
+
+    from gpufeed.server import build_app
+
+    async def windows(request: web.Request) -> web.Response:
+        return web.json_response([])
+
+    async def index(app: web.Application, port: int) -> str:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            status, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/")
+        finally:
+            await runner.cleanup()
+        assert status == 200
+        return body.decode()
+
+    sampler = Sampler([Const("v", 1.0)], interval_seconds=1.0, timeout_seconds=0.5)
+    sampler.sample_once()
+    try:
+        plain = asyncio.run(index(build_app(sampler), 19506))
+        routes = [web.get("/api/windows", windows)]
+        with_windows = asyncio.run(index(build_app(sampler, extra_routes=routes), 19507))
+    finally:
+        sampler.stop()
+    assert '<a href="/metrics">' in plain and '<a href="/api/windows">' not in plain
+    assert '<a href="/api/windows">' in with_windows
+    assert "<td>v</td>" in plain
