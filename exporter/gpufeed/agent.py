@@ -197,7 +197,8 @@ def build_parts(args: argparse.Namespace) -> AgentParts:
 
 def close_parts(parts: AgentParts) -> None:
     """Closes what `build_parts` opened, for when the agent stops before its sampler exists."""
-    for part in (*parts.processors, *parts.sinks, *parts.collectors):
+    named: list[Processor | Sink | Collector] = [*parts.processors, *parts.sinks, *parts.collectors]
+    for part in named:
         close = getattr(part, "close", None)
         if close is None:
             continue
