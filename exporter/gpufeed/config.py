@@ -84,14 +84,21 @@ def load_config(path: str | Path | None) -> AgentConfig:
     return parse_config(*read_yaml_text(path, "config file"))
 
 
-def parse_config(text: str, source: str = "<config>") -> AgentConfig:
+def compose_yaml(
+    text: str, source: str, error: type[ConfigError] = ConfigError
+) -> yaml.Node | None:
+    """The YAML node tree (None for an empty document); a syntax error names its line."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{source}:{where}: invalid YAML: {problem}") from exc
+        raise error(f"{source}:{where}: invalid YAML: {problem}") from exc
+
+
+def parse_config(text: str, source: str = "<config>") -> AgentConfig:
+    root = compose_yaml(text, source)
     if root is None:
         return AgentConfig()
     r = _Reader(source)

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from gpufeed.config import ConfigError, _Reader, _show, read_yaml_text
+from gpufeed.config import ConfigError, _Reader, _show, compose_yaml, read_yaml_text
 
 # Phase names are the correlator's causes where the phase is a cause; `compute` is healthy.
 PHASES = (
@@ -200,13 +200,7 @@ Mapping_ = dict[str, Entry]
 
 
 def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ScenarioError(f"{source}:{where}: invalid YAML: {problem}") from exc
+    root = compose_yaml(text, source, ScenarioError)
     if root is None:
         raise ScenarioError(f"{source}: empty scenario (expected at least `jobs:`)")
     return _ScenarioReader(source).scenario(root)
