@@ -1,3 +1,4 @@
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -128,6 +129,9 @@ def test_simulated_node_is_labelled_on_every_page(run_agent: Any, tmp_path: Path
     assert body.startswith("# SIMULATED NODE")
     assert body.count('backend="simulated"') == 8
     assert 'backend="nvml"' not in body
+    # The simulated node replaces every real collector: nothing here was read from the host.
+    collectors = set(re.findall(r'gpufeed_collector_success\{collector="([a-z_]+)"\}', body))
+    assert collectors == {"gpu", "simulated"}
     for path in ("/metrics", "/healthz", "/", "/api/windows"):
         with urllib.request.urlopen(f"http://127.0.0.1:19027{path}", timeout=5) as resp:
             assert resp.headers["X-Gpufeed-Simulated"] == "true", path
