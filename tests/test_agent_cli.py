@@ -94,6 +94,7 @@ def test_every_agent_flag_has_help_text() -> None:
         if a.option_strings and (not a.help or a.help == argparse.SUPPRESS)
     ]
     assert missing == []
+    assert "(default: None)" not in agent.format_help()
 
 
 def test_agent_serves_metrics_and_healthz_and_stops_on_sigterm(run_agent: Any) -> None:
