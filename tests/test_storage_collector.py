@@ -429,3 +429,20 @@ def test_md_without_time_accounting_leaves_its_time_counters_out() -> None:
         series = by_mount(fams, "gpufeed_storage_" + name)
         assert "/mnt/raid" not in series, name
         assert "/mnt/scratch" in series, name  # dm-0 counts time: still exported
+
+
+def test_mount_point_that_is_not_utf8_keeps_the_page_renderable(tmp_path: Path) -> None:
+    import shutil
+
+    from gpufeed.exposition import render_text
+
+    node = tmp_path / "node"
+    shutil.copytree(NODE1, node, symlinks=True)
+    mountinfo = node / "proc" / "self" / "mountinfo"
+    # A directory named in Latin-1 (one 0xE9 byte), as an old tool or a user may create it.
+    mountinfo.write_bytes(mountinfo.read_bytes().replace(b" /mnt/raid ", b" /mnt/caf\xe9 "))
+    paths = HostPaths(node / "proc", node / "sys", node / "root")
+    fams = collector(paths=paths).collect()
+    text = render_text(fams).decode("utf-8")
+    assert 'mountpoint="/mnt/caf\ufffd"' in text
+    assert 'gpufeed_storage_read_bytes_total{device="md0",mountpoint="/mnt/caf\ufffd"' in text

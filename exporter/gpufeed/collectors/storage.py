@@ -18,6 +18,7 @@ from functools import partial
 from gpufeed.collectors.base import CollectorContext, PartialCollectionError
 from gpufeed.model import Families, Family
 from gpufeed.procfs.diskstats import DiskStats, DiskStatsTable, read_diskstats
+from gpufeed.procfs.escape import label_text
 from gpufeed.procfs.mountinfo import MountInfo, mount_table_pid, read_mountinfo
 from gpufeed.procfs.mountstats import NFS_FSTYPES, NfsMountStats, read_mountstats
 from gpufeed.storage.bounded import BoundedCalls, Outcome
@@ -321,10 +322,10 @@ class StorageCollector:
         nfs: Mapping[str, NfsMountStats],
         statfs: Mapping[str, Outcome[os.statvfs_result]],
     ) -> None:
-        labels = {"tier": t.tier, "mountpoint": t.mount.mountpoint}
+        labels = {"tier": t.tier, "mountpoint": label_text(t.mount.mountpoint)}
         if t.device is not None:
             labels["device"] = t.device.name
-        info = {**labels, "fstype": t.mount.fstype, "source": t.mount.source}
+        info = {**labels, "fstype": t.mount.fstype, "source": label_text(t.mount.source)}
         if t.device is not None:
             info["kind"] = t.device.kind
             info["disks"] = ",".join(t.device.disks)
