@@ -241,3 +241,45 @@ def test_index_links_only_the_pages_served() -> None:
     assert '<a href="/metrics">' in plain and '<a href="/api/windows">' not in plain
     assert '<a href="/api/windows">' in with_windows
     assert "<td>v</td>" in plain
+
+
+def test_a_family_the_text_format_cannot_carry_is_left_out_not_the_page(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class BadLabel:
+        name = "bad_label"
+
+        def collect(self) -> list[Family]:
+            f = Families()
+            # A path read with surrogateescape that no one cleaned: not valid UTF-8.
+            f.gauge("gpufeed_test_path", "x", {"path": "/mnt/caf\udce9"}, 1.0)
+            return f.build()
+
+        def close(self) -> None:
+            pass
+
+    sampler = Sampler([Const("good", 3.0), BadLabel()], interval_seconds=1, timeout_seconds=1)
+    try:
+        text = sampler.sample_once().text.decode()
+        sampler.sample_once()
+    finally:
+        sampler.stop()
+    assert "gpufeed_test_good 3.0" in text
+    assert 'gpufeed_collector_success{collector="bad_label"} 1.0' in text
+    assert "gpufeed_test_path" not in text
+    logged = [r.getMessage() for r in caplog.records if "left out of /metrics" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].startswith("gpufeed_test_path left out")
+
+
+def test_a_time_bound_over_five_intervals_is_capped_and_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sampler = Sampler([Hanging()], interval_seconds=0.1, timeout_seconds=30)
+    try:
+        started = time.monotonic()
+        status = sampler.sample_once().snapshot.statuses[0]
+        assert time.monotonic() - started < 2
+    finally:
+        sampler.stop()
+    assert status.duration_seconds == pytest.approx(0.5)
+    assert any("capped at 5 intervals" in r.getMessage() for r in caplog.records)
