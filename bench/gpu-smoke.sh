@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Real-GPU check of the NVML backend (issue 3). Needs a host with an NVIDIA GPU and driver,
-# nvidia-ml-py, prometheus-client and aiohttp, and PyTorch built with CUDA for the load.
+# nvidia-ml-py, prometheus-client, aiohttp and PyYAML, and PyTorch built with CUDA for the load.
 #
 # Starts `gpufeed agent --gpu.backend=nvml` on 127.0.0.1:$GPU_SMOKE_PORT, runs a matmul load
 # for $LOAD_SECONDS, then a waiting phase (sleeps between small launches) for $WAIT_SECONDS,
@@ -32,9 +32,10 @@ if ! nvidia-smi -L; then
   exit 2
 fi
 nvidia-smi --query-gpu=index,name,driver_version,mig.mode.current --format=csv,noheader || true
-for mod in pynvml prometheus_client aiohttp; do
+# Every module the agent imports at start-up (yaml: the config reader).
+for mod in pynvml prometheus_client aiohttp yaml; do
   if ! "$PYTHON" -c "import $mod" 2>/dev/null; then
-    say "$PYTHON cannot import $mod (install nvidia-ml-py, prometheus-client, aiohttp)."
+    say "$PYTHON cannot import $mod (install nvidia-ml-py, prometheus-client, aiohttp, PyYAML)."
     exit 2
   fi
 done

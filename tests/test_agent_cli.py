@@ -1,3 +1,4 @@
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -42,13 +43,58 @@ def test_bad_listen_address_is_rejected() -> None:
     assert "expected HOST:PORT" in res.stderr
 
 
-def test_port_in_use_is_a_clear_error() -> None:
+def test_port_in_use_is_a_clear_error_and_leaves_nothing_behind(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 19021))
         s.listen()
-        res = run("agent", "--web.listen-address", "127.0.0.1:19021")
+        res = run(
+            "agent",
+            "--web.listen-address",
+            "127.0.0.1:19021",
+            "--sdk.socket",
+            str(tmp_path / "sdk.sock"),
+            "--record",
+            str(tmp_path / "trace.om"),
+        )
     assert res.returncode == 1
     assert "cannot listen on 127.0.0.1:19021" in res.stderr
+    # The SDK socket and the recorder's spool were opened before the bind failed.
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_unwritable_record_path_is_one_clear_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    res = run(
+        "agent",
+        "--web.listen-address",
+        "127.0.0.1:19500",
+        "--sdk.socket",
+        str(tmp_path / "sdk.sock"),
+        "--record",
+        str(blocker / "trace.om"),
+    )
+    assert res.returncode == 2
+    assert f"--record {blocker / 'trace.om'}: " in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not (tmp_path / "sdk.sock").exists()
+
+
+def test_every_agent_flag_has_help_text() -> None:
+    import argparse
+
+    from gpufeed.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    agent = sub.choices["agent"]
+    missing = [
+        a.option_strings[0]
+        for a in agent._actions
+        if a.option_strings and (not a.help or a.help == argparse.SUPPRESS)
+    ]
+    assert missing == []
+    assert "(default: None)" not in agent.format_help()
 
 
 def test_agent_serves_metrics_and_healthz_and_stops_on_sigterm(run_agent: Any) -> None:
@@ -84,6 +130,9 @@ def test_simulated_node_is_labelled_on_every_page(run_agent: Any, tmp_path: Path
     assert body.startswith("# SIMULATED NODE")
     assert body.count('backend="simulated"') == 8
     assert 'backend="nvml"' not in body
+    # The simulated node replaces every real collector: nothing here was read from the host.
+    collectors = set(re.findall(r'gpufeed_collector_success\{collector="([a-z_]+)"\}', body))
+    assert collectors == {"gpu", "simulated"}
     for path in ("/metrics", "/healthz", "/", "/api/windows"):
         with urllib.request.urlopen(f"http://127.0.0.1:19027{path}", timeout=5) as resp:
             assert resp.headers["X-Gpufeed-Simulated"] == "true", path
@@ -95,3 +144,19 @@ def test_simulated_node_is_labelled_on_every_page(run_agent: Any, tmp_path: Path
     proc.terminate()
     _, err = proc.communicate(timeout=15)
     assert b"level=WARNING" in err and b"SIMULATED NODE" in err
+
+
+def test_non_positive_otlp_interval_is_rejected(tmp_path: Path) -> None:
+    res = run(
+        "agent",
+        "--web.listen-address",
+        "127.0.0.1:19503",
+        "--sdk.socket",
+        str(tmp_path / "sdk.sock"),
+        "--otlp.endpoint",
+        "http://127.0.0.1:19504/v1/metrics",
+        "--otlp.interval",
+        "0",
+    )
+    assert res.returncode == 2
+    assert "--otlp.interval 0: must be positive" in res.stderr

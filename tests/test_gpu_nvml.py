@@ -190,6 +190,28 @@ def test_driver_refusing_all_links_scope_gets_the_links_summed(
     assert g.nvlink_transmit_bytes_total == 3_000 * 1024
 
 
+def test_a_summed_link_refused_later_leaves_the_sum_out_never_lower(
+    nvml: Any, open_backend: Any
+) -> None:
+    fake = nvml([FakeGpu(UUID0, nvlink_aggregate=False, nvlink_links=4)])
+    backend = open_backend()
+    backend.sample()  # the aggregate is refused: per-link from here
+    (g,) = backend.sample()
+    assert g.nvlink_transmit_bytes_total == 3_000 * 1024
+    # Link 2 counted, then refuses: a sum of three links would read as a counter reset.
+    fake.gpus[0].link_errors[2] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    for _ in range(2):
+        (g,) = backend.sample()
+        assert g.nvlink_transmit_bytes_total is None
+        assert g.nvlink_receive_bytes_total is None
+        assert g.pcie_transmit_bytes_total == 111_000
+    tx_scopes = [scope for fid, scope in fake.field_value_calls[-1][1] if fid == 138]
+    assert tx_scopes == [0, 1, 2, 3]  # still asked, so the sum comes back with it
+    del fake.gpus[0].link_errors[2]
+    (g,) = backend.sample()
+    assert g.nvlink_transmit_bytes_total == 3_000 * 1024
+
+
 def test_field_values_call_unsupported_stops_asking(nvml: Any, open_backend: Any) -> None:
     fake = nvml([FakeGpu(UUID0)])
     fake.gpus[0].errors["nvmlDeviceGetFieldValues"] = pynvml.NVML_ERROR_NOT_SUPPORTED

@@ -215,3 +215,28 @@ def test_binary_garbage_in_one_psi_file(tree: Path) -> None:
     got = flat(info.value.families)
     assert res(WAITING, "cpu") not in got
     assert got[res(WAITING, "io")] == pytest.approx(98.765432)
+
+
+def test_cpu_seconds_that_step_back_are_held_not_exported_lower(tree: Path) -> None:
+    c = collector(tree)
+    first = flat(c.collect())
+    stat = tree / "proc" / "stat"
+    text = stat.read_text()
+    # iowait 12345 -> 12340 ticks and idle 98765432 -> 98765430: the kernel stepped back.
+    stat.write_text(
+        text.replace(
+            "cpu  1011234 2345 456789 98765432 12345", "cpu  1011300 2345 456789 98765430 12340", 1
+        )
+    )
+    second = flat(c.collect())
+    assert second[mode("iowait")] == first[mode("iowait")] == 123.45
+    assert second[mode("idle")] == first[mode("idle")] == 987654.32
+    assert second[mode("user")] == 10113.0  # the modes that moved on are read as they are
+    # Once the kernel's count passes the held value, it is exported as read again.
+    stat.write_text(
+        text.replace(
+            "cpu  1011234 2345 456789 98765432 12345", "cpu  1011300 2345 456789 98765500 12350", 1
+        )
+    )
+    third = flat(c.collect())
+    assert third[mode("iowait")] == 123.50 and third[mode("idle")] == 987655.00

@@ -72,11 +72,15 @@ def test_snapshot_arrives_as_otlp_with_contract_names_and_host_resource() -> Non
     assert util.time_unix_nano == 1_700_000_000 * 10**9
 
 
-def test_unreachable_endpoint_does_not_block_the_sampler() -> None:
-    sink = OtlpSink("http://127.0.0.1:19011/v1/metrics", push_interval_seconds=0, timeout_seconds=1)
+def test_unreachable_endpoint_blocks_neither_the_sampler_nor_shutdown() -> None:
+    # The default 10 s export timeout: the exporter retries with back-off within it.
+    sink = OtlpSink("http://127.0.0.1:19011/v1/metrics", push_interval_seconds=0)
     f = Families()
     f.gauge("gpufeed_host_cpus", "cpus", {}, 2)
     t0 = time.monotonic()
     sink.write(Snapshot(time.time(), tuple(f.build())))
     assert time.monotonic() - t0 < 0.2
+    time.sleep(0.3)  # the export is now in its retry back-off
+    t0 = time.monotonic()
     sink.close()
+    assert time.monotonic() - t0 < 2.5, "shutdown must cut the retries short"

@@ -1,6 +1,9 @@
 import threading
 import time
 
+import pytest
+
+from conftest import http_get
 from gpufeed.collectors.base import PartialCollectionError
 from gpufeed.model import Families, Family
 from gpufeed.sampler import Sampler
@@ -134,3 +137,149 @@ def test_background_loop_keeps_sampling_on_the_interval() -> None:
     time.sleep(0.55)
     sampler.stop()
     assert 4 <= c.calls <= 8
+
+
+def test_still_hung_collector_reports_the_time_bound_as_its_duration() -> None:
+    hang = Hanging()
+    sampler = Sampler([hang], interval_seconds=1.0, timeout_seconds=0.2)
+    try:
+        first = sampler.sample_once().snapshot.statuses[0]
+        second = sampler.sample_once().snapshot.statuses[0]
+        assert (first.error, first.duration_seconds) == ("timed out after 0.20s", 0.2)
+        assert (second.error, second.duration_seconds) == ("still hung", 0.2)
+    finally:
+        sampler.stop()
+
+
+def test_stop_closes_every_collector_once() -> None:
+    class Counting(Const):
+        closed = 0
+
+        def close(self) -> None:
+            self.closed += 1
+
+    c = Counting("c", 1.0)
+    sampler = Sampler([c], interval_seconds=0.1, timeout_seconds=0.1)
+    sampler.start()
+    sampler.stop()
+    sampler.stop()
+    assert c.closed == 1
+    assert not sampler.alive()
+
+
+@pytest.mark.slow
+def test_scrape_answers_at_once_while_a_collector_hangs() -> None:
+    import asyncio
+
+    from aiohttp import web
+
+    from gpufeed.server import build_app
+
+    hang = Hanging()
+    sampler = Sampler([Const("good", 3.0), hang], interval_seconds=0.2, timeout_seconds=0.1)
+
+    async def scrape_while_hung() -> tuple[float, int, str, int, str]:
+        runner = web.AppRunner(build_app(sampler), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 19505)
+        await site.start()
+        try:
+            sampler.start()
+            await asyncio.sleep(0.7)  # a few ticks, every one with the collector hung
+            metrics = await asyncio.to_thread(http_get, "http://127.0.0.1:19505/metrics")
+            t0 = time.monotonic()
+            health = await asyncio.to_thread(http_get, "http://127.0.0.1:19505/healthz")
+            elapsed = time.monotonic() - t0
+        finally:
+            await runner.cleanup()
+        return elapsed, metrics[0], metrics[1].decode(), health[0], health[1].decode()
+
+    try:
+        elapsed, status, body, hstatus, htext = asyncio.run(scrape_while_hung())
+    finally:
+        hang.release.set()
+        sampler.stop()
+    assert status == 200
+    assert "gpufeed_test_good 3.0" in body
+    assert 'gpufeed_collector_success{collector="hang"} 0.0' in body
+    assert 'gpufeed_collector_duration_seconds{collector="hang"} 0.1' in body
+    assert hang.calls == 1
+    assert hstatus == 200 and htext == "ok (collectors failing: hang)\n"
+    assert elapsed < 1.0
+
+
+@pytest.mark.slow
+def test_index_links_only_the_pages_served() -> None:
+    import asyncio
+
+    from aiohttp import web
+
+    from gpufeed.server import build_app
+
+    async def windows(request: web.Request) -> web.Response:
+        return web.json_response([])
+
+    async def index(app: web.Application, port: int) -> str:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            status, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/")
+        finally:
+            await runner.cleanup()
+        assert status == 200
+        return body.decode()
+
+    sampler = Sampler([Const("v", 1.0)], interval_seconds=1.0, timeout_seconds=0.5)
+    sampler.sample_once()
+    try:
+        plain = asyncio.run(index(build_app(sampler), 19506))
+        routes = [web.get("/api/windows", windows)]
+        with_windows = asyncio.run(index(build_app(sampler, extra_routes=routes), 19507))
+    finally:
+        sampler.stop()
+    assert '<a href="/metrics">' in plain and '<a href="/api/windows">' not in plain
+    assert '<a href="/api/windows">' in with_windows
+    assert "<td>v</td>" in plain
+
+
+def test_a_family_the_text_format_cannot_carry_is_left_out_not_the_page(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class BadLabel:
+        name = "bad_label"
+
+        def collect(self) -> list[Family]:
+            f = Families()
+            # A path read with surrogateescape that no one cleaned: not valid UTF-8.
+            f.gauge("gpufeed_test_path", "x", {"path": "/mnt/caf\udce9"}, 1.0)
+            return f.build()
+
+        def close(self) -> None:
+            pass
+
+    sampler = Sampler([Const("good", 3.0), BadLabel()], interval_seconds=1, timeout_seconds=1)
+    try:
+        text = sampler.sample_once().text.decode()
+        sampler.sample_once()
+    finally:
+        sampler.stop()
+    assert "gpufeed_test_good 3.0" in text
+    assert 'gpufeed_collector_success{collector="bad_label"} 1.0' in text
+    assert "gpufeed_test_path" not in text
+    logged = [r.getMessage() for r in caplog.records if "left out of /metrics" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].startswith("gpufeed_test_path left out")
+
+
+def test_a_time_bound_over_five_intervals_is_capped_and_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sampler = Sampler([Hanging()], interval_seconds=0.1, timeout_seconds=30)
+    try:
+        started = time.monotonic()
+        status = sampler.sample_once().snapshot.statuses[0]
+        assert time.monotonic() - started < 2
+    finally:
+        sampler.stop()
+    assert status.duration_seconds == pytest.approx(0.5)
+    assert any("capped at 5 intervals" in r.getMessage() for r in caplog.records)

@@ -413,3 +413,36 @@ def test_devices_to_tier_maps_backing_devices_and_unambiguous_parent_disks() -> 
     mapping = boot.devices_to_tier()
     (part,) = [k for k, v in mapping.items() if k != "259:0"]
     assert mapping == {part: "hot", "259:0": "hot"}
+
+
+def test_md_without_time_accounting_leaves_its_time_counters_out() -> None:
+    # The fixture's md0 did 11019413 reads and 3202310 writes with every time field 0.
+    fams = collector().collect()
+    assert by_mount(fams, "gpufeed_storage_reads_completed_total")["/mnt/raid"] == 11019413
+    assert by_mount(fams, "gpufeed_storage_read_bytes_total")["/mnt/raid"] == 5801105712 * 512
+    for name in (
+        "read_time_seconds_total",
+        "write_time_seconds_total",
+        "io_time_seconds_total",
+        "io_time_weighted_seconds_total",
+    ):
+        series = by_mount(fams, "gpufeed_storage_" + name)
+        assert "/mnt/raid" not in series, name
+        assert "/mnt/scratch" in series, name  # dm-0 counts time: still exported
+
+
+def test_mount_point_that_is_not_utf8_keeps_the_page_renderable(tmp_path: Path) -> None:
+    import shutil
+
+    from gpufeed.exposition import render_text
+
+    node = tmp_path / "node"
+    shutil.copytree(NODE1, node, symlinks=True)
+    mountinfo = node / "proc" / "self" / "mountinfo"
+    # A directory named in Latin-1 (one 0xE9 byte), as an old tool or a user may create it.
+    mountinfo.write_bytes(mountinfo.read_bytes().replace(b" /mnt/raid ", b" /mnt/caf\xe9 "))
+    paths = HostPaths(node / "proc", node / "sys", node / "root")
+    fams = collector(paths=paths).collect()
+    text = render_text(fams).decode("utf-8")
+    assert 'mountpoint="/mnt/caf\ufffd"' in text
+    assert 'gpufeed_storage_read_bytes_total{device="md0",mountpoint="/mnt/caf\ufffd"' in text

@@ -36,6 +36,15 @@ class UsageError(Exception):
     """Bad flags or config: printed as one line, exit status 2."""
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default, except "None" (the help text says what no value means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def register(subparsers: Any) -> None:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "agent",
@@ -45,9 +54,16 @@ def register(subparsers: Any) -> None:
             "fabric, host CPU/pressure and jobs every interval in the background and serves "
             "the latest snapshot on /metrics for Prometheus, plus /healthz."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
-    p.add_argument("--config", metavar="FILE", help="YAML config file (interval, tiers, ...)")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help=(
+            "YAML config file (interval_seconds, collector_timeout_seconds, tiers, "
+            "correlator, sdk, jobs; see README); without it, the defaults"
+        ),
+    )
     p.add_argument(
         "--web.listen-address",
         dest="listen_address",
@@ -55,13 +71,21 @@ def register(subparsers: Any) -> None:
         metavar="HOST:PORT",
         help=f"address to serve /metrics on; {DEFAULT_PORT} is used by no well-known exporter",
     )
-    p.add_argument("--path.procfs", dest="procfs", default="/proc", help="procfs mount point")
-    p.add_argument("--path.sysfs", dest="sysfs", default="/sys", help="sysfs mount point")
+    p.add_argument(
+        "--path.procfs", dest="procfs", default="/proc", metavar="DIR", help="procfs mount point"
+    )
+    p.add_argument(
+        "--path.sysfs", dest="sysfs", default="/sys", metavar="DIR", help="sysfs mount point"
+    )
     p.add_argument(
         "--path.rootfs",
         dest="rootfs",
         default="/",
-        help="host root filesystem (for statfs of mounts when running in a container)",
+        metavar="DIR",
+        help=(
+            "host root filesystem, under which mount points are statfs'd and tier paths "
+            "resolved (a container mounts the host's / here)"
+        ),
     )
     p.add_argument(
         "--log.level",
@@ -99,26 +123,39 @@ def register(subparsers: Any) -> None:
         metavar="FACTOR",
         help="run the scenario's timeline this many times faster than real time",
     )
-    p.add_argument("--simulate.seed", dest="simulate_seed", type=int, default=1, help="noise seed")
+    p.add_argument(
+        "--simulate.seed",
+        dest="simulate_seed",
+        type=int,
+        default=1,
+        metavar="N",
+        help="seed of the simulated node's noise: the same seed gives the same values",
+    )
     p.add_argument(
         "--record",
         metavar="FILE.om",
         help=(
             "also write every sample to FILE.om as OpenMetrics with timestamps (the trace "
-            "format `gpufeed analyze` reads); finalized on clean shutdown"
+            "format `gpufeed analyze` reads); finalized on clean shutdown; off without it"
         ),
     )
     p.add_argument(
         "--sdk.socket",
         dest="sdk_socket",
         metavar="PATH",
-        help=f"Unix datagram socket for the training-loop SDK (default: config sdk.socket_path, {DEFAULT_SDK_SOCKET})",
+        help=(
+            "Unix datagram socket for the training-loop SDK (default: the config's "
+            f"sdk.socket_path, {DEFAULT_SDK_SOCKET})"
+        ),
     )
     p.add_argument(
         "--otlp.endpoint",
         dest="otlp_endpoint",
         metavar="URL",
-        help="also push every metric as OTLP/HTTP to this URL (e.g. http://collector:4318/v1/metrics)",
+        help=(
+            "also push every metric as OTLP/HTTP to this URL "
+            "(e.g. http://collector:4318/v1/metrics); off without it"
+        ),
     )
     p.add_argument(
         "--otlp.interval",
@@ -186,6 +223,30 @@ def build_parts(args: argparse.Namespace) -> AgentParts:
     paths = HostPaths(Path(args.procfs), Path(args.sysfs), Path(args.rootfs))
     ctx = CollectorContext(paths=paths, config=config)
     parts = AgentParts(config=config)
+    try:
+        _add_parts(args, ctx, parts)
+    except BaseException:
+        # What was already opened (NVML, the SDK socket, a spool) is released before exit.
+        close_parts(parts)
+        raise
+    return parts
+
+
+def close_parts(parts: AgentParts) -> None:
+    """Closes what `build_parts` opened, for when the agent stops before its sampler exists."""
+    named: list[Processor | Sink | Collector] = [*parts.processors, *parts.sinks, *parts.collectors]
+    for part in named:
+        close = getattr(part, "close", None)
+        if close is None:
+            continue
+        try:
+            close()
+        except Exception:
+            log.exception("closing %s failed", part.name)
+
+
+def _add_parts(args: argparse.Namespace, ctx: CollectorContext, parts: AgentParts) -> None:
+    config = parts.config
     if args.simulate is not None:
         _add_simulated_node(args, parts)
     else:
@@ -202,12 +263,16 @@ def build_parts(args: argparse.Namespace) -> AgentParts:
     if args.record:
         from gpufeed.record import TraceRecorder
 
-        parts.sinks.append(TraceRecorder(args.record))
+        try:
+            parts.sinks.append(TraceRecorder(args.record))
+        except OSError as exc:
+            raise UsageError(f"--record {args.record}: {exc.strerror or exc}") from exc
     if args.otlp_endpoint:
         from gpufeed.otlp import OtlpSink
 
+        if args.otlp_interval <= 0:
+            raise UsageError(f"--otlp.interval {args.otlp_interval:g}: must be positive")
         parts.sinks.append(OtlpSink(args.otlp_endpoint, push_interval_seconds=args.otlp_interval))
-    return parts
 
 
 def _add_simulated_node(args: argparse.Namespace, parts: AgentParts) -> None:
@@ -315,6 +380,10 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"gpufeed agent: error: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         return 1
+    finally:
+        # Also when the port is taken: closing removes the SDK socket file and the
+        # recorder's empty spool, which would otherwise be left behind on disk.
+        sampler.stop()
 
 
 async def _serve(sampler: Sampler, parts: AgentParts, host: str, port: int) -> int:
@@ -326,7 +395,11 @@ async def _serve(sampler: Sampler, parts: AgentParts, host: str, port: int) -> i
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
     sampler.start()
     names = ", ".join(c.name for c in parts.collectors) or "none"
     log.info("listening on http://%s:%d/metrics, collectors: %s", host, port, names)
@@ -337,5 +410,4 @@ async def _serve(sampler: Sampler, parts: AgentParts, host: str, port: int) -> i
     await stop.wait()
     log.info("shutting down")
     await runner.cleanup()
-    await asyncio.to_thread(sampler.stop)
-    return 0
+    return 0  # run() stops the sampler

@@ -87,7 +87,7 @@ def load_config(path: str | Path | None) -> AgentConfig:
 def compose_yaml(
     text: str, source: str, error: type[ConfigError] = ConfigError
 ) -> yaml.Node | None:
-    """YAML text as nodes (which keep their line numbers); a syntax error names its line."""
+    """The YAML node tree (None for an empty document); a syntax error names its line."""
     try:
         return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:

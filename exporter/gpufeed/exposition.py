@@ -22,14 +22,13 @@ class _SnapshotCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         for fam in self._families:
-            if not fam.samples and fam.type != "counter":
-                continue
+            if not fam.samples:
+                continue  # a family with every value absent is left out, HELP and TYPE too
             base = fam.name[: -len("_total")] if fam.type == "counter" else fam.name
             metric = Metric(base, fam.help, "gauge" if fam.type == "info" else fam.type)
             for s in fam.samples:
                 metric.add_sample(s.name, dict(s.labels), s.value)
-            if metric.samples:
-                yield metric
+            yield metric
 
 
 def merge_families(families: Iterable[Family]) -> list[Family]:

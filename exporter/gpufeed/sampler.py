@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from gpufeed import __version__
 from gpufeed.collectors.base import Collector, PartialCollectionError
-from gpufeed.exposition import render_text
+from gpufeed.exposition import merge_families, render_text
 from gpufeed.model import Families, Family
 from gpufeed.snapshot import CollectorStatus, Processor, Sink, Snapshot
 
@@ -105,6 +105,12 @@ class Sampler:
         self._workers = [_Worker(c) for c in collectors]
         self._interval = interval_seconds
         self._timeout = min(timeout_seconds, interval_seconds * 5)
+        if self._timeout < timeout_seconds:
+            log.warning(
+                "collector time bound %.2fs capped at 5 intervals: %.2fs",
+                timeout_seconds,
+                self._timeout,
+            )
         self._processors = list(processors)
         self._sinks = list(sinks)
         self._static = static_families
@@ -114,6 +120,8 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._logged_errors: dict[str, str] = {}
+        self._closed = False
+        self._unrenderable: set[str] = set()  # families already logged as left out
 
     @property
     def latest(self) -> Rendered | None:
@@ -128,6 +136,10 @@ class Sampler:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stops sampling and closes every part once; later calls do nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self._timeout + self._interval + 1)
@@ -180,9 +192,9 @@ class Sampler:
         statuses: list[CollectorStatus] = []
         for w in self._workers:
             if w not in triggered:
-                statuses.append(
-                    CollectorStatus(w.name, False, time.monotonic() - started, "still hung")
-                )
+                # Its call from an earlier tick has not returned: it has used the whole bound
+                # again (docs/metrics.md: the duration is the time bound when it timed out).
+                statuses.append(CollectorStatus(w.name, False, self._timeout, "still hung"))
                 continue
             if not w.wait(deadline - time.monotonic()):
                 statuses.append(
@@ -209,7 +221,7 @@ class Sampler:
                 log.exception("processor %s failed", p.name)
         own = self._self_metrics(statuses)
         full = Snapshot(timestamp, (*families, *derived, *own), snapshot.statuses)
-        rendered = Rendered(full, render_text(full.families, self._banner), time.time())
+        rendered = Rendered(full, self._render(full.families), time.time())
         self._latest = rendered
         for sink in self._sinks:
             try:
@@ -217,6 +229,25 @@ class Sampler:
             except Exception:
                 log.exception("sink %s failed", sink.name)
         return rendered
+
+    def _render(self, families: Sequence[Family]) -> bytes:
+        try:
+            return render_text(families, self._banner)
+        except Exception:
+            pass
+        # One family the text format cannot carry (a label value that is not valid UTF-8,
+        # say) must not take the whole page down: find it, leave it out, say so once.
+        good: list[Family] = []
+        for fam in merge_families(families):
+            try:
+                render_text([fam])
+            except Exception as exc:
+                if fam.name not in self._unrenderable:
+                    self._unrenderable.add(fam.name)
+                    log.error("%s left out of /metrics: %s: %s", fam.name, type(exc).__name__, exc)
+                continue
+            good.append(fam)
+        return render_text(good, self._banner)
 
     def _log_error(self, name: str, error: str) -> None:
         # Log a collector's failure when it starts or changes, not on every tick.

@@ -87,10 +87,16 @@ async def _index(request: web.Request) -> web.Response:
         if banner
         else ""
     )
+    # Link only the pages this agent serves (/api/windows exists with the correlator on).
+    served = {r.canonical for r in request.app.router.resources()}
+    links = " · ".join(
+        f'<a href="{path}">{path}</a>'
+        for path in ("/metrics", "/healthz", "/api/windows")
+        if path in served
+    )
     body = f"""<!doctype html><html><head><title>gpufeed agent</title></head><body>
 {banner_html}<h1>gpufeed agent {__version__}</h1>
-<p><a href="/metrics">/metrics</a> · <a href="/healthz">/healthz</a> ·
-<a href="/api/windows">/api/windows</a></p>
+<p>{links}</p>
 <table><tr><th>collector</th><th>last duration</th><th>state</th></tr>{rows}</table>
 </body></html>"""
     return web.Response(text=body, content_type="text/html")

@@ -57,6 +57,10 @@ class HostCollector:
         self._paths = paths or HostPaths()
         self._ticks = ticks_per_second if ticks_per_second is not None else user_hz()
         self._warn = OnceLogger(log)
+        # The last CPU seconds exported per mode: the kernel's idle and iowait can step back
+        # a little (Documentation/filesystems/proc.rst, "iowait ... will decrease in certain
+        # conditions"), and rate() reads any step back as a reset, i.e. a huge burst.
+        self._cpu_seconds: dict[str, float] = {}
 
     def collect(self) -> list[Family]:
         fams = Families()
@@ -89,6 +93,9 @@ class HostCollector:
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
         for mode, seconds in stat.cpu_seconds.items():
+            # Hold a counter that stepped back at its last value, as node_exporter does.
+            seconds = max(seconds, self._cpu_seconds.get(mode, seconds))
+            self._cpu_seconds[mode] = seconds
             fams.counter(CPU_SECONDS, _HELP[CPU_SECONDS], {"mode": mode}, seconds)
         fams.gauge(CPUS, _HELP[CPUS], {}, stat.online_cpus)
 

@@ -18,6 +18,7 @@ from functools import partial
 from gpufeed.collectors.base import CollectorContext, PartialCollectionError
 from gpufeed.model import Families, Family
 from gpufeed.procfs.diskstats import DiskStats, DiskStatsTable, read_diskstats
+from gpufeed.procfs.escape import label_text
 from gpufeed.procfs.mountinfo import MountInfo, mount_table_pid, read_mountinfo
 from gpufeed.procfs.mountstats import NFS_FSTYPES, NfsMountStats, read_mountstats
 from gpufeed.storage.bounded import BoundedCalls, Outcome
@@ -321,10 +322,10 @@ class StorageCollector:
         nfs: Mapping[str, NfsMountStats],
         statfs: Mapping[str, Outcome[os.statvfs_result]],
     ) -> None:
-        labels = {"tier": t.tier, "mountpoint": t.mount.mountpoint}
+        labels = {"tier": t.tier, "mountpoint": label_text(t.mount.mountpoint)}
         if t.device is not None:
             labels["device"] = t.device.name
-        info = {**labels, "fstype": t.mount.fstype, "source": t.mount.source}
+        info = {**labels, "fstype": t.mount.fstype, "source": label_text(t.mount.source)}
         if t.device is not None:
             info["kind"] = t.device.kind
             info["disks"] = ",".join(t.device.disks)
@@ -334,7 +335,9 @@ class StorageCollector:
 
         counters: dict[str, float | None] = {}
         if t.device is not None and disk is not None:
-            counters = _block_counters(disk.by_dev.get((t.device.major, t.device.minor)))
+            counters = _block_counters(
+                disk.by_dev.get((t.device.major, t.device.minor)), t.device.kind
+            )
         elif t.mount.fstype in NFS_FSTYPES:
             stats = nfs.get(t.mount.mountpoint)
             counters = _nfs_counters(stats)
@@ -375,10 +378,18 @@ _COUNTERS = (
 )
 
 
-def _block_counters(s: DiskStats | None) -> dict[str, float | None]:
+_TIME_COUNTERS = (
+    "read_time_seconds_total",
+    "write_time_seconds_total",
+    "io_time_seconds_total",
+    "io_time_weighted_seconds_total",
+)
+
+
+def _block_counters(s: DiskStats | None, kind: str) -> dict[str, float | None]:
     if s is None:
         return {}
-    return {
+    counters: dict[str, float | None] = {
         "read_bytes_total": s.read_bytes,
         "written_bytes_total": s.written_bytes,
         "reads_completed_total": s.reads_completed,
@@ -388,6 +399,23 @@ def _block_counters(s: DiskStats | None) -> dict[str, float | None]:
         "io_time_seconds_total": s.io_time_seconds,
         "io_time_weighted_seconds_total": s.io_time_weighted_seconds,
     }
+    if kind == "md" and _times_unaccounted(s):
+        # md without bio-based time accounting (older kernels, some RAID levels) counts
+        # operations and sectors but prints 0 for every time field: not provided, so absent.
+        for name in _TIME_COUNTERS:
+            counters[name] = None
+    return counters
+
+
+def _times_unaccounted(s: DiskStats) -> bool:
+    """I/O was done, yet no time at all was counted: the kernel does not track time here."""
+    no_time = (
+        s.read_time_seconds == 0
+        and s.write_time_seconds == 0
+        and s.io_time_seconds == 0
+        and s.io_time_weighted_seconds == 0
+    )
+    return no_time and s.reads_completed + s.writes_completed > 0
 
 
 def _nfs_counters(s: NfsMountStats | None) -> dict[str, float | None]:

@@ -104,6 +104,8 @@ class _Device:
     lost: bool = False
     unsupported: set[str] = field(default_factory=set)
     fields: tuple[FieldSpec, ...] = COUNTER_FIELDS
+    # (field id, link) of per-link entries that have answered: part of a running sum
+    links_answered: set[tuple[int, int]] = field(default_factory=set)
     mig_enabled: bool | None = None
     gpm_prev: Any = None
     gpm_cur: Any = None
@@ -488,6 +490,7 @@ class NvmlBackend:
             log.info("GPU %d: MIG mode is now %s; probing its readings again", dev.index, enabled)
             dev.unsupported = {"mig_mode"} & dev.unsupported
             dev.fields = COUNTER_FIELDS
+            dev.links_answered = set()
             self._gpm_free(dev)
             self._gpm_start(dev)
         dev.mig_enabled = enabled
@@ -526,6 +529,8 @@ class NvmlBackend:
                     out.get(spec.sample_attr, 0.0) + number * spec.bytes_per_unit
                 )
                 keep.append(spec)
+                if spec.scope_id not in (0, ALL_NVLINKS):
+                    dev.links_answered.add((spec.field_id, spec.scope_id))
             elif ret in self._lost_codes:
                 raise _GpuLost(f"field {spec.field_id}: {nv.NVMLError(ret)}")
             elif spec.scope_id == ALL_NVLINKS and ret in self._field_refused:
@@ -540,6 +545,24 @@ class NvmlBackend:
                     "GPU %d: %s: all-links total refused (%s); summing the links instead",
                     dev.index,
                     spec.sample_attr,
+                    nv.NVMLError(ret),
+                )
+            elif ret in self._field_refused and (spec.field_id, spec.scope_id) in (
+                dev.links_answered
+            ):
+                # A link that counted before and is refused now: dropping it would lower
+                # the sum, which Prometheus reads as a counter reset (a false burst), so
+                # the sum is left out while the link refuses.
+                incomplete.add(spec.sample_attr)
+                keep.append(spec)
+                self._once(
+                    ("link-refused", dev.index, spec.sample_attr, spec.scope_id),
+                    logging.WARNING,
+                    "GPU %d: %s: link %d answered before and is refused now (%s); the sum "
+                    "is left out while it is",
+                    dev.index,
+                    spec.sample_attr,
+                    spec.scope_id,
                     nv.NVMLError(ret),
                 )
             elif ret in self._field_refused:

@@ -12,3 +12,17 @@ def unescape_octal(field: str) -> str:
     if "\\" not in field:
         return field
     return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def label_text(path: str) -> str:
+    """A path read with errors="surrogateescape", made fit for a label value.
+
+    Paths keep their raw bytes (as surrogates) so that statvfs() finds them, but a label must
+    be valid UTF-8: one surrogate would make the whole /metrics page fail to encode. Bytes
+    that are not UTF-8 become U+FFFD in the label only.
+    """
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return path
