@@ -112,6 +112,22 @@ def test_log_rotates_and_keeps_backups(tmp_path: Path) -> None:
     assert len(got) < 40
 
 
+def test_reopened_log_ends_a_torn_line_before_appending(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    log = WindowLog(str(path))
+    log.append(_window(0))
+    log.close()
+    whole = path.read_bytes()
+    path.write_bytes(whole + whole[:40])  # a crash tore the next line
+    log = WindowLog(str(path))
+    log.append(_window(1))
+    log.close()
+    assert [w.summary for w in read_log(str(path))] == ["window 0", "window 1"]
+    log = WindowLog(str(path))  # a clean file is left as it is
+    log.close()
+    assert path.read_bytes().count(b"\n") == 3
+
+
 @pytest.mark.slow
 def test_log_survives_kill_9(tmp_path: Path) -> None:
     path = tmp_path / "w.jsonl"
