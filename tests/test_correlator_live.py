@@ -82,6 +82,46 @@ def test_live_families_match_offline_windows(tmp_path: Path) -> None:
     again.close()
 
 
+def test_an_ended_job_is_forgotten(tmp_path: Path) -> None:
+    """Once a job's series stop, its correlator series, columns and baselines go after
+    ENDED_JOB_SECONDS: nothing grows with every job a node has ever run."""
+    import dataclasses
+
+    from gpufeed.correlator.live import ENDED_JOB_SECONDS, TRIM_EVERY_SECONDS
+    from gpufeed.model import Sample
+
+    text, _labels = scenarios.single("checkpointing", "hot_tier", seed=8, minutes=30)
+    proc = CorrelatorProcessor(CorrelatorConfig(windows_log=""), interval_seconds=5.0)
+    snaps = snapshots_of(text)
+    for snap in snaps:
+        fams = proc.process(snap)  # type: ignore[arg-type]
+    jobs = {dict(k)["job_id"] for k in _values(fams, WINDOWS)} - {""}
+    assert jobs and set(proc.node.jobs) >= jobs  # the job is known while it runs
+
+    # the job ends: its series stop, its GPUs run flat out for someone else's work
+    last = snaps[-1]
+    rest = []
+    for f in last.families:  # type: ignore[attr-defined]
+        if f.name.startswith("gpufeed_job_"):
+            continue
+        if f.name == "gpufeed_gpu_utilization_ratio":
+            f = dataclasses.replace(
+                f, samples=tuple(Sample(s.name, s.labels, 1.0) for s in f.samples)
+            )
+        rest.append(f)
+    t = last.timestamp_seconds  # type: ignore[attr-defined]
+    end = t + ENDED_JOB_SECONDS + 2 * TRIM_EVERY_SECONDS
+    while t < end:
+        t += 5.0
+        fams = proc.process(dataclasses.replace(last, timestamp_seconds=t, families=tuple(rest)))  # type: ignore[arg-type]
+    exported = {dict(s.labels).get("job_id") for f in fams for s in f.samples}  # type: ignore[attr-defined]
+    assert not exported & jobs
+    assert not set(proc.node.jobs) & jobs
+    assert not {j for j, _ in proc.node.job_info} & jobs
+    assert not [k for k in proc._routes if dict(k[1]).get("job_id") in jobs]
+    proc.close()
+
+
 def _window(i: int) -> Window:
     return Window(
         "n",

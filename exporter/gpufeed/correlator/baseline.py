@@ -49,3 +49,9 @@ class Baselines:
         if value is not None and (p is None or value > p):
             p = self._peak[key] = value
         return p
+
+    def forget_job(self, job_id: str) -> None:
+        """Drops the baselines of one job (keys `(kind, job_id, ...)`), once it has ended."""
+        for d in (self._hist, self._cache, self._peak):
+            for key in [k for k in d if isinstance(k, tuple) and k[1:2] == (job_id,)]:
+                del d[key]
