@@ -203,6 +203,32 @@ def test_without_an_agent_events_are_dropped_and_counted(
     assert (job.events_sent, job.events_dropped) == (0, 7)
 
 
+def test_no_file_descriptor_left_drops_events_without_raising(tmp_path: Path) -> None:
+    """The SDK never raises into the training loop, even when socket() itself fails."""
+    code = f"""
+import os, resource
+from gpufeed import sdk
+job = sdk.Job("x", socket={str(tmp_path / "nobody.sock")!r})
+resource.setrlimit(resource.RLIMIT_NOFILE, (32, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+fds = []
+try:
+    while True:
+        fds.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+job.epoch()
+job._flush()
+job.close()
+print(job.events_sent, job.events_dropped)
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(sdk.__file__).parent.parent)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "2"]
+
+
 def test_agent_restart_reconnects(tmp_path: Path) -> None:
     path = str(tmp_path / "sdk.sock")
     job = sdk.Job("restart", socket=path)

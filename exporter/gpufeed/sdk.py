@@ -302,10 +302,14 @@ class Job:
         now = time.monotonic()
         if now < self._retry_at:
             return None
-        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+        try:  # socket() too: out of file descriptors is the agent being unreachable
+            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+        except OSError:
+            self._retry_at = now + _RECONNECT_SECONDS
+            return None
         try:
             sock.connect(self.socket_path)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL byte in the path
             sock.close()
             self._retry_at = now + _RECONNECT_SECONDS
             return None
