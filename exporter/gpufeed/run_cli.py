@@ -71,6 +71,9 @@ def _func(args: argparse.Namespace) -> int:
     if not command:
         print("gpufeed run: give a command after --", file=sys.stderr)
         return 2
+    if args.name is not None and not args.name.strip():
+        print("gpufeed run: --name must not be blank", file=sys.stderr)
+        return 2
     return run_command(command, args.socket, args.name)
 
 
