@@ -121,9 +121,9 @@ def test_a_job_that_cannot_be_made_never_breaks_the_program(tmp_path: Path) -> N
         "import sys; sys.path.insert(0, sys.argv.pop(1)); "
         "from gpufeed.run_cli import main; sys.exit(main(sys.argv[1:]))"
     )
+    run = [sys.executable, "-c", code, str(EXPORTER), "--socket", str(tmp_path / "none.sock")]
     out = subprocess.run(
-        [sys.executable, "-c", code, str(EXPORTER), "--socket", str(tmp_path / "none.sock")]
-        + ["--name", "   ", "--", sys.executable, "-c", program, str(tmp_path)],
+        [*run, "--name", "   ", "--", sys.executable, "-c", program, str(tmp_path)],
         env={"PATH": os.environ["PATH"]},
         capture_output=True,
         text=True,
