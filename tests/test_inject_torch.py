@@ -18,6 +18,7 @@ import pytest
 
 from gpufeed.jobs.sdk_server import SdkServer
 from gpufeed.model import iter_samples
+from gpufeed.run_cli import instrumented_env
 
 pytestmark = pytest.mark.slow
 
@@ -117,14 +118,11 @@ def test_a_job_that_cannot_be_made_never_breaks_the_program(tmp_path: Path) -> N
         "torch.save({'w': torch.zeros(10)}, os.path.join(sys.argv[1], 'a.pt'))\n"
         "torch.save({'w': torch.zeros(10)}, os.path.join(sys.argv[1], 'b.pt'))\n"
     )
-    code = (
-        "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-        "from gpufeed.run_cli import main; sys.exit(main(sys.argv[1:]))"
-    )
-    run = [sys.executable, "-c", code, str(EXPORTER), "--socket", str(tmp_path / "none.sock")]
+    env = instrumented_env({"PATH": os.environ["PATH"]}, str(tmp_path / "none.sock"))
+    env["GPUFEED_JOB_NAME"] = "   "  # set by hand: `gpufeed run --name` refuses it
     out = subprocess.run(
-        [*run, "--name", "   ", "--", sys.executable, "-c", program, str(tmp_path)],
-        env={"PATH": os.environ["PATH"]},
+        [sys.executable, "-c", program, str(tmp_path)],
+        env=env,
         capture_output=True,
         text=True,
         timeout=120,
