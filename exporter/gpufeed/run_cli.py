@@ -83,7 +83,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="the agent's SDK socket (default: $GPUFEED_SOCKET, else " + DEFAULT_SDK_SOCKET + ")",
     )
-    p.add_argument("--name", help="the job's name (default: the command's name)")
+    p.add_argument(
+        "--name",
+        help="the job's name, also its id where no scheduler runs it "
+        "(sets GPUFEED_JOB_NAME; default: the command's name)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
     p.set_defaults(func=_func)
 

@@ -25,7 +25,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--log", metavar="FILE", help="read this windows log instead of asking an agent")
     p.add_argument("--limit", type=int, default=50, help="closed windows to show (default 50)")
-    p.add_argument("--format", choices=("table", "jsonl"), default="table")
+    p.add_argument(
+        "--format",
+        choices=("table", "jsonl"),
+        default="table",
+        help="table (default), or one JSON object per window as `gpufeed analyze` writes",
+    )
     p.set_defaults(func=run)
 
 
