@@ -134,11 +134,16 @@ def recording_rules(cfg: RulesConfig) -> list[Rule]:
                 "expr": f"sum by (tier) (rate(gpufeed_storage_{counter}_total{{{s}}}[{w}]))",
             }
         )
+    # A network filesystem (no `device` label) is one filesystem however many nodes mount
+    # it: counted once per tier and mount point, not once per node. Local devices add up.
     for gauge in ("capacity_bytes", "free_bytes"):
         rules.append(
             {
                 "record": f"tier:gpufeed_storage_{gauge}:sum",
-                "expr": f"sum by (tier) (gpufeed_storage_{gauge}{{{s}}})",
+                "expr": (
+                    f'sum by (tier) (\n  gpufeed_storage_{gauge}{{{s}, device!=""}}\n'
+                    f'  or max by (tier, mountpoint) (gpufeed_storage_{gauge}{{{s}, device=""}})\n)'
+                ),
             }
         )
     rules.append(
