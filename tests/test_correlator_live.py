@@ -275,6 +275,28 @@ def test_api_and_windows_command(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "cannot read windows" in capsys.readouterr().err
 
 
+def test_windows_command_defaults_to_the_agents_port_and_names_a_missing_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpufeed.agent import DEFAULT_PORT
+
+    p = argparse.ArgumentParser()
+    windows_cmd.register(p.add_subparsers())
+    assert p.parse_args(["windows"]).agent == f"http://localhost:{DEFAULT_PORT}"
+    missing = tmp_path / "nope.jsonl"
+    args = p.parse_args(["windows", "--log", str(missing)])
+    assert args.func(args) == 1
+    assert f"{missing}: no such windows log" in capsys.readouterr().err
+    log = WindowLog(str(tmp_path / "w.jsonl"))
+    log.append(_window(0))
+    log.close()
+    args = p.parse_args(["windows", "--log", str(tmp_path / "w.jsonl"), "--format", "jsonl"])
+    assert args.func(args) == 0
+    assert [json.loads(x)["evidence"]["summary"] for x in capsys.readouterr().out.splitlines()] == [
+        "window 0"
+    ]
+
+
 def test_unwritable_log_does_not_stop_the_correlator(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
