@@ -167,6 +167,25 @@ def test_track_phase_checkpoint_epoch_reach_the_agent(
     assert value(fams, "gpufeed_job_phase_seconds_total", job_id=jid, phase="startup") is not None
 
 
+def test_a_process_older_than_the_agents_limit_still_reports(
+    server: SdkServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Start-up longer than the agent accepts in one event (a notebook kernel started 40
+    days ago) is capped, so the flush that carries it, steps and all, is not refused."""
+    monkeypatch.setattr(sdk, "_startup_reported", False)
+    monkeypatch.setattr(sdk, "process_age_seconds", lambda: 40 * 86400.0)
+    job = sdk.Job("old-kernel", socket=server.socket_path)
+    for _ in job.track(range(3)):
+        pass
+    job.close()
+    wait_received(server, 3)  # startup + step + end-of-data wait in one flush, then close
+    fams = server.families()
+    assert value(fams, "gpufeed_sdk_messages_dropped_total", reason="schema") == 0
+    assert value(fams, "gpufeed_job_steps_total", job_id=job.job_id) == 3
+    startup = value(fams, "gpufeed_job_phase_seconds_total", job_id=job.job_id, phase="startup")
+    assert startup == wire.MAX_EVENT_SECONDS
+
+
 def test_nested_phases_are_not_counted_twice(server: SdkServer) -> None:
     job = sdk.Job("nested", socket=server.socket_path)
     for _ in job.track([1]):
