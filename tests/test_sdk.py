@@ -357,6 +357,25 @@ def test_ended_job_goes_after_grace_and_frees_its_slot() -> None:
     assert table.job_ids() == []
 
 
+def test_a_reused_pid_neither_keeps_an_ended_job_nor_joins_it() -> None:
+    alive = {4242: True, 4243: True}
+    table = JobTable(max_jobs=4, grace_seconds=30, pid_alive=lambda p: alive.get(p, False))
+    m = wire.Message(wire.KIND_EPOCH, "j", "n", seconds=1)
+    table.apply(m, 4242, 0.0)
+    table.apply(m, 4243, 0.0)
+    table.expire(1.0)
+    assert table.pids_by_job() == {"j": [4242, 4243]}
+    alive[4242] = False  # exits without close()
+    table.expire(2.0)
+    assert table.pids_by_job() == {"j": [4243]} and table.job_for_pid(4242) is None
+    alive[4242] = True  # the pid now belongs to some unrelated process
+    alive[4243] = False
+    table.expire(3.0)
+    assert table.pids_by_job() == {"j": []}
+    table.expire(3.0 + 30.0)
+    assert table.job_ids() == []
+
+
 def test_close_ends_the_job_after_grace() -> None:
     table = JobTable(max_jobs=4, grace_seconds=5, pid_alive=lambda p: True)
     table.apply(wire.Message(wire.KIND_EPOCH, "j", "n", seconds=1), 4242, 0.0)
