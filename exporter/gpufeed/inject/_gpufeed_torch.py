@@ -144,7 +144,8 @@ def patch_torch(torch: Any) -> None:
             batch = orig_next(self)
         except StopIteration:
             now = time.perf_counter()
-            j._add_phase(1, now - t0, now)  # the wait for the end of the data: data_wait
+            with contextlib.suppress(Exception):  # the wait for the end of the data
+                j._add_phase(_sdk().PHASES.index("data_wait"), now - t0, now)
             raise
         now = time.perf_counter()
         st.wait, st.body_start, st.inner0 = now - t0, now, j._inner_seconds
@@ -232,7 +233,7 @@ class _checkpoint:
         with contextlib.suppress(Exception):
             own = max(time.perf_counter() - self.t0 - (self.j._inner_seconds - self.inner0), 0.0)
             self.j._inner_seconds += own
-            self.j._emit(3, own, self.nbytes)  # KIND_CHECKPOINT
+            self.j._emit(_sdk().KIND_CHECKPOINT, own, self.nbytes)
 
 
 def _path_bytes(where: Any) -> int:
