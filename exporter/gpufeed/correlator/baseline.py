@@ -50,8 +50,9 @@ class Baselines:
             p = self._peak[key] = value
         return p
 
-    def forget_job(self, job_id: str) -> None:
-        """Drops the baselines of one job (keys `(kind, job_id, ...)`), once it has ended."""
+    def forget_prefix(self, prefix: tuple[str, ...]) -> None:
+        """Drops every baseline whose key starts with `prefix` (an ended job's, say)."""
+        n = len(prefix)
         for d in (self._hist, self._cache, self._peak):
-            for key in [k for k in d if isinstance(k, tuple) and k[1:2] == (job_id,)]:
+            for key in [k for k in d if isinstance(k, tuple) and k[:n] == prefix]:
                 del d[key]

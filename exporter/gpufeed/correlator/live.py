@@ -11,6 +11,7 @@ from typing import Final
 
 from gpufeed.config import CorrelatorConfig
 from gpufeed.correlator.engine import NodeCorrelator, WindowParams
+from gpufeed.correlator.features import JOB_READ
 from gpufeed.correlator.node import USED_METRIC_SET, NodeSeries
 from gpufeed.correlator.series import Series
 from gpufeed.correlator.view import Timing
@@ -134,7 +135,7 @@ class CorrelatorProcessor:
             return
         for job_id in ended:
             del node.jobs[job_id]
-            self._corr.baselines.forget_job(job_id)
+            self._corr.baselines.forget_prefix((JOB_READ, job_id))
             units.pop("job:" + job_id, None)
         for m in (node.job_info, node.job_uuid, node.first_seen):
             for jk in [jk for jk in m if jk[0] in ended]:
