@@ -134,11 +134,16 @@ def recording_rules(cfg: RulesConfig) -> list[Rule]:
                 "expr": f"sum by (tier) (rate(gpufeed_storage_{counter}_total{{{s}}}[{w}]))",
             }
         )
+    # A network filesystem (no `device` label) is one filesystem however many nodes mount
+    # it: counted once per tier and mount point, not once per node. Local devices add up.
     for gauge in ("capacity_bytes", "free_bytes"):
         rules.append(
             {
                 "record": f"tier:gpufeed_storage_{gauge}:sum",
-                "expr": f"sum by (tier) (gpufeed_storage_{gauge}{{{s}}})",
+                "expr": (
+                    f'sum by (tier) (\n  gpufeed_storage_{gauge}{{{s}, device!=""}}\n'
+                    f'  or max by (tier, mountpoint) (gpufeed_storage_{gauge}{{{s}, device=""}})\n)'
+                ),
             }
         )
     rules.append(
@@ -263,20 +268,38 @@ def alert_rules(cfg: RulesConfig) -> list[Rule]:
         },
         {
             "alert": "StorageTierFillingUp",
+            # A network filesystem (no `device` label) is one filesystem on every node that
+            # mounts it: one alert for it, without `instance`, not one per node.
             "expr": (
-                f"gpufeed_storage_free_bytes{{{s}}}\n"
-                f"  / (gpufeed_storage_capacity_bytes{{{s}}} > 0)\n"
-                f"  < {cfg.fill_free_ratio_below:g}\n"
-                "and\n"
-                f"predict_linear(gpufeed_storage_free_bytes{{{s}}}[{cfg.fill_lookback}], "
-                f"{cfg.fill_horizon_seconds}) < 0"
+                "(\n"
+                f'  gpufeed_storage_free_bytes{{{s}, device!=""}}\n'
+                f'    / (gpufeed_storage_capacity_bytes{{{s}, device!=""}} > 0)\n'
+                f"    < {cfg.fill_free_ratio_below:g}\n"
+                "  and\n"
+                f'  predict_linear(gpufeed_storage_free_bytes{{{s}, device!=""}}'
+                f"[{cfg.fill_lookback}], {cfg.fill_horizon_seconds}) < 0\n"
+                ")\n"
+                "or\n"
+                "(\n"
+                "  max by (tier, mountpoint) (\n"
+                f'    gpufeed_storage_free_bytes{{{s}, device=""}}\n'
+                f'      / (gpufeed_storage_capacity_bytes{{{s}, device=""}} > 0)\n'
+                f"  ) < {cfg.fill_free_ratio_below:g}\n"
+                "  and\n"
+                "  max by (tier, mountpoint) (\n"
+                f'    predict_linear(gpufeed_storage_free_bytes{{{s}, device=""}}'
+                f"[{cfg.fill_lookback}], {cfg.fill_horizon_seconds})\n"
+                "  ) < 0\n"
+                ")"
             ),
             "for": cfg.filling_up_for,
             "labels": {"severity": "warning"},
             "annotations": {
                 "summary": "A storage tier will run out of space within a day.",
                 "description": (
-                    "{{ $labels.mountpoint }} (tier {{ $labels.tier }}) on {{ $labels.instance }} "
+                    "{{ $labels.mountpoint }} (tier {{ $labels.tier }}) "
+                    "{{ with $labels.instance }}on {{ . }}{{ else }}(a network filesystem, "
+                    "every node that mounts it){{ end }} "
                     "has {{ $value | humanizePercentage }} free and, at the rate of the last "
                     f"{cfg.fill_lookback}, fills up within "
                     f"{cfg.fill_horizon_seconds // 3600} hours."

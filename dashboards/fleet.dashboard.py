@@ -63,13 +63,15 @@ dashboard = build_dashboard(
                     [
                         target(
                             "topk(10, sum by (job_id, cause) (increase("
-                            f"gpufeed_gpu_underutilized_seconds_total{{{NODES}}}[$__range]"
-                            "))) / 3600",
+                            f'gpufeed_gpu_underutilized_seconds_total{{{NODES},job_id!=""}}'
+                            "[$__range]))) / 3600",
                             instant=True,
                             table=True,
                         )
                     ],
                     GPU_HOURS,
+                    description="GPUs no job holds (cause idle, no job_id) are capacity, "
+                    "not a job's loss, and are left out.",
                     sort_by="Value",
                 ),
             ],

@@ -100,7 +100,9 @@ dashboard = build_dashboard(
                         )
                     ],
                     PER_SECOND,
-                    description="Steps per second (max over the job's reporting processes).",
+                    description="Steps per second on the job's busiest node. The agent "
+                    "adds up the steps of every process of the job on a node, so with N "
+                    "data-parallel ranks per node one global step counts N times.",
                 ),
             ],
         ),

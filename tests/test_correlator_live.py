@@ -82,6 +82,61 @@ def test_live_families_match_offline_windows(tmp_path: Path) -> None:
     again.close()
 
 
+def test_an_ended_job_is_forgotten(tmp_path: Path) -> None:
+    """Once a job's series stop, its correlator series, columns and baselines go after
+    ENDED_JOB_SECONDS: nothing grows with every job a node has ever run."""
+    import dataclasses
+
+    from gpufeed.correlator.live import ENDED_JOB_SECONDS, TRIM_EVERY_SECONDS
+    from gpufeed.model import Sample
+
+    text, _labels = scenarios.single("checkpointing", "hot_tier", seed=8, minutes=30)
+    proc = CorrelatorProcessor(CorrelatorConfig(windows_log=""), interval_seconds=5.0)
+    snaps = snapshots_of(text)
+    for snap in snaps:
+        fams = proc.process(snap)  # type: ignore[arg-type]
+    jobs = {dict(k)["job_id"] for k in _values(fams, WINDOWS)} - {""}
+    assert jobs and set(proc.node.jobs) >= jobs  # the job is known while it runs
+
+    # the job ends: its series stop, its GPUs run flat out for someone else's work
+    last = snaps[-1]
+    rest = []
+    for f in last.families:  # type: ignore[attr-defined]
+        if f.name.startswith("gpufeed_job_"):
+            continue
+        if f.name == "gpufeed_gpu_utilization_ratio":
+            f = dataclasses.replace(
+                f, samples=tuple(Sample(s.name, s.labels, 1.0) for s in f.samples)
+            )
+        rest.append(f)
+    t = last.timestamp_seconds  # type: ignore[attr-defined]
+    end = t + ENDED_JOB_SECONDS + 2 * TRIM_EVERY_SECONDS
+    while t < end:
+        t += 5.0
+        fams = proc.process(dataclasses.replace(last, timestamp_seconds=t, families=tuple(rest)))  # type: ignore[arg-type]
+    exported = {dict(s.labels).get("job_id") for f in fams for s in f.samples}  # type: ignore[attr-defined]
+    assert not exported & jobs
+    assert not set(proc.node.jobs) & jobs
+    assert not {j for j, _ in proc.node.job_info} & jobs
+    assert not [k for k in proc._routes if dict(k[1]).get("job_id") in jobs]
+    proc.close()
+
+
+def test_forgetting_a_job_keeps_other_baselines_with_the_same_name() -> None:
+    """A job called "0" goes with its own read baselines only, not GPU 0's clock baseline."""
+    from gpufeed.correlator.baseline import Baselines
+    from gpufeed.correlator.features import JOB_READ
+
+    b = Baselines()
+    for v in (1.0, 2.0, 3.0, 4.0):
+        b.observe((JOB_READ, "0", "hot"), v)
+        b.observe(("clock", "0"), v)
+        b.observe((JOB_READ, "00", "hot"), v)
+    b.forget_prefix((JOB_READ, "0"))
+    assert b.median((JOB_READ, "0", "hot")) is None
+    assert b.median(("clock", "0")) == 2.5 and b.median((JOB_READ, "00", "hot")) == 2.5
+
+
 def _window(i: int) -> Window:
     return Window(
         "n",
@@ -110,6 +165,22 @@ def test_log_rotates_and_keeps_backups(tmp_path: Path) -> None:
     got = [w.summary for w in read_log(str(path))]
     assert got == [f"window {i}" for i in range(40 - len(got), 40)]  # newest kept, in order
     assert len(got) < 40
+
+
+def test_reopened_log_ends_a_torn_line_before_appending(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    log = WindowLog(str(path))
+    log.append(_window(0))
+    log.close()
+    whole = path.read_bytes()
+    path.write_bytes(whole + whole[:40])  # a crash tore the next line
+    log = WindowLog(str(path))
+    log.append(_window(1))
+    log.close()
+    assert [w.summary for w in read_log(str(path))] == ["window 0", "window 1"]
+    log = WindowLog(str(path))  # a clean file is left as it is
+    log.close()
+    assert path.read_bytes().count(b"\n") == 3
 
 
 @pytest.mark.slow
@@ -217,6 +288,28 @@ def test_api_and_windows_command(tmp_path: Path, capsys: pytest.CaptureFixture[s
     args = p.parse_args(["windows", "--agent", f"http://127.0.0.1:{PORT}"])
     assert args.func(args) == 1
     assert "cannot read windows" in capsys.readouterr().err
+
+
+def test_windows_command_defaults_to_the_agents_port_and_names_a_missing_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpufeed.agent import DEFAULT_PORT
+
+    p = argparse.ArgumentParser()
+    windows_cmd.register(p.add_subparsers())
+    assert p.parse_args(["windows"]).agent == f"http://localhost:{DEFAULT_PORT}"
+    missing = tmp_path / "nope.jsonl"
+    args = p.parse_args(["windows", "--log", str(missing)])
+    assert args.func(args) == 1
+    assert f"{missing}: no such windows log" in capsys.readouterr().err
+    log = WindowLog(str(tmp_path / "w.jsonl"))
+    log.append(_window(0))
+    log.close()
+    args = p.parse_args(["windows", "--log", str(tmp_path / "w.jsonl"), "--format", "jsonl"])
+    assert args.func(args) == 0
+    assert [json.loads(x)["evidence"]["summary"] for x in capsys.readouterr().out.splitlines()] == [
+        "window 0"
+    ]
 
 
 def test_unwritable_log_does_not_stop_the_correlator(

@@ -130,3 +130,40 @@ def test_range_query_gives_the_same_windows_as_the_file(prometheus, tmp_path: Pa
 def test_unreachable_server_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert _run("--prometheus", "http://127.0.0.1:19353", "--start", "0", "--end", "100") == 1
     assert "gpufeed analyze:" in capsys.readouterr().err
+
+
+def test_a_partial_answer_is_an_error_not_a_result(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Thanos (a store down) and Mimir answer "success" with warnings when data is missing;
+    analyze must not write windows from that. The server here answers like such a query
+    layer does; a real Thanos is not installed."""
+    import http.server
+    import threading
+
+    class Partial(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            data: object = ["node-a:9400"] if "/label/" in self.path else {"result": []}
+            body = {"status": "success", "data": data, "warnings": ["store 10.0.0.7 down"]}
+            raw = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 19550), Partial)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    out = tmp_path / "w.jsonl"
+    try:
+        url = "http://127.0.0.1:19550"
+        assert _run("--prometheus", url, "--start", "0", "--end", "100", "-o", str(out)) == 1
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    err = capsys.readouterr().err
+    assert "may be incomplete" in err and "store 10.0.0.7 down" in err
+    assert not out.exists()

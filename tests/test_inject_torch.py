@@ -18,6 +18,7 @@ import pytest
 
 from gpufeed.jobs.sdk_server import SdkServer
 from gpufeed.model import iter_samples
+from gpufeed.run_cli import instrumented_env
 
 pytestmark = pytest.mark.slow
 
@@ -105,3 +106,27 @@ def test_torch_patches_under_gpufeed_run(tmp_path: Path) -> None:
         got[("gpufeed_job_checkpoint_written_bytes_total", "")]
         == own["file_bytes"] + own["dcp_bytes"]
     )
+
+
+def test_a_job_that_cannot_be_made_never_breaks_the_program(tmp_path: Path) -> None:
+    """With no Job to report to (here a blank job name, which the SDK refuses), the
+    patched DataLoader and torch.save still do their work; the user is told once."""
+    program = (
+        "import os, sys, torch\n"
+        "from torch.utils.data import DataLoader\n"
+        "assert sum(int(b.sum()) for b in DataLoader(list(range(6)), batch_size=2)) == 15\n"
+        "torch.save({'w': torch.zeros(10)}, os.path.join(sys.argv[1], 'a.pt'))\n"
+        "torch.save({'w': torch.zeros(10)}, os.path.join(sys.argv[1], 'b.pt'))\n"
+    )
+    env = instrumented_env({"PATH": os.environ["PATH"]}, str(tmp_path / "none.sock"))
+    env["GPUFEED_JOB_NAME"] = "   "  # set by hand: `gpufeed run --name` refuses it
+    out = subprocess.run(
+        [sys.executable, "-c", program, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "a.pt").stat().st_size > 0 and (tmp_path / "b.pt").stat().st_size > 0
+    assert out.stderr.count("gpufeed: checkpoints not reported") == 1

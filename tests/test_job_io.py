@@ -128,3 +128,23 @@ def test_proc_io_fallback_stays_monotonic_when_a_process_exits(tmp_path: Path) -
     assert series(c)[("read_bytes_total", "j", "unattributed")] == 5096
     pids.clear()  # the job is gone: so are its series
     assert series(c) == {}
+
+
+def test_proc_io_fallback_counts_a_reaped_child_once(tmp_path: Path) -> None:
+    """The kernel adds a reaped child's I/O to its parent's /proc/PID/io (a DataLoader
+    worker and its main process): the job's sum must not count it a second time."""
+    procfs = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "procfs_jobs", procfs)
+    c = JobIoCollector(
+        CollectorContext(paths=HostPaths(procfs=procfs, sysfs=tmp_path / "nosys")),
+        lambda: TIERS,
+        sdk_job_pids=lambda: {"j": [200, 300]},  # 300 is 200's child
+    )
+    assert series(c)[("read_bytes_total", "j", "unattributed")] == 4096 + 1000
+    shutil.rmtree(procfs / "300")  # exited, not yet reaped: the sum holds
+    assert series(c)[("read_bytes_total", "j", "unattributed")] == 4096 + 1000
+    io = procfs / "200" / "io"
+    io.write_text(io.read_text().replace("read_bytes: 4096", "read_bytes: 5096"))  # reaped
+    assert series(c)[("read_bytes_total", "j", "unattributed")] == 4096 + 1000
+    io.write_text(io.read_text().replace("read_bytes: 5096", "read_bytes: 5196"))
+    assert series(c)[("read_bytes_total", "j", "unattributed")] == 4096 + 1000 + 100

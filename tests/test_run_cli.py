@@ -139,3 +139,11 @@ def test_func_runs_the_command(argv: list[str]) -> None:
     start = time.monotonic()
     assert args.func(args) == 0
     assert time.monotonic() - start < 30
+
+
+def test_a_blank_name_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    run_cli.register(parser.add_subparsers())
+    args = parser.parse_args(["run", "--name", " ", "--", "true"])
+    assert args.func(args) == 2
+    assert "--name must not be blank" in capsys.readouterr().err

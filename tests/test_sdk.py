@@ -167,6 +167,25 @@ def test_track_phase_checkpoint_epoch_reach_the_agent(
     assert value(fams, "gpufeed_job_phase_seconds_total", job_id=jid, phase="startup") is not None
 
 
+def test_a_process_older_than_the_agents_limit_still_reports(
+    server: SdkServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Start-up longer than the agent accepts in one event (a notebook kernel started 40
+    days ago) is capped, so the flush that carries it, steps and all, is not refused."""
+    monkeypatch.setattr(sdk, "_startup_reported", False)
+    monkeypatch.setattr(sdk, "process_age_seconds", lambda: 40 * 86400.0)
+    job = sdk.Job("old-kernel", socket=server.socket_path)
+    for _ in job.track(range(3)):
+        pass
+    job.close()
+    wait_received(server, 3)  # startup + step + end-of-data wait in one flush, then close
+    fams = server.families()
+    assert value(fams, "gpufeed_sdk_messages_dropped_total", reason="schema") == 0
+    assert value(fams, "gpufeed_job_steps_total", job_id=job.job_id) == 3
+    startup = value(fams, "gpufeed_job_phase_seconds_total", job_id=job.job_id, phase="startup")
+    assert startup == wire.MAX_EVENT_SECONDS
+
+
 def test_nested_phases_are_not_counted_twice(server: SdkServer) -> None:
     job = sdk.Job("nested", socket=server.socket_path)
     for _ in job.track([1]):
@@ -201,6 +220,32 @@ def test_without_an_agent_events_are_dropped_and_counted(
     job.close()
     # startup, 3 steps, the end-of-data wait, the epoch, close
     assert (job.events_sent, job.events_dropped) == (0, 7)
+
+
+def test_no_file_descriptor_left_drops_events_without_raising(tmp_path: Path) -> None:
+    """The SDK never raises into the training loop, even when socket() itself fails."""
+    code = f"""
+import os, resource
+from gpufeed import sdk
+job = sdk.Job("x", socket={str(tmp_path / "nobody.sock")!r})
+resource.setrlimit(resource.RLIMIT_NOFILE, (32, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+fds = []
+try:
+    while True:
+        fds.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+job.epoch()
+job._flush()
+job.close()
+print(job.events_sent, job.events_dropped)
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(sdk.__file__).parent.parent)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "2"]
 
 
 def test_agent_restart_reconnects(tmp_path: Path) -> None:
@@ -309,6 +354,25 @@ def test_ended_job_goes_after_grace_and_frees_its_slot() -> None:
     table.expire(21.0 + 300.0)  # silent for 300 s: ended now
     assert table.job_ids() == ["j2"]
     table.expire(21.0 + 300.0 + 30.0)
+    assert table.job_ids() == []
+
+
+def test_a_reused_pid_neither_keeps_an_ended_job_nor_joins_it() -> None:
+    alive = {4242: True, 4243: True}
+    table = JobTable(max_jobs=4, grace_seconds=30, pid_alive=lambda p: alive.get(p, False))
+    m = wire.Message(wire.KIND_EPOCH, "j", "n", seconds=1)
+    table.apply(m, 4242, 0.0)
+    table.apply(m, 4243, 0.0)
+    table.expire(1.0)
+    assert table.pids_by_job() == {"j": [4242, 4243]}
+    alive[4242] = False  # exits without close()
+    table.expire(2.0)
+    assert table.pids_by_job() == {"j": [4243]} and table.job_for_pid(4242) is None
+    alive[4242] = True  # the pid now belongs to some unrelated process
+    alive[4243] = False
+    table.expire(3.0)
+    assert table.pids_by_job() == {"j": []}
+    table.expire(3.0 + 30.0)
     assert table.job_ids() == []
 
 

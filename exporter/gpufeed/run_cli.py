@@ -71,6 +71,9 @@ def _func(args: argparse.Namespace) -> int:
     if not command:
         print("gpufeed run: give a command after --", file=sys.stderr)
         return 2
+    if args.name is not None and not args.name.strip():
+        print("gpufeed run: --name must not be blank", file=sys.stderr)
+        return 2
     return run_command(command, args.socket, args.name)
 
 
@@ -80,7 +83,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="the agent's SDK socket (default: $GPUFEED_SOCKET, else " + DEFAULT_SDK_SOCKET + ")",
     )
-    p.add_argument("--name", help="the job's name (default: the command's name)")
+    p.add_argument(
+        "--name",
+        help="the job's name, also its id where no scheduler runs it "
+        "(sets GPUFEED_JOB_NAME; default: the command's name)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
     p.set_defaults(func=_func)
 

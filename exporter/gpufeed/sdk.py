@@ -57,6 +57,10 @@ MAX_DATAGRAM_BYTES = 8192
 DEFAULT_SOCKET = "/run/gpufeed/sdk.sock"
 SOCKET_ENV = "GPUFEED_SOCKET"
 _RECONNECT_SECONDS = 1.0
+# The agent refuses a duration over 30 days (gpufeed.jobs.wire.MAX_EVENT_SECONDS), and with
+# it the whole datagram: a process that ran that long before its first loop (a notebook
+# kernel) reports that much start-up, not a datagram the agent drops.
+_MAX_EVENT_SECONDS = 30 * 86400.0
 FLUSH_SECONDS = 0.1
 _PHASE_INDEX = {name: i for i, name in enumerate(PHASES)}
 _DATA_WAIT = _PHASE_INDEX["data_wait"]
@@ -212,7 +216,7 @@ class Job:
         _startup_reported = True
         age = process_age_seconds()
         if age is not None:
-            self._add_phase(_STARTUP, age, time.perf_counter())
+            self._add_phase(_STARTUP, min(age, _MAX_EVENT_SECONDS), time.perf_counter())
 
     def _add_step(self, wait: float, compute: float, now: float) -> None:
         self._acc_wait += wait
@@ -302,10 +306,14 @@ class Job:
         now = time.monotonic()
         if now < self._retry_at:
             return None
-        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+        try:  # socket() too: out of file descriptors is the agent being unreachable
+            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+        except OSError:
+            self._retry_at = now + _RECONNECT_SECONDS
+            return None
         try:
             sock.connect(self.socket_path)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL byte in the path
             sock.close()
             self._retry_at = now + _RECONNECT_SECONDS
             return None

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from gpufeed.collectors.base import CollectorContext
-from gpufeed.jobs.identity import read_text
+from gpufeed.jobs.identity import read_proc_stat, read_text
 from gpufeed.jobs.io_accounting import (
     DeviceBytes,
     cgroup_pids,
@@ -37,30 +37,45 @@ WRITTEN_HELP = "Bytes the job wrote per storage tier (cgroup io accounting, else
 
 
 class _ProcIoSum:
-    """Monotonic sum of /proc/PID/io over a changing set of processes: a process that exits
-    leaves its last reading behind, so the job's counter never goes down."""
+    """Monotonic sum of /proc/PID/io over a changing set of processes.
+
+    A process that exits leaves its last reading behind, so the job's counter never goes
+    down; except a child whose parent is still summed: when the parent reaps it, the kernel
+    adds the child's I/O to the parent's own /proc/PID/io (DataLoader workers and their
+    main process), and counting it again would add it twice. Until the parent has reaped
+    it the sum may dip, so what is returned never falls below what was returned before.
+    """
 
     def __init__(self) -> None:
-        self.last: dict[int, DeviceBytes] = {}
+        self.last: dict[int, tuple[int, DeviceBytes]] = {}  # pid -> (parent pid, bytes)
         self.retired_read = 0
         self.retired_written = 0
+        self.returned = DeviceBytes(0, 0)
 
     def update(self, procfs: Path, pids: Iterable[int]) -> DeviceBytes:
-        current: dict[int, DeviceBytes] = {}
+        current: dict[int, tuple[int, DeviceBytes]] = {}
         for pid in pids:
             text = read_text(procfs / str(pid) / "io")
             got = parse_proc_io(text) if text is not None else None
             if got is not None:
-                current[pid] = got
-        for pid, old in self.last.items():
-            if pid not in current:
+                stat = read_proc_stat(procfs, pid)
+                current[pid] = (stat.ppid if stat is not None else 0, got)
+        for pid, (ppid, old) in self.last.items():
+            if pid not in current and ppid not in current:
                 self.retired_read += old.read_bytes
                 self.retired_written += old.written_bytes
         self.last = current
-        return DeviceBytes(
-            self.retired_read + sum(v.read_bytes for v in current.values()),
-            self.retired_written + sum(v.written_bytes for v in current.values()),
+        self.returned = DeviceBytes(
+            max(
+                self.returned.read_bytes,
+                self.retired_read + sum(v.read_bytes for _, v in current.values()),
+            ),
+            max(
+                self.returned.written_bytes,
+                self.retired_written + sum(v.written_bytes for _, v in current.values()),
+            ),
         )
+        return self.returned
 
 
 class JobIoCollector:
@@ -118,7 +133,7 @@ class JobIoCollector:
         for job_id, pids in sorted(fallback.items()):
             s = sums[job_id] = self._proc_sums.get(job_id) or _ProcIoSum()
             total = s.update(self._procfs, pids)
-            if not s.last and not (s.retired_read or s.retired_written):
+            if not s.last and not (total.read_bytes or total.written_bytes):
                 continue  # no process readable (gone, or /proc/PID/io not permitted)
             labels = {"job_id": job_id, "tier": UNATTRIBUTED_TIER}
             f.counter(READ, READ_HELP, labels, total.read_bytes)

@@ -18,7 +18,9 @@ def register(subparsers: Any) -> None:
             "Reads a trace (OpenMetrics with timestamps, ending in '# EOF') or queries a "
             "Prometheus-compatible server, and writes one JSON object per window "
             "(instance, gpu, uuid, job_id, start, end, cause, confidence, "
-            "mean_utilization, evidence)."
+            "mean_utilization, evidence). The whole input is read before anything is "
+            "written: a malformed or truncated trace is an error naming its line, with no "
+            "output."
         ),
     )
     p.add_argument("trace", nargs="?", help="trace file (.om); omit with --prometheus")
@@ -27,19 +29,40 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--start", help="range start: unix seconds or RFC 3339 (with --prometheus)")
     p.add_argument("--end", help="range end: unix seconds or RFC 3339 (with --prometheus)")
-    p.add_argument("--match", default="", help="extra selector, e.g. '{cluster=\"a\"}'")
     p.add_argument(
-        "--step", type=float, default=15.0, help="query resolution in seconds (default 15)"
-    )
-    p.add_argument("--format", choices=("jsonl", "table"), default="jsonl")
-    p.add_argument(
-        "--threshold", type=float, default=0.8, help="utilization threshold (default 0.8)"
+        "--match",
+        default="",
+        help="extra selector for every query, e.g. '{cluster=\"a\"}' (with --prometheus)",
     )
     p.add_argument(
-        "--min-window", type=float, default=60.0, help="minimum window in seconds (default 60)"
+        "--step",
+        type=float,
+        default=15.0,
+        help="query resolution in seconds (default 15; with --prometheus)",
     )
     p.add_argument(
-        "--merge-gap", type=float, default=30.0, help="recoveries shorter than this merge (s)"
+        "--format",
+        choices=("jsonl", "table"),
+        default="jsonl",
+        help="jsonl: one JSON object per window (default); table: for people",
+    )
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=0.8,
+        help="a GPU below this utilization (0..1) is underutilized (default 0.8)",
+    )
+    p.add_argument(
+        "--min-window",
+        type=float,
+        default=60.0,
+        help="seconds a GPU must stay underutilized before a window opens (default 60)",
+    )
+    p.add_argument(
+        "--merge-gap",
+        type=float,
+        default=30.0,
+        help="recoveries shorter than this many seconds stay inside the window (default 30)",
     )
     p.add_argument(
         "--output", "-o", metavar="FILE", help="write here (atomically) instead of stdout"
@@ -48,7 +71,7 @@ def register(subparsers: Any) -> None:
         "--jobs",
         type=int,
         default=min(2, os.cpu_count() or 1),
-        help="worker processes (default: up to 2)",
+        help="worker processes for reading the trace and analysing nodes (default: up to 2)",
     )
     p.set_defaults(func=run)
 

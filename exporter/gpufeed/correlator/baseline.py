@@ -49,3 +49,10 @@ class Baselines:
         if value is not None and (p is None or value > p):
             p = self._peak[key] = value
         return p
+
+    def forget_prefix(self, prefix: tuple[str, ...]) -> None:
+        """Drops every baseline whose key starts with `prefix` (an ended job's, say)."""
+        n = len(prefix)
+        for d in (self._hist, self._cache, self._peak):
+            for key in [k for k in d if isinstance(k, tuple) and k[:n] == prefix]:
+                del d[key]

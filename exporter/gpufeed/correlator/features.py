@@ -32,6 +32,9 @@ FATAL_XIDS = frozenset(
 MIN_TIER_READ_BYTES = 1e5  # a tier reading less than this is not feeding anyone
 USUAL_TIER_READ_BYTES = 1e6  # healthy median above this: a tier the node's jobs read from
 BURST_MIN_WRITE_BYTES = 5e7
+# Baseline key kind of a job's read rate per tier: (JOB_READ, job_id, tier). The live
+# correlator forgets an ended job's baselines by this prefix.
+JOB_READ = "jrd"
 WRITE_FLOOR_BYTES = 2e7
 
 
@@ -60,7 +63,7 @@ def observe_healthy(b: Baselines, view: NodeView) -> None:
     b.observe(("psi", "io"), view.psi_some.get("io"))
     for job_id, jv in view.jobs.items():
         for tier, r in jv.tier_read_bytes_per_second.items():
-            b.observe(("jrd", job_id, tier), r)
+            b.observe((JOB_READ, job_id, tier), r)
 
 
 def _rise(value: float | None, base: float | None, min_rise: float) -> float | None:
@@ -116,7 +119,7 @@ def job_features(b: Baselines, view: NodeView, job_id: str, ev: Evidence) -> Non
         ]
         if not cands:
             usual = [
-                (b.median(("jrd", job_id, t)) or 0.0, t) for t in jv.tier_read_bytes_per_second
+                (b.median((JOB_READ, job_id, t)) or 0.0, t) for t in jv.tier_read_bytes_per_second
             ]
             if usual and max(usual)[0] > 0 and max(usual)[1] in view.tiers:
                 cands = [max(usual)[1]]

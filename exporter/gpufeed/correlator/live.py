@@ -11,6 +11,7 @@ from typing import Final
 
 from gpufeed.config import CorrelatorConfig
 from gpufeed.correlator.engine import NodeCorrelator, WindowParams
+from gpufeed.correlator.features import JOB_READ
 from gpufeed.correlator.node import USED_METRIC_SET, NodeSeries
 from gpufeed.correlator.series import Series
 from gpufeed.correlator.view import Timing
@@ -25,6 +26,10 @@ WINDOWS: Final = "gpufeed_gpu_underutilization_windows_total"
 _log = logging.getLogger(__name__)
 KEEP_SECONDS = 900.0  # history kept in the columns: rates, XID lookback, start-up checks
 TRIM_EVERY_SECONDS = 120.0
+# A job none of whose series has had a sample for this long has ended: its correlator
+# series, columns and baselines go, so that neither the exported series nor the agent's
+# memory and per-sample work grow with every job the node has ever run.
+ENDED_JOB_SECONDS = KEEP_SECONDS
 
 Key = tuple[str, str, str, str]  # gpu, uuid, job_id, cause
 
@@ -104,11 +109,43 @@ class CorrelatorProcessor:
             if t >= self._next_trim:
                 self._next_trim = t + TRIM_EVERY_SECONDS
                 node.trim_before(t - KEEP_SECONDS)
+                self._forget_ended_jobs(t - ENDED_JOB_SECONDS)
             return self._families()
 
     def close(self) -> None:
         if self._log is not None:
             self._log.close()
+
+    def _forget_ended_jobs(self, horizon: float) -> None:
+        """Forgets the jobs whose series all ended before `horizon`, unless a window of
+        theirs is still open (the window closes first; the job goes at a later trim)."""
+        node, units = self.node, self._corr.units
+        busy = {seg.job_id for u in units.values() for seg in (u.seg, u.chal) if seg is not None}
+        busy.update(u.cpu_job for u in units.values() if u.cpu_job and u.run_start is not None)
+        ended = set()
+        for job_id, j in node.jobs.items():
+            if job_id in busy:
+                continue
+            series = [s for (jid, _), s in node.job_info.items() if jid == job_id]
+            series += [*j.phases.values(), *j.tier_read.values(), *j.tier_written.values()]
+            series += [s for s in (j.steps, j.checkpoint_bytes) if s is not None]
+            if all(not s.ts or s.ts[-1] < horizon for s in series):
+                ended.add(job_id)
+        if not ended:
+            return
+        for job_id in ended:
+            del node.jobs[job_id]
+            self._corr.baselines.forget_prefix((JOB_READ, job_id))
+            units.pop("job:" + job_id, None)
+        for m in (node.job_info, node.job_uuid, node.first_seen):
+            for jk in [jk for jk in m if jk[0] in ended]:
+                del m[jk]
+        for rk in [rk for rk in self._routes if dict(rk[1]).get("job_id") in ended]:
+            del self._routes[rk]
+        for key in [key for key in self._seconds if key[2] in ended]:
+            del self._seconds[key]
+        for key in [key for key in self._count if key[2] in ended]:
+            del self._count[key]
 
     # ---- windows -------------------------------------------------------------------------
     def _closed(self, w: Window) -> None:

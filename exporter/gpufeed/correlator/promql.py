@@ -70,6 +70,12 @@ def _get(base: str, path: str, params: list[tuple[str, str]]) -> Any:
         raise PromError(f"{base}{path}: {e}") from None
     if body.get("status") != "success":
         raise PromError(f"{path}: {body.get('error', 'query failed')}")
+    warnings = body.get("warnings")
+    if warnings:
+        # Thanos and Mimir answer "success" with warnings when a store or querier did not
+        # answer (a partial response): analysing that would pass gaps off as complete.
+        text = "; ".join(str(w) for w in warnings)
+        raise PromError(f"{path}: the answer may be incomplete, the server warns: {text}")
     return body["data"]
 
 

@@ -3,7 +3,8 @@
 Each window is one line written with a single `write` on an O_APPEND descriptor and
 fsynced before `append` returns, so a `kill -9` can at worst lose the window being
 written, never corrupt an earlier line; a torn last line (power loss mid-write) is
-skipped by `read_log`. When the file would exceed `max_bytes`, it is rotated like
+skipped by `read_log`, and terminated when the log is next opened, so that the first
+window appended after the restart is not glued onto it and lost with it. When the file would exceed `max_bytes`, it is rotated like
 logrotate does: `windows.jsonl` -> `.1` -> `.2` ... keeping `backups` old files.
 """
 
@@ -26,9 +27,22 @@ class WindowLog:
         d = os.path.dirname(os.path.abspath(path))
         os.makedirs(d, exist_ok=True)
         self._fd = self._open()
+        self._end_torn_line()
 
     def _open(self) -> int:
         return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def _end_torn_line(self) -> None:
+        """Ends an incomplete last line left by a crash with a newline of its own."""
+        with open(self.path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) == b"\n":
+                return
+        os.write(self._fd, b"\n")
+        os.fsync(self._fd)
 
     def append(self, window: Window) -> None:
         line = (json.dumps(window.to_json()) + "\n").encode()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -11,7 +12,9 @@ from typing import Any
 
 from gpufeed.correlator.window import Window
 
-DEFAULT_AGENT = "http://localhost:9400"
+# The agent's default listen port (gpufeed.agent.DEFAULT_PORT; not imported, to keep this
+# command light; a test checks that the two agree).
+DEFAULT_AGENT = "http://localhost:9842"
 
 
 def register(subparsers: Any) -> None:
@@ -25,7 +28,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--log", metavar="FILE", help="read this windows log instead of asking an agent")
     p.add_argument("--limit", type=int, default=50, help="closed windows to show (default 50)")
-    p.add_argument("--format", choices=("table", "jsonl"), default="table")
+    p.add_argument(
+        "--format",
+        choices=("table", "jsonl"),
+        default="table",
+        help="table (default), or one JSON object per window as `gpufeed analyze` writes",
+    )
     p.set_defaults(func=run)
 
 
@@ -46,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
         if args.log:
             from gpufeed.correlator.windowlog import read_log
 
+            if not os.path.exists(args.log):  # read_log skips missing files: say so here
+                raise FileNotFoundError(f"{args.log}: no such windows log")
             closed = list(read_log(args.log))[-args.limit :] if args.limit > 0 else []
             open_: list[Window] = []
             simulated = False

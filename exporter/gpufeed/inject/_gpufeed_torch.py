@@ -144,7 +144,8 @@ def patch_torch(torch: Any) -> None:
             batch = orig_next(self)
         except StopIteration:
             now = time.perf_counter()
-            j._add_phase(1, now - t0, now)  # the wait for the end of the data: data_wait
+            with contextlib.suppress(Exception):  # the wait for the end of the data
+                j._add_phase(_sdk().PHASES.index("data_wait"), now - t0, now)
             raise
         now = time.perf_counter()
         st.wait, st.body_start, st.inner0 = now - t0, now, j._inner_seconds
@@ -168,7 +169,7 @@ def patch_torch(torch: Any) -> None:
                 pos1 = _position(f)
                 done(pos1 - pos0 if pos0 is not None and pos1 is not None else -1)
             else:
-                done(_sdk().path_bytes(os.fspath(f)))
+                done(_path_bytes(f))
         return result
 
     torch.save = save
@@ -204,13 +205,20 @@ def _position(f: Any) -> int | None:
 
 
 class _checkpoint:
-    """Times a checkpoint (excluding nested ones) and sends it with the bytes given to done()."""
+    """Times a checkpoint (excluding nested ones) and sends it with the bytes given to done().
+
+    Never raises into the save: where no Job can be made (the SDK file gone, a blank
+    GPUFEED_JOB_NAME), the save runs untimed."""
 
     def __enter__(self) -> Any:
-        self.j = job()
-        self.nbytes = -1
         _local.depth = _depth() + 1
-        self.inner0 = self.j._inner_seconds
+        self.nbytes = -1
+        self.j: Any = None
+        try:
+            self.j = job()
+            self.inner0 = self.j._inner_seconds
+        except Exception as exc:
+            _warn_once(f"checkpoints not reported: {exc!r}")
         self.t0 = time.perf_counter()
 
         def done(nbytes: int) -> None:
@@ -220,9 +228,31 @@ class _checkpoint:
 
     def __exit__(self, *exc: object) -> None:
         _local.depth -= 1
-        own = max(time.perf_counter() - self.t0 - (self.j._inner_seconds - self.inner0), 0.0)
-        self.j._inner_seconds += own
-        self.j._emit(3, own, self.nbytes)  # KIND_CHECKPOINT
+        if self.j is None:
+            return
+        with contextlib.suppress(Exception):
+            own = max(time.perf_counter() - self.t0 - (self.j._inner_seconds - self.inner0), 0.0)
+            self.j._inner_seconds += own
+            self.j._emit(_sdk().KIND_CHECKPOINT, own, self.nbytes)
+
+
+def _path_bytes(where: Any) -> int:
+    """Bytes a checkpoint path holds (the SDK's path_bytes); -1 if that cannot be told."""
+    try:
+        return int(_sdk().path_bytes(os.fspath(where)))
+    except Exception:
+        return -1
+
+
+_warned = False
+
+
+def _warn_once(msg: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"gpufeed: {msg}\n")
 
 
 # -- torch.distributed.checkpoint -------------------------------------------------------------
@@ -259,12 +289,7 @@ def _dcp_bytes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
         # save(state_dict, *, storage_writer=...) or save_state_dict(state_dict, writer)
         writer = kwargs.get("storage_writer", args[1] if len(args) > 1 else None)
         where = getattr(writer, "path", None)
-    if where is None:
-        return -1
-    try:
-        return int(_sdk().path_bytes(os.fspath(where)))
-    except TypeError:
-        return -1
+    return -1 if where is None else _path_bytes(where)
 
 
 def _global_rank() -> int:

@@ -110,8 +110,15 @@ class JobTable:
         return None
 
     def expire(self, now: float) -> None:
-        """Marks jobs with no live process as ended, and drops those past their grace."""
+        """Marks jobs with no live process as ended, and drops those past their grace.
+
+        A process seen to have exited counts as closed from then on: its pid may be reused
+        by an unrelated process, which must neither keep the job alive (its series would
+        never go) nor have its I/O summed into the job's (`pids_by_job`)."""
         for job_id, job in list(self._jobs.items()):
+            for pid, (closed, seen) in list(job.processes.items()):
+                if pid > 0 and not closed and not self._pid_alive(pid):
+                    job.processes[pid] = (True, seen)
             if self._has_live_process(job, now):
                 job.ended_at = None
                 continue
@@ -176,13 +183,11 @@ class JobTable:
         return f.build()
 
     def _has_live_process(self, job: JobState, now: float) -> bool:
+        """Whether a process still speaks for the job (exited ones are closed by expire)."""
         for pid, (closed, last_seen) in job.processes.items():
             if closed:
                 continue
-            if pid <= 0:
-                if now - last_seen < UNSEEN_PROCESS_TIMEOUT_SECONDS:
-                    return True
-            elif self._pid_alive(pid):
+            if pid > 0 or now - last_seen < UNSEEN_PROCESS_TIMEOUT_SECONDS:
                 return True
         return False
 
