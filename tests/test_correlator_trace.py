@@ -141,3 +141,18 @@ def test_millisecond_timestamps_are_refused(tmp_path: Path) -> None:
     ms = [f"{x.rsplit(' ', 1)[0]} {float(x.rsplit(' ', 1)[1]) * 1000:.0f}" for x in body]
     with pytest.raises(TraceError, match="not unix seconds"):
         read_trace(write(tmp_path, "\n".join([*ms, "# EOF"]) + "\n"))
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--jobs", "0"), "--jobs must be at least 1"),
+        (("--threshold", "1.5"), "--threshold must be in (0, 1]"),
+        (("--min-window", "0"), "--min-window must be positive"),
+    ],
+)
+def test_bad_flags_are_usage_errors(
+    flags: tuple[str, ...], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_cli(write(tmp_path, small_trace()), *flags) == 2
+    assert message in capsys.readouterr().err

@@ -86,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
     if args.min_window <= 0:
         print("gpufeed analyze: --min-window must be positive", file=sys.stderr)
         return 2
+    if args.jobs < 1:
+        print("gpufeed analyze: --jobs must be at least 1", file=sys.stderr)
+        return 2
     params = WindowParams(args.threshold, args.min_window, args.merge_gap)
     if args.prometheus:
         from gpufeed.correlator.promql import PromError, load_range, parse_time
