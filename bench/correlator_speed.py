@@ -22,9 +22,7 @@ import correlator_scenarios as cs
 
 from gpufeed.config import CorrelatorConfig
 from gpufeed.correlator import analyze_cmd
-from gpufeed.correlator.labels import parse_series
-from gpufeed.model import Family, Sample, label_pairs
-from gpufeed.snapshot import Snapshot
+from gpufeed.correlator.replay import snapshots_from_trace
 
 
 def offline(path: str, jobs: int, out: str) -> float:
@@ -51,35 +49,10 @@ def read_lines(path: str) -> float:
     return time.perf_counter() - t0
 
 
-def snapshots(text: str) -> list[Snapshot]:
-    """The trace's lines as the agent's snapshots (one per timestamp)."""
-    by_t: dict[float, dict[str, list[Sample]]] = {}
-    cache: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        head, v, ts = line.rsplit(" ", 2)
-        got = cache.get(head)
-        if got is None:
-            name, labels = parse_series(head)
-            labels.pop("instance", None)
-            got = cache[head] = (name, label_pairs(labels))
-        fam = by_t.setdefault(float(ts), {})
-        fam.setdefault(got[0], []).append(Sample(got[0], got[1], float(v)))
-    out = []
-    for t in sorted(by_t):
-        fams = tuple(
-            Family(n, "counter" if n.endswith("_total") else "gauge", "", tuple(s))
-            for n, s in by_t[t].items()
-        )
-        out.append(Snapshot(t, fams))
-    return out
-
-
 def live(text: str) -> tuple[float, float, int]:
     from gpufeed.correlator.live import CorrelatorProcessor
 
-    snaps = snapshots(text)
+    snaps = snapshots_from_trace(text)
     proc = CorrelatorProcessor(CorrelatorConfig(windows_log=""), interval_seconds=5.0)
     times = []
     for s in snaps:

@@ -52,31 +52,6 @@ def analyze_text(
 
 def snapshots_of(text: str) -> list[object]:
     """The trace's samples as the agent's snapshots (one per timestamp, no instance label)."""
-    from gpufeed.correlator.labels import parse_series
-    from gpufeed.model import Family, Sample, label_pairs
-    from gpufeed.snapshot import Snapshot
+    from gpufeed.correlator.replay import snapshots_from_trace
 
-    by_t: dict[float, dict[str, list[Sample]]] = {}
-    cache: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        head, v, ts = line.rsplit(" ", 2)
-        got = cache.get(head)
-        if got is None:
-            name, labels = parse_series(head)
-            labels.pop("instance", None)
-            got = cache[head] = (name, label_pairs(labels))
-        by_t.setdefault(float(ts), {}).setdefault(got[0], []).append(
-            Sample(got[0], got[1], float(v))
-        )
-    return [
-        Snapshot(
-            t,
-            tuple(
-                Family(n, "counter" if n.endswith("_total") else "gauge", "", tuple(s))
-                for n, s in by_t[t].items()
-            ),
-        )
-        for t in sorted(by_t)
-    ]
+    return list(snapshots_from_trace(text))
