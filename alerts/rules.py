@@ -36,15 +36,39 @@ def held_utilization(cfg: RulesConfig) -> str:
     )
 
 
+HELD_RECORD = "instance_gpu_job_id:gpufeed_gpu_utilization_ratio:held"
+
+
+def sustained_low(cfg: RulesConfig) -> str:
+    """Held GPUs below the threshold now and at every evaluation of the last window, and
+    held since the window began; no `cause` in it, so no cause change can reset it.
+
+    The window is an `_over_time` over the held-utilization recording rule, not a `for:`:
+    an alert's `for:` clock belongs to its label set, and the cause label must stay free to
+    change. The current value is computed inline (rule groups run independently, so the
+    recording rule may lag one evaluation), which also ends the alert as soon as the job
+    releases the GPU or utilization recovers. `offset` requires the GPU to have been held
+    when the window began: a job that started five minutes ago has not been slow for ten.
+    """
+    t, d = f"{cfg.utilization_threshold_ratio:g}", cfg.utilization_low_for
+    return (
+        f"(\n{_indent(held_utilization(cfg), 2)}\n) < {t}\n"
+        f"and on ({HELD_LABELS}) max_over_time({HELD_RECORD}[{d}]) < {t}\n"
+        f"and on ({HELD_LABELS}) {HELD_RECORD} offset {d}"
+    )
+
+
 def utilization_low_expr(cfg: RulesConfig) -> str:
-    """Low utilization on a held GPU, labelled with the correlator's current cause.
+    """Sustained low utilization on a held GPU, labelled with the correlator's current cause.
 
     While the correlator has a window open on the GPU, its `cause` is copied from
     gpufeed_gpu_underutilization_cause (topk picks one if two ever coexist, so the join
     cannot fail); before a window opens, or where no correlator runs, cause="unknown", so
-    a GPU stays covered even when the correlator is down.
+    a GPU stays covered even when the correlator is down. The alert has no `for:` (the
+    window is inside `sustained_low`): when the cause changes, the alert with the old cause
+    resolves and the one with the new cause fires at the same evaluation.
     """
-    low = f"{held_utilization(cfg)} < {cfg.utilization_threshold_ratio:g}"
+    low = sustained_low(cfg)
     cause = f"gpufeed_gpu_underutilization_cause{{{cfg.sel}}}"
     return (
         f"(\n{_indent(low, 2)}\n)\n"
@@ -101,10 +125,7 @@ def recording_rules(cfg: RulesConfig) -> list[Rule]:
             "record": "fleet:gpufeed_gpu_utilization_ratio:avg",
             "expr": f"avg(gpufeed_gpu_utilization_ratio{{{s}}})",
         },
-        {
-            "record": "instance_gpu_job_id:gpufeed_gpu_utilization_ratio:held",
-            "expr": held_utilization(cfg),
-        },
+        {"record": HELD_RECORD, "expr": held_utilization(cfg)},
         {
             # seconds lost per second = GPUs lost right now = GPU-hours lost per hour
             "record": f"cause:gpufeed_gpu_underutilized_seconds:rate{w}",
@@ -166,7 +187,6 @@ def alert_rules(cfg: RulesConfig) -> list[Rule]:
         {
             "alert": "GpuUtilizationLow",
             "expr": utilization_low_expr(cfg),
-            "for": cfg.utilization_low_for,
             "labels": {"severity": "warning"},
             "annotations": {
                 "summary": f"A GPU held by a job has run below {pct} utilization for {cfg.utilization_low_for}.",

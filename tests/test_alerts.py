@@ -26,6 +26,7 @@ from stack_support import (
 
 build = repo_module("alerts.build")
 RulesConfig = repo_module("alerts.config").RulesConfig
+rules_module = repo_module("alerts.rules")
 
 TESTS_DIR = REPO_ROOT / "alerts" / "tests"
 RUNBOOKS = REPO_ROOT / "docs" / "runbooks.md"
@@ -87,7 +88,11 @@ def test_for_override_shortens_every_for_in_a_copy(tmp_path: Path) -> None:
     shipped = yaml.safe_load(before)
     for fast_rule, rule in zip(alerts(fast), alerts(shipped), strict=True):
         assert fast_rule["alert"] == rule["alert"]
-        assert fast_rule["expr"] == rule["expr"]
+        expr = rule["expr"]
+        if rule["alert"] == "GpuUtilizationLow":  # its window plays the part of a for:
+            window = RulesConfig().utilization_low_for
+            expr = expr.replace(f"[{window}]", "[7s]").replace(f"offset {window}", "offset 7s")
+        assert fast_rule["expr"] == expr
         assert fast_rule.get("for") == ("7s" if "for" in rule else None)
     assert RULES_FILE.read_text(encoding="utf-8") == before
     result = run(promtool(), "check", "rules", str(out))
@@ -110,9 +115,17 @@ def test_alert_conventions(shipped: dict[str, Any]) -> None:
 
 def test_gpu_utilization_low_contract(shipped: dict[str, Any]) -> None:
     rule = next(r for r in alerts(shipped) if r["alert"] == "GpuUtilizationLow")
-    value, unit = re.fullmatch(r"(\d+)([smh])", rule["for"]).groups()  # type: ignore[union-attr]
+    # No `for:`: its clock would belong to the cause-labelled series and restart whenever
+    # the cause changes. The 10m window is an _over_time on the cause-free recording rule.
+    assert "for" not in rule
+    window = RulesConfig().utilization_low_for
+    value, unit = re.fullmatch(r"(\d+)([smh])", window).groups()  # type: ignore[union-attr]
     assert int(value) * {"s": 1, "m": 60, "h": 3600}[unit] <= 15 * 60
-    assert "< 0.8" in rule["expr"]
+    sustained = rules_module.sustained_low(RulesConfig())
+    assert "cause" not in sustained
+    assert f"max_over_time({rules_module.HELD_RECORD}[{window}]) < 0.8" in sustained
+    assert f"{rules_module.HELD_RECORD} offset {window}" in sustained
+    assert " ".join(sustained.split()) in " ".join(rule["expr"].split())
     assert "gpufeed_job_info" in rule["expr"]
     assert "group_left (cause)" in rule["expr"]
     assert '"cause", "unknown"' in rule["expr"]
