@@ -85,16 +85,16 @@ def test_torch_patches_under_gpufeed_run(tmp_path: Path) -> None:
         deadline = time.monotonic() + 10
         got: dict[tuple[str, str], float] = {}
         while time.monotonic() < deadline:
-            got = {
-                (s.name, s.label("phase")): s.value
-                for s in iter_samples(srv.families())
-                if s.label("job_id") == "patched"
-            }
+            samples = [s for s in iter_samples(srv.families()) if s.label("name") == "patched"]
+            job_ids = {s.label("job_id") for s in samples}
+            got = {(s.name, s.label("phase")): s.value for s in samples}
             if got.get(("gpufeed_job_checkpoint_seconds_count", "")) == 2:
                 break
             time.sleep(0.05)
     finally:
         srv.stop()
+    (job_id,) = job_ids  # the run's own id (no scheduler here), not the name
+    assert job_id.startswith(("run", "pg")), job_id
     assert got[("gpufeed_job_steps_total", "")] == 4  # the step left with break included
     assert got[("gpufeed_job_phase_seconds_total", "compute")] >= 4 * 0.01
     assert ("gpufeed_job_phase_seconds_total", "data_wait") in got

@@ -159,8 +159,8 @@ def evict_page_cache(directory: Path) -> None:
 
 def value(fams: list[Family], name: str, **labels: str) -> float | None:
     want = tuple(sorted(labels.items()))
-    for s in iter_samples(fams):
-        if s.name == name and s.labels == want:
+    for s in iter_samples(fams):  # a job's `name` label aside
+        if s.name == name and tuple(kv for kv in s.labels if kv[0] != "name") == want:
             return s.value
     return None
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -49,12 +51,36 @@ def run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProc
     )
 
 
+def test_agent_unreachable_tells_a_live_socket_from_a_missing_or_stale_one(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "s")
+    assert run_cli.agent_unreachable(path) == os.strerror(errno.ENOENT)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as live:
+        live.bind(path)
+        assert run_cli.agent_unreachable(path) is None
+    assert run_cli.agent_unreachable(path) == os.strerror(errno.ECONNREFUSED)  # stale file
+
+
+def test_each_run_gets_its_own_job_id(tmp_path: Path) -> None:
+    probe = "import os; print(os.environ['GPUFEED_JOB_ID'], os.environ['GPUFEED_JOB_NAME'])"
+    first, second = (run(["--", sys.executable, "-c", probe], tmp_path) for _ in range(2))
+    ids = [first.stdout.split()[0], second.stdout.split()[0]]
+    assert ids[0] != ids[1]
+    assert all(i.startswith(("run", "pg")) for i in ids), ids
+    assert first.stdout.split()[1] == Path(sys.executable).name
+    nested = run(["--", sys.executable, "-c", probe], tmp_path, GPUFEED_JOB_ID="outer")
+    assert nested.stdout.split()[0] not in ("outer", *ids)
+
+
 def test_a_program_without_torch_is_untouched(tmp_path: Path) -> None:
     probe = (
         "import os, sys; print(os.environ['GPUFEED_SOCKET']); "
         "print(sorted(m for m in sys.modules if 'gpufeed' in m or m == 'torch'))"
     )
-    out = run(["--", sys.executable, "-c", probe], tmp_path)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as agent:
+        agent.bind(str(tmp_path / "s"))  # an agent listens: nothing to say on stderr
+        out = run(["--", sys.executable, "-c", probe], tmp_path)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == str(tmp_path / "s")

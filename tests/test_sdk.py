@@ -22,13 +22,16 @@ from gpufeed.model import Family, iter_samples
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def values(families: list[Family]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, s.labels): s.value for s in iter_samples(families)}
-
-
 def value(families: list[Family], name: str, **labels: str) -> float | None:
-    key = tuple(sorted(labels.items()))
-    return values(families).get((name, key))
+    """The one sample `name` whose labels are `labels` (a job's `name` label aside)."""
+    want = sorted(labels.items())
+    found = [
+        s.value
+        for s in iter_samples(families)
+        if s.name == name and sorted((k, v) for k, v in s.labels if k != "name") == want
+    ]
+    assert len(found) <= 1, f"{name}{labels}: {len(found)} samples"
+    return found[0] if found else None
 
 
 @pytest.fixture

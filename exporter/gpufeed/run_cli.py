@@ -1,8 +1,10 @@
 """`gpufeed run -- COMMAND ...`: runs a program with zero-code PyTorch instrumentation.
 
 The command runs with gpufeed/inject/ first on PYTHONPATH (its sitecustomize patches torch
-when the program imports it) and GPUFEED_SOCKET set, and every process it starts inherits
-both: torchrun's ranks, mpirun's, a shell script's pythons. See docs/jobs.md for coverage.
+when the program imports it), GPUFEED_SOCKET, GPUFEED_JOB_NAME and GPUFEED_JOB_ID set, and
+every process it starts inherits them: torchrun's ranks, mpirun's, a shell script's pythons.
+GPUFEED_JOB_ID is new for every run, so two runs of the same program are two jobs, each
+with the program's name as its name. See docs/jobs.md for coverage.
 
 Runnable on its own as `python -m gpufeed.run_cli [--socket P] [--name N] -- COMMAND ...`.
 """
@@ -10,8 +12,10 @@ Runnable on its own as `python -m gpufeed.run_cli [--socket P] [--name N] -- COM
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -19,13 +23,17 @@ from pathlib import Path
 from types import FrameType
 
 from gpufeed.config import DEFAULT_SDK_SOCKET
+from gpufeed.jobs.identity import read_proc_stat, run_job_id
 
 INJECT_DIR = Path(__file__).resolve().parent / "inject"
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def instrumented_env(
-    base: Mapping[str, str], socket_path: str | None = None, name: str | None = None
+    base: Mapping[str, str],
+    socket_path: str | None = None,
+    name: str | None = None,
+    job_id: str | None = None,
 ) -> dict[str, str]:
     """The environment a command runs in under `gpufeed run`."""
     env = dict(base)
@@ -35,7 +43,26 @@ def instrumented_env(
     env["GPUFEED_SOCKET"] = socket_path or env.get("GPUFEED_SOCKET") or DEFAULT_SDK_SOCKET
     if name:
         env["GPUFEED_JOB_NAME"] = name
+    if job_id:
+        env["GPUFEED_JOB_ID"] = job_id  # replaces an outer run's: a nested run is a run
     return env
+
+
+def agent_unreachable(socket_path: str) -> str | None:
+    """Why no agent can be reached on the SDK socket (a short reason), or None if one listens.
+
+    Connecting a datagram socket sends nothing; it fails unless a socket is bound there."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.connect(socket_path)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            reason += "; the user needs to be in the agent's group"
+        return reason
+    finally:
+        sock.close()
+    return None
 
 
 def run_command(
@@ -45,7 +72,22 @@ def run_command(
     shell would (128 + N for a command killed by signal N)."""
     if not command:
         raise ValueError("gpufeed run needs a command after --")
-    env = instrumented_env(os.environ, socket_path, name or Path(command[0]).name)
+    me = os.getpid()
+    env = instrumented_env(
+        os.environ,
+        socket_path,
+        name or Path(command[0]).name,
+        run_job_id(read_proc_stat(Path("/proc"), me), me),
+    )
+    # Said once, here, rather than by every rank; the program runs all the same and its
+    # SDK connects by itself if an agent starts later.
+    unreachable = agent_unreachable(env["GPUFEED_SOCKET"])
+    if unreachable is not None:
+        print(
+            f"gpufeed run: no gpufeed agent listens on {env['GPUFEED_SOCKET']} "
+            f"({unreachable}); the job runs without reporting until one does",
+            file=sys.stderr,
+        )
     try:
         proc = subprocess.Popen(list(command), env=env)
     except OSError as exc:
@@ -85,8 +127,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--name",
-        help="the job's name, also its id where no scheduler runs it "
-        "(sets GPUFEED_JOB_NAME; default: the command's name)",
+        help="the job's name (the `name` label; sets GPUFEED_JOB_NAME; default: the "
+        "command's name); the job id is the scheduler's, else one new for this run",
     )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
     p.set_defaults(func=_func)

@@ -56,6 +56,8 @@ MAX_DATAGRAM_BYTES = 8192
 # Same value as gpufeed.config.DEFAULT_SDK_SOCKET (not imported: this file stands alone).
 DEFAULT_SOCKET = "/run/gpufeed/sdk.sock"
 SOCKET_ENV = "GPUFEED_SOCKET"
+# The job id where no scheduler names one; `gpufeed run` sets a new one for every run.
+JOB_ID_ENV = "GPUFEED_JOB_ID"
 _RECONNECT_SECONDS = 1.0
 # The agent refuses a duration over 30 days (gpufeed.jobs.wire.MAX_EVENT_SECONDS), and with
 # it the whole datagram: a process that ran that long before its first loop (a notebook
@@ -322,7 +324,8 @@ class Job:
 
 
 def resolve_job_id(name: str) -> str:
-    """The scheduler's job id when there is one (Slurm, the Kubernetes pod), else `name`.
+    """The scheduler's job id when there is one (Slurm, the Kubernetes pod), else
+    $GPUFEED_JOB_ID (set by `gpufeed run`, one per run), else `name`.
 
     The agent prefers the id it reads from the sending process's cgroup, so this matters
     mostly where the agent cannot see the process (another pid namespace).
@@ -337,7 +340,7 @@ def resolve_job_id(name: str) -> str:
         with open("/proc/self/cgroup", encoding="utf-8", errors="replace") as f:
             text = f.read()
     except OSError:
-        return name
+        return os.environ.get(JOB_ID_ENV, "").strip() or name
     import re  # only here: most processes never need it
 
     m = re.search(
@@ -348,7 +351,7 @@ def resolve_job_id(name: str) -> str:
     )
     if m:
         return m.group(1).replace("_", "-").lower()
-    return name
+    return os.environ.get(JOB_ID_ENV, "").strip() or name
 
 
 def process_age_seconds() -> float | None:

@@ -149,7 +149,9 @@ class JobTable:
         phase_name = "gpufeed_job_phase_seconds_total"
         f.declare(phase_name, "counter", "Time the job reported in each phase (job SDK)")
         for job in self._jobs.values():
-            labels = {"job_id": job.job_id}
+            # `name` is what people call the job; `job_id` (a scheduler's id, or one per
+            # `gpufeed run`) is what tells two runs of one program apart.
+            labels = {"job_id": job.job_id, "name": job.name}
             for phase, seconds in sorted(job.phase_seconds.items()):
                 f.counter(
                     phase_name,

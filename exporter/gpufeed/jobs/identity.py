@@ -153,6 +153,22 @@ def process_job_id(pgid: int, leader_start_ticks: int | None) -> str:
     return f"pg{pgid}-{leader_start_ticks}"
 
 
+def run_job_id(stat: ProcStat | None, pid: int) -> str:
+    """The job id of one `gpufeed run`, unique per run, from the run's own process.
+
+    Where `gpufeed run` leads its process group (a shell started it as a command line), the
+    id is that group's `process_job_id`, so the GPU processes of the run that never talk to
+    the SDK get the same id in gpufeed_job_info. Where it does not (several runs started in
+    the background of one script share the script's group), the id is the run's own pid and
+    start time: `run<pid>-<start>`, unique across a boot all the same.
+    """
+    if stat is None:
+        return f"run{pid}"
+    if stat.pgid == stat.pid:
+        return process_job_id(stat.pgid, stat.start_ticks)
+    return f"run{stat.pid}-{stat.start_ticks}"
+
+
 def read_text(path: Path) -> str | None:
     try:
         return path.read_text(encoding="utf-8", errors="replace")

@@ -220,10 +220,11 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
                     "name": job.name}  # fmt: skip
             add("gpufeed_job_info", "gauge", info, CONST, 0, 1.0, JOB_PRESENT, j)
         if job.sdk:
+            sl = {**jl, "name": job.name[:64]}  # as the agent's SDK series (jobs/aggregate.py)
             for i, phase in enumerate(L.SDK_PHASES):
-                add("gpufeed_job_phase_seconds_total", "counter", {**jl, "phase": phase}, COUNTER,
+                add("gpufeed_job_phase_seconds_total", "counter", {**sl, "phase": phase}, COUNTER,
                     lay.jc(j, lay.j_phase + i), gate=JOB_PRESENT, gi=j)  # fmt: skip
-            add("gpufeed_job_steps_total", "counter", jl, COUNTER, lay.jc(j, lay.j_steps),
+            add("gpufeed_job_steps_total", "counter", sl, COUNTER, lay.jc(j, lay.j_steps),
                 gate=JOB_PRESENT, gi=j, integer=True)  # fmt: skip
             for fam, base, buckets in (
                 ("gpufeed_job_checkpoint_seconds", lay.j_ckpt_hist, L.CHECKPOINT_BUCKETS_SECONDS),
@@ -231,14 +232,14 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
             ):
                 for i, le in enumerate((*buckets, math.inf)):
                     le_s = "+Inf" if math.isinf(le) else repr(le)
-                    add(fam, "histogram", {**jl, "le": le_s}, COUNTER, lay.jc(j, base + i),
+                    add(fam, "histogram", {**sl, "le": le_s}, COUNTER, lay.jc(j, base + i),
                         gate=JOB_PRESENT, gi=j, sample=fam + "_bucket")  # fmt: skip
                 nb = len(buckets) + 1
-                add(fam, "histogram", jl, COUNTER, lay.jc(j, base + nb), gate=JOB_PRESENT, gi=j,
+                add(fam, "histogram", sl, COUNTER, lay.jc(j, base + nb), gate=JOB_PRESENT, gi=j,
                     sample=fam + "_sum")  # fmt: skip
-                add(fam, "histogram", jl, COUNTER, lay.jc(j, base + nb + 1), gate=JOB_PRESENT,
+                add(fam, "histogram", sl, COUNTER, lay.jc(j, base + nb + 1), gate=JOB_PRESENT,
                     gi=j, sample=fam + "_count")  # fmt: skip
-            add("gpufeed_job_checkpoint_written_bytes_total", "counter", jl, COUNTER,
+            add("gpufeed_job_checkpoint_written_bytes_total", "counter", sl, COUNTER,
                 lay.jc(j, lay.j_ckpt_bytes), gate=JOB_PRESENT, gi=j)  # fmt: skip
         # per-tier I/O comes from cgroup accounting, not the SDK: present without it too,
         # for the tiers the job touches (cgroup io.stat lists only devices it used)
