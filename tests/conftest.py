@@ -6,9 +6,12 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from procports import wait_listening
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -47,19 +50,48 @@ def wait_for_metrics(url: str, proc: subprocess.Popen[bytes], timeout: float = 2
     raise AssertionError(f"{url} did not answer in {timeout}s")
 
 
+@dataclass(frozen=True, slots=True)
+class RunningAgent:
+    """An agent this test started, and the ephemeral port it bound itself."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def isolated_agent_args(args: tuple[str, ...], tmp: Path) -> list[str]:
+    """`args` plus what keeps an agent off every shared resource of the host, unless the
+    test chose otherwise: port 0, an SDK socket and a windows log of its own."""
+    out = list(args)
+    if "--web.listen-address" not in out:
+        out += ["--web.listen-address", "127.0.0.1:0"]
+    if "--sdk.socket" not in out:
+        out += ["--sdk.socket", str(tmp / "sdk.sock")]
+    if "--config" not in out:
+        cfg = tmp / "agent.yaml"
+        cfg.write_text(f"correlator:\n  windows_log: {tmp / 'windows.jsonl'}\n")
+        out += ["--config", str(cfg)]
+    return out
+
+
 @pytest.fixture
-def run_agent() -> Iterator[object]:
+def run_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """start(*args) -> RunningAgent, listening (port 0 unless args name one)."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(*args: str) -> subprocess.Popen[bytes]:
+    def start(*args: str) -> RunningAgent:
+        tmp = tmp_path_factory.mktemp("agent")
         p = subprocess.Popen(
-            gpufeed_cmd("agent", *args),
+            gpufeed_cmd("agent", *isolated_agent_args(args, tmp)),
             env=agent_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
         procs.append(p)
-        return p
+        return RunningAgent(p, wait_listening(p))
 
     yield start
     for p in procs:

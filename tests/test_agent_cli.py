@@ -31,7 +31,7 @@ def test_help_explains_flags_and_collector_switches() -> None:
 def test_malformed_config_is_one_clear_line_and_exit_2(tmp_path: Path) -> None:
     cfg = tmp_path / "agent.yaml"
     cfg.write_text("interval_seconds: 1\ntiers:\n  hot: nvme\n")
-    res = run("agent", "--config", str(cfg), "--web.listen-address", "127.0.0.1:19020")
+    res = run("agent", "--config", str(cfg), "--web.listen-address", "127.0.0.1:0")
     assert res.returncode == 2
     assert f"{cfg}: line 3: tiers.hot: expected an absolute path" in res.stderr
     assert "Traceback" not in res.stderr
@@ -44,22 +44,29 @@ def test_bad_listen_address_is_rejected() -> None:
 
 
 def test_port_in_use_is_a_clear_error_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(f"correlator:\n  windows_log: {tmp_path / 'windows.jsonl'}\n")
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 19021))
+        s.bind(("127.0.0.1", 0))
         s.listen()
+        port = s.getsockname()[1]
         res = run(
             "agent",
+            "--config",
+            str(cfg),
             "--web.listen-address",
-            "127.0.0.1:19021",
+            f"127.0.0.1:{port}",
             "--sdk.socket",
-            str(tmp_path / "sdk.sock"),
+            str(state / "sdk.sock"),
             "--record",
-            str(tmp_path / "trace.om"),
+            str(state / "trace.om"),
         )
     assert res.returncode == 1
-    assert "cannot listen on 127.0.0.1:19021" in res.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in res.stderr
     # The SDK socket and the recorder's spool were opened before the bind failed.
-    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert sorted(p.name for p in state.iterdir()) == []
 
 
 def test_unwritable_record_path_is_one_clear_line(tmp_path: Path) -> None:
@@ -68,7 +75,7 @@ def test_unwritable_record_path_is_one_clear_line(tmp_path: Path) -> None:
     res = run(
         "agent",
         "--web.listen-address",
-        "127.0.0.1:19500",
+        "127.0.0.1:0",
         "--sdk.socket",
         str(tmp_path / "sdk.sock"),
         "--record",
@@ -98,13 +105,16 @@ def test_every_agent_flag_has_help_text() -> None:
 
 
 def test_agent_serves_metrics_and_healthz_and_stops_on_sigterm(run_agent: Any) -> None:
-    proc = run_agent("--web.listen-address", "127.0.0.1:19022")
-    body = wait_for_metrics("http://127.0.0.1:19022/metrics", proc).decode()
+    agent = run_agent()
+    body = wait_for_metrics(f"{agent.url}/metrics", agent.proc).decode()
     assert "gpufeed_build_info{" in body
-    status, health = http_get("http://127.0.0.1:19022/healthz")
+    status, health = http_get(f"{agent.url}/healthz")
     assert status == 200 and health.startswith(b"ok")
-    proc.terminate()
-    assert proc.wait(15) == 0
+    agent.proc.terminate()
+    _, err = agent.proc.communicate(timeout=15)
+    assert agent.proc.returncode == 0
+    # Port 0 asks for any free port; the log names the one the agent got.
+    assert f"listening on http://127.0.0.1:{agent.port}/metrics".encode() in err
 
 
 def test_explicit_nvml_without_a_driver_fails_clearly() -> None:
@@ -114,7 +124,7 @@ def test_explicit_nvml_without_a_driver_fails_clearly() -> None:
         import pytest
 
         pytest.skip("this host has an NVIDIA driver")
-    res = run("agent", "--gpu.backend", "nvml", "--web.listen-address", "127.0.0.1:19024")
+    res = run("agent", "--gpu.backend", "nvml", "--web.listen-address", "127.0.0.1:0")
     assert res.returncode == 2
     assert "--gpu.backend=nvml:" in res.stderr and "not found" in res.stderr
 
@@ -125,8 +135,9 @@ def test_simulated_node_is_labelled_on_every_page(run_agent: Any, tmp_path: Path
 
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(f"correlator:\n  windows_log: {tmp_path / 'w.jsonl'}\n")
-    proc = run_agent("--simulate", "--config", str(cfg), "--web.listen-address", "127.0.0.1:19027")
-    body = wait_for_metrics("http://127.0.0.1:19027/metrics", proc).decode()
+    agent = run_agent("--simulate", "--config", str(cfg))
+    proc = agent.proc
+    body = wait_for_metrics(f"{agent.url}/metrics", proc).decode()
     assert body.startswith("# SIMULATED NODE")
     assert body.count('backend="simulated"') == 8
     assert 'backend="nvml"' not in body
@@ -134,7 +145,7 @@ def test_simulated_node_is_labelled_on_every_page(run_agent: Any, tmp_path: Path
     collectors = set(re.findall(r'gpufeed_collector_success\{collector="([a-z_]+)"\}', body))
     assert collectors == {"gpu", "simulated"}
     for path in ("/metrics", "/healthz", "/", "/api/windows"):
-        with urllib.request.urlopen(f"http://127.0.0.1:19027{path}", timeout=5) as resp:
+        with urllib.request.urlopen(f"{agent.url}{path}", timeout=5) as resp:
             assert resp.headers["X-Gpufeed-Simulated"] == "true", path
             page = resp.read().decode()
         if path == "/":
@@ -150,11 +161,11 @@ def test_non_positive_otlp_interval_is_rejected(tmp_path: Path) -> None:
     res = run(
         "agent",
         "--web.listen-address",
-        "127.0.0.1:19503",
+        "127.0.0.1:0",
         "--sdk.socket",
         str(tmp_path / "sdk.sock"),
         "--otlp.endpoint",
-        "http://127.0.0.1:19504/v1/metrics",
+        "http://127.0.0.1:1/v1/metrics",  # never reached: the interval is refused first
         "--otlp.interval",
         "0",
     )

@@ -25,8 +25,8 @@ from gpufeed.correlator.causes import Cause
 from gpufeed.correlator.live import CAUSE, SECONDS, WINDOWS, CorrelatorProcessor
 from gpufeed.correlator.window import Window
 from gpufeed.correlator.windowlog import WindowLog, read_log
+from procports import refused_port
 
-PORT = 19351
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -240,14 +240,15 @@ def test_api_and_windows_command(tmp_path: Path, capsys: pytest.CaptureFixture[s
     app.add_routes(windows_routes(proc))
     runner = web.AppRunner(app)
     loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", PORT).start())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     th = threading.Thread(target=loop.run_forever, daemon=True)
     th.start()
     try:
         import urllib.error
         import urllib.request
 
-        body = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{PORT}/api/windows").read())
+        body = json.loads(urllib.request.urlopen(f"{url}/api/windows").read())
         assert body["windows"] == []
         assert {d["cause"] for d in body["open"]} == {"network"}
         assert set(body["open"][0]) >= {
@@ -266,15 +267,13 @@ def test_api_and_windows_command(tmp_path: Path, capsys: pytest.CaptureFixture[s
             snaps.index(next(s for s in snaps if s.timestamp_seconds == open_at)) + 1 :
         ]:  # type: ignore[attr-defined]
             proc.process(snap)  # type: ignore[arg-type]
-        body = json.loads(
-            urllib.request.urlopen(f"http://127.0.0.1:{PORT}/api/windows?limit=3").read()
-        )
+        body = json.loads(urllib.request.urlopen(f"{url}/api/windows?limit=3").read())
         assert len(body["windows"]) == 3 and body["open"] == []
         with pytest.raises(urllib.error.HTTPError):
-            urllib.request.urlopen(f"http://127.0.0.1:{PORT}/api/windows?limit=x")
+            urllib.request.urlopen(f"{url}/api/windows?limit=x")
         p = argparse.ArgumentParser()
         windows_cmd.register(p.add_subparsers())
-        args = p.parse_args(["windows", "--agent", f"http://127.0.0.1:{PORT}", "--limit", "100"])
+        args = p.parse_args(["windows", "--agent", url, "--limit", "100"])
         assert args.func(args) == 0
         out = capsys.readouterr().out.splitlines()
         assert out[0].startswith("INSTANCE") and len(out) == 9
@@ -285,8 +284,9 @@ def test_api_and_windows_command(tmp_path: Path, capsys: pytest.CaptureFixture[s
         th.join(5)
     p = argparse.ArgumentParser()
     windows_cmd.register(p.add_subparsers())
-    args = p.parse_args(["windows", "--agent", f"http://127.0.0.1:{PORT}"])
-    assert args.func(args) == 1
+    with refused_port() as port:  # an agent that is gone
+        args = p.parse_args(["windows", "--agent", f"http://127.0.0.1:{port}"])
+        assert args.func(args) == 1
     assert "cannot read windows" in capsys.readouterr().err
 
 

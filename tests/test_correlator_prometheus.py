@@ -7,16 +7,14 @@ import argparse
 import json
 import shutil
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from correlator_helpers import scenarios
 from gpufeed.correlator import analyze_cmd
+from procports import owned_server, refused_port
 
-PORT = 19352
 pytestmark = pytest.mark.slow
 
 
@@ -47,31 +45,15 @@ def prometheus(tmp_path: Path):  # type: ignore[no-untyped-def]
     )
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text("global:\n  scrape_interval: 1h\n")
-    proc = subprocess.Popen(
-        [
-            "prometheus",
-            f"--config.file={cfg}",
-            f"--storage.tsdb.path={data}",
-            "--storage.tsdb.retention.time=100y",  # the trace lies in the past
-            f"--web.listen-address=127.0.0.1:{PORT}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{PORT}"
-    try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(url + "/-/ready", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.2)
-        else:
-            pytest.fail("prometheus did not become ready")
+    args = [
+        "prometheus",
+        f"--config.file={cfg}",
+        f"--storage.tsdb.path={data}",
+        "--storage.tsdb.retention.time=100y",  # the trace lies in the past
+        "--web.listen-address=127.0.0.1:0",
+    ]
+    with owned_server(args, "/-/ready") as (_, url):
         yield url, trace
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_range_query_gives_the_same_windows_as_the_file(prometheus, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -128,7 +110,9 @@ def test_range_query_gives_the_same_windows_as_the_file(prometheus, tmp_path: Pa
 
 
 def test_unreachable_server_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert _run("--prometheus", "http://127.0.0.1:19353", "--start", "0", "--end", "100") == 1
+    with refused_port() as port:
+        url = f"http://127.0.0.1:{port}"
+        assert _run("--prometheus", url, "--start", "0", "--end", "100") == 1
     assert "gpufeed analyze:" in capsys.readouterr().err
 
 
@@ -155,11 +139,11 @@ def test_a_partial_answer_is_an_error_not_a_result(
         def log_message(self, *args: object) -> None:
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 19550), Partial)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Partial)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     out = tmp_path / "w.jsonl"
     try:
-        url = "http://127.0.0.1:19550"
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
         assert _run("--prometheus", url, "--start", "0", "--end", "100", "-o", str(out)) == 1
     finally:
         srv.shutdown()

@@ -24,6 +24,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
+from procports import wait_listening
 from stack_support import (
     REPO_ROOT,
     alertmanager_config_for_test,
@@ -40,13 +42,8 @@ from stack_support import (
     repo_module,
 )
 
-# Ports from this test's assigned range (19400-19449).
-AGENT_PORT = 19400
-PROMETHEUS_PORT = 19401
-ALERTMANAGER_PORT = 19402
-WEBHOOK_PORT = 19403
-ALERTMANAGER_CLUSTER_PORT = 19404
-
+# Every server binds port 0; the port is read back from our own child's sockets, so two
+# runs on one host never collide and never talk to each other's servers.
 # The built-in scenario stalls GPUs 0-3 on data loading from 180 s to 280 s scenario time;
 # at pace 10 that is 18-28 s after the agent starts.
 PACE = "2"
@@ -76,7 +73,7 @@ pytestmark = [
 class Webhook:
     """Alertmanager's webhook receiver: records (path, payload) of every POST."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self) -> None:
         self.received: list[tuple[str, dict[str, Any]]] = []
         lock = threading.Lock()
         received = self.received
@@ -92,7 +89,8 @@ class Webhook:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -139,10 +137,8 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: flo
     raise AssertionError(f"{url} not ready in {timeout}s:\n{log.read_text()[-3000:]}")
 
 
-def _query(expr: str) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{PROMETHEUS_PORT}/api/v1/query?" + urllib.parse.urlencode(
-        {"query": expr}
-    )
+def _query(prometheus: str, expr: str) -> dict[str, Any]:
+    url = f"{prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     status, body = _get(url)
     result: dict[str, Any] = json.loads(body)
     assert status == 200 and result["status"] == "success", f"{expr}: {body[:500]!r}"
@@ -177,79 +173,88 @@ def agent_command(tmp_path: Path) -> list[str]:
         "--simulate.pace",
         PACE,
         "--web.listen-address",
-        f"127.0.0.1:{AGENT_PORT}",
+        "127.0.0.1:0",
+        "--sdk.socket",
+        str(tmp_path / "sdk.sock"),
         "--config",
         str(agent_cfg),
     ]
 
 
-@contextmanager
-def running_stack(tmp_path: Path, agent_args: list[str]) -> Iterator[Webhook]:
-    """Alertmanager, Prometheus and the agent (`agent_args`), with the webhook receiver;
-    everything is stopped on exit."""
-    procs: list[subprocess.Popen[bytes]] = []
-    webhook = Webhook(WEBHOOK_PORT)
+@dataclass(frozen=True, slots=True)
+class Stack:
+    webhook: Webhook
+    prometheus: str  # base URL
+    agent_port: int
 
-    def start(name: str, args: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
+
+@contextmanager
+def running_stack(tmp_path: Path, agent_args: list[str]) -> Iterator[Stack]:
+    """The agent (`agent_args`, listening on port 0), Alertmanager and Prometheus, with the
+    webhook receiver; everything is stopped on exit."""
+    procs: list[subprocess.Popen[bytes]] = []
+    webhook = Webhook()
+
+    def start(name: str, args: list[str]) -> tuple[subprocess.Popen[bytes], Path, int]:
         env = dict(os.environ)
         env["PYTHONPATH"] = str(REPO_ROOT / "exporter") + os.pathsep + env.get("PYTHONPATH", "")
         log = tmp_path / f"{name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
         procs.append(proc)
-        return proc, log
+        return proc, log, wait_listening(proc)
 
     try:
+        agent, agent_log, agent_port = start("agent", agent_args)
+        _wait_ready(f"http://127.0.0.1:{agent_port}/metrics", agent, agent_log)
         # Rules: a copy from the same builder, with every `for:` shortened.
         rules = tmp_path / "gpufeed.rules.yml"
         repo_module("alerts.build").main(["--for", FOR_OVERRIDE, "--out", str(rules)])
 
-        prom_cfg = tmp_path / "prometheus.yml"
-        prom_cfg.write_text(
-            yaml.safe_dump(
-                prometheus_config_for_test(
-                    REPO_ROOT / "compose" / "prometheus" / "prometheus.yml",
-                    agent=f"127.0.0.1:{AGENT_PORT}",
-                    alertmanager=f"127.0.0.1:{ALERTMANAGER_PORT}",
-                    rule_files=[str(rules)],
-                    interval="1s",
-                )
-            )
-        )
         am_cfg = tmp_path / "alertmanager.yml"
         am_cfg.write_text(
             yaml.safe_dump(
                 alertmanager_config_for_test(
                     REPO_ROOT / "compose" / "alertmanager" / "alertmanager.yml",
-                    webhook_base=f"http://127.0.0.1:{WEBHOOK_PORT}",
+                    webhook_base=webhook.url,
                     group_wait="1s",
                 )
             )
         )
-        am, am_log = start(
+        am, am_log, am_port = start(
             "alertmanager",
             [
                 _binary("prometheus-alertmanager", "alertmanager"),
                 f"--config.file={am_cfg}",
                 f"--storage.path={tmp_path / 'am-data'}",
-                f"--web.listen-address=127.0.0.1:{ALERTMANAGER_PORT}",
-                f"--cluster.listen-address=127.0.0.1:{ALERTMANAGER_CLUSTER_PORT}",
+                "--web.listen-address=127.0.0.1:0",
+                "--cluster.listen-address=",  # no gossip port: a single Alertmanager
             ],
         )
-        prom, prom_log = start(
+        prom_cfg = tmp_path / "prometheus.yml"
+        prom_cfg.write_text(
+            yaml.safe_dump(
+                prometheus_config_for_test(
+                    REPO_ROOT / "compose" / "prometheus" / "prometheus.yml",
+                    agent=f"127.0.0.1:{agent_port}",
+                    alertmanager=f"127.0.0.1:{am_port}",
+                    rule_files=[str(rules)],
+                    interval="1s",
+                )
+            )
+        )
+        prom, prom_log, prom_port = start(
             "prometheus",
             [
                 _binary("prometheus"),
                 f"--config.file={prom_cfg}",
                 f"--storage.tsdb.path={tmp_path / 'prom-data'}",
-                f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}",
+                "--web.listen-address=127.0.0.1:0",
             ],
         )
-        agent, agent_log = start("agent", agent_args)
-        _wait_ready(f"http://127.0.0.1:{ALERTMANAGER_PORT}/-/ready", am, am_log)
-        _wait_ready(f"http://127.0.0.1:{PROMETHEUS_PORT}/-/ready", prom, prom_log)
-        _wait_ready(f"http://127.0.0.1:{AGENT_PORT}/metrics", agent, agent_log)
-        yield webhook
+        _wait_ready(f"http://127.0.0.1:{am_port}/-/ready", am, am_log)
+        _wait_ready(f"http://127.0.0.1:{prom_port}/-/ready", prom, prom_log)
+        yield Stack(webhook, f"http://127.0.0.1:{prom_port}", agent_port)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -264,9 +269,9 @@ def running_stack(tmp_path: Path, agent_args: list[str]) -> Iterator[Webhook]:
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Webhook]:
-    with running_stack(tmp_path, agent_command(tmp_path)) as webhook:
-        yield webhook
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    with running_stack(tmp_path, agent_command(tmp_path)) as running:
+        yield running
 
 
 def wait_for_alert(
@@ -289,13 +294,14 @@ def wait_for_alert(
 
 
 def test_data_loading_stall_pages_storage_owners_and_dashboards_have_data(
-    stack: Webhook,
+    stack: Stack,
 ) -> None:
     # 1. The stall raises GpuUtilizationLow with cause="data_loading", routed to the
     #    storage owners' receiver.
-    hits = wait_for_alert(stack, "GpuUtilizationLow", "data_loading")
+    webhook = stack.webhook
+    hits = wait_for_alert(webhook, "GpuUtilizationLow", "data_loading")
     seen = sorted(
-        {(p, a["labels"].get("alertname"), a["labels"].get("cause")) for p, a in stack.alerts()}
+        {(p, a["labels"].get("alertname"), a["labels"].get("cause")) for p, a in webhook.alerts()}
     )
     assert hits, (
         f"no GpuUtilizationLow with cause=data_loading within {DEADLINE_SECONDS}s; got {seen}"
@@ -304,8 +310,10 @@ def test_data_loading_stall_pages_storage_owners_and_dashboards_have_data(
     assert path == "/storage-owners", f"routed to {path}"
     labels = alert["labels"]
     assert labels["severity"] == "warning"
-    assert labels["instance"] == f"127.0.0.1:{AGENT_PORT}"
-    held = _query(f'gpufeed_job_info{{gpu="{labels["gpu"]}", job_id="{labels["job_id"]}"}}')
+    assert labels["instance"] == f"127.0.0.1:{stack.agent_port}"
+    held = _query(
+        stack.prometheus, f'gpufeed_job_info{{gpu="{labels["gpu"]}", job_id="{labels["job_id"]}"}}'
+    )
     assert held["result"], f"alert names a job that does not hold GPU {labels['gpu']}: {labels}"
     assert "Storage tiers dashboard" in alert["annotations"]["description"]
     assert alert["annotations"]["runbook_url"].endswith("docs/runbooks.md#gpuutilizationlow")
@@ -321,7 +329,7 @@ def test_data_loading_stall_pages_storage_owners_and_dashboards_have_data(
     empty = dict(queries)
     deadline = time.monotonic() + 30
     while empty and time.monotonic() < deadline:
-        empty = {w: e for w, e in empty.items() if not _query(e)["result"]}
+        empty = {w: e for w, e in empty.items() if not _query(stack.prometheus, e)["result"]}
         if empty:
             time.sleep(1)
     assert not empty, f"dashboard queries without data: {json.dumps(empty, indent=1)}"

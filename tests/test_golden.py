@@ -26,7 +26,6 @@ import pytest
 
 from conftest import FIXTURES, wait_for_metrics
 
-PORT = 19030
 GOLDEN = FIXTURES / "golden" / "agent.prom"
 CONFIG = """\
 interval_seconds: 0.5
@@ -84,12 +83,11 @@ def test_agent_on_fixtures_and_simulated_gpus_matches_golden(
 ) -> None:
     node = lay_node(tmp_path / "node")
     cfg = tmp_path / "gpufeed.yaml"
-    cfg.write_text(CONFIG)
-    proc = run_agent(
+    # The windows log in this test's own directory: never the host's shared state path.
+    cfg.write_text(CONFIG + f"correlator:\n  windows_log: {tmp_path / 'windows.jsonl'}\n")
+    agent = run_agent(
         "--config",
         str(cfg),
-        "--web.listen-address",
-        f"127.0.0.1:{PORT}",
         "--path.procfs",
         str(node["proc"]),
         "--path.sysfs",
@@ -101,7 +99,7 @@ def test_agent_on_fixtures_and_simulated_gpus_matches_golden(
         "--sdk.socket",
         str(tmp_path / "sdk.sock"),
     )
-    body = wait_for_metrics(f"http://127.0.0.1:{PORT}/metrics", proc).decode()
+    body = wait_for_metrics(f"{agent.url}/metrics", agent.proc).decode()
 
     assert body.startswith("# SIMULATED NODE"), "simulated GPUs must be labelled on the page"
     for collector in ("host", "network", "storage", "gpu", "jobs", "sdk", "job_io"):

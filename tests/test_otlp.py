@@ -11,8 +11,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from gpufeed.model import Families
 from gpufeed.otlp import OtlpSink
 from gpufeed.snapshot import Snapshot
-
-PORT = 19010
+from procports import refused_port
 
 
 def test_snapshot_arrives_as_otlp_with_contract_names_and_host_resource() -> None:
@@ -31,7 +30,7 @@ def test_snapshot_arrives_as_otlp_with_contract_names_and_host_resource() -> Non
         def log_message(self, *args: object) -> None:
             pass
 
-    server = HTTPServer(("127.0.0.1", PORT), Handler)
+    server = HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     f = Families()
     f.gauge("gpufeed_gpu_utilization_ratio", "util", {"gpu": "0", "uuid": "GPU-a"}, 0.42)
@@ -40,7 +39,10 @@ def test_snapshot_arrives_as_otlp_with_contract_names_and_host_resource() -> Non
         "gpufeed_job_epoch_seconds", "epochs", {"job_id": "j"}, [(10.0, 1), (60.0, 3)], 95.0, 4
     )
     sink = OtlpSink(
-        f"http://127.0.0.1:{PORT}/v1/metrics", push_interval_seconds=0, host_name="node-7"
+        f"http://127.0.0.1:{server.server_address[1]}/v1/metrics",
+        push_interval_seconds=0,
+        host_name="node-7",
+        instance="node-7:9842",
     )
     try:
         sink.write(Snapshot(1_700_000_000.0, tuple(f.build())))
@@ -54,6 +56,9 @@ def test_snapshot_arrives_as_otlp_with_contract_names_and_host_resource() -> Non
     rm = received[0].resource_metrics[0]
     attrs = {a.key: a.value.string_value for a in rm.resource.attributes}
     assert attrs["host.name"] == "node-7"
+    # A Prometheus OTLP receiver makes service.instance.id the `instance` label: the same
+    # name the agent's traces and windows carry.
+    assert attrs["service.instance.id"] == "node-7:9842"
     metrics = {m.name: m for m in rm.scope_metrics[0].metrics}
     assert set(metrics) == {
         "gpufeed_gpu_utilization_ratio",
@@ -73,8 +78,13 @@ def test_snapshot_arrives_as_otlp_with_contract_names_and_host_resource() -> Non
 
 
 def test_unreachable_endpoint_blocks_neither_the_sampler_nor_shutdown() -> None:
+    with refused_port() as port:
+        unreachable_endpoint_blocks_nothing(f"http://127.0.0.1:{port}/v1/metrics")
+
+
+def unreachable_endpoint_blocks_nothing(endpoint: str) -> None:
     # The default 10 s export timeout: the exporter retries with back-off within it.
-    sink = OtlpSink("http://127.0.0.1:19011/v1/metrics", push_interval_seconds=0)
+    sink = OtlpSink(endpoint, push_interval_seconds=0)
     f = Families()
     f.gauge("gpufeed_host_cpus", "cpus", {}, 2)
     t0 = time.monotonic()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -9,14 +10,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from conftest import ROOT, agent_env, gpufeed_cmd, http_get, wait_for_metrics
+from gpufeed.cli import main as gpufeed_main
+from gpufeed.model import Family, Sample
 from gpufeed.record import TraceRecorder, finalize_recording
 from gpufeed.sampler import Sampler
 from gpufeed.simulate.node import SimulatedNode, SimulatedNodeCollector
 from gpufeed.simulate.scenario import default_scenario
 from gpufeed.snapshot import Snapshot
+from gpufeed.tracefile import DROPPED_SAMPLES, om_value
 from sim_helpers import check_trace
 
 T0 = 1_700_000_000.0
@@ -186,3 +192,159 @@ def test_disk_full_stops_recording_cleanly_and_loses_only_a_torn_line(tmp_path: 
     finally:
         if not unmounted:
             subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_integer_values_are_written_as_integers() -> None:
+    # Collectors hand over ints (steps, bytes): int.is_integer does not exist before 3.12.
+    assert [om_value(v) for v in (0, 7, -3, 2**60, True)] == ["0", "7", "-3", str(2**60), "1"]
+    assert [om_value(v) for v in (2.0, 0.5, float("nan"), float("-inf"))] == [
+        "2",
+        "0.5",
+        "NaN",
+        "-Inf",
+    ]
+
+
+def int_snapshot(t: float, bad: object = None) -> Snapshot:
+    """Three families with int values; with `bad`, the middle one also holds a sample
+    whose value cannot be written."""
+    steps, epochs = "gpufeed_job_steps_total", "gpufeed_job_epochs_total"
+    ckpt = "gpufeed_job_checkpoint_written_bytes_total"
+    middle = [job_sample(epochs, "j1", 5)]
+    if bad is not None:
+        middle.append(Sample(epochs, (("job_id", "j2"),), bad))  # type: ignore[arg-type]
+    return Snapshot(
+        t,
+        (
+            Family(
+                steps, "counter", "s", (job_sample(steps, "j1", 40), job_sample(steps, "j2", 2))
+            ),
+            Family(epochs, "counter", "e", tuple(middle)),
+            Family(ckpt, "counter", "c", (job_sample(ckpt, "j1", 4096),)),
+        ),
+    )
+
+
+def job_sample(name: str, job: str, v: int) -> Sample:
+    return Sample(name, (("job_id", job),), v)
+
+
+def test_integer_samples_through_the_recorder(tmp_path: Path) -> None:
+    path = tmp_path / "t.om"
+    rec = TraceRecorder(path, instance="node-a:9842")
+    for i in range(3):
+        rec.write(int_snapshot(T0 + i))
+    rec.close()
+    summary = check_trace(path)
+    assert summary.families == [
+        "gpufeed_job_steps",
+        "gpufeed_job_epochs",
+        "gpufeed_job_checkpoint_written_bytes",
+    ]
+    assert summary.samples == 3 * 4
+    text = path.read_text()
+    assert f'gpufeed_job_steps_total{{job_id="j1",instance="node-a:9842"}} 40 {int(T0)}\n' in text
+    assert DROPPED_SAMPLES not in text  # absent, not zero, in a complete trace
+
+
+def test_a_sample_that_cannot_be_written_loses_only_itself_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "t.om"
+    rec = TraceRecorder(path, instance="node-a:9842")
+    with caplog.at_level(logging.ERROR, logger="gpufeed.record"):
+        for i in range(30):  # thirty seconds of a recurring failure
+            rec.write(int_snapshot(T0 + i, bad=object()))
+    rec.close()
+    # One error line for the whole run, no traceback.
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is None, caplog.text
+    assert "gpufeed_job_epochs_total" in errors[0].getMessage()
+    # Every other sample is there, the family after the failing one included.
+    summary = check_trace(path)
+    assert summary.families[:3] == [
+        "gpufeed_job_steps",
+        "gpufeed_job_epochs",
+        "gpufeed_job_checkpoint_written_bytes",
+    ]
+    assert summary.samples == 30 * 4 + 30  # + the trace's own count of what was left out
+    dropped = summary.series[
+        f'{DROPPED_SAMPLES}{{family="gpufeed_job_epochs_total",instance="node-a:9842"}}'
+    ]
+    assert [v for _, v in dropped] == list(range(1, 31))
+    # The analysis says the trace is incomplete instead of passing for a complete one.
+    assert gpufeed_main(["analyze", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "is incomplete: the recorder left out 30 samples" in err
+    assert "gpufeed_job_epochs_total: 30" in err
+
+
+EXPORTER = ROOT / "exporter"
+SDK_JOB = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+import gpufeed
+job = gpufeed.Job("recorded", socket=sys.argv[1])
+for _ in job.track(range(37)):
+    time.sleep(0.001)
+job.epoch()
+job.close()
+"""
+
+
+@pytest.mark.slow
+def test_real_agent_records_a_real_sdk_job_on_this_python(run_agent: Any, tmp_path: Path) -> None:
+    """0.1.0 on Python 3.11: the SDK's integer step counts made every snapshot fail from the
+    first job family on, with a traceback a second, and the trace still looked complete."""
+    trace = tmp_path / "trace.om"
+    sock = tmp_path / "sdk.sock"
+    agent = run_agent(
+        "--record",
+        str(trace),
+        "--sdk.socket",
+        str(sock),
+        "--gpu.backend",
+        "off",
+        "--instance",
+        "node-rec:9842",
+    )
+    wait_for_metrics(f"{agent.url}/metrics", agent.proc)
+    job = subprocess.run(
+        [sys.executable, "-c", SDK_JOB, str(sock), str(EXPORTER)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert job.returncode == 0, job.stderr
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        body = http_get(f"{agent.url}/metrics")[1].decode()
+        if re.search(r"^gpufeed_job_steps_total\{[^}]*\} 37(\.0)?$", body, re.M):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the SDK job's 37 steps never reached /metrics")
+    time.sleep(2.5)  # a few recorded snapshots with the job in them
+    agent.proc.terminate()
+    _, err = agent.proc.communicate(timeout=30)
+    assert agent.proc.returncode == 0, err.decode()[-3000:]
+    assert b"Traceback" not in err and b"left out" not in err, err.decode()[-3000:]
+
+    summary = check_trace(trace)
+    steps = [k for k in summary.series if k.startswith("gpufeed_job_steps_total{")]
+    assert steps, summary.families
+    assert all(summary.series[k][-1][1] == 37 for k in steps)
+    # families after the job ones are there too, and every series names the node
+    assert "gpufeed_host_cpu_seconds" in summary.families
+    assert all('instance="node-rec:9842"' in k for k in summary.series)
+    text = trace.read_text()
+    assert DROPPED_SAMPLES not in text
+
+    out = subprocess.run(
+        gpufeed_cmd("analyze", str(trace)),
+        env=agent_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and "incomplete" not in out.stderr, out.stderr

@@ -181,14 +181,15 @@ def test_scrape_answers_at_once_while_a_collector_hangs() -> None:
     async def scrape_while_hung() -> tuple[float, int, str, int, str]:
         runner = web.AppRunner(build_app(sampler), access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 19505)
+        site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         try:
             sampler.start()
             await asyncio.sleep(0.7)  # a few ticks, every one with the collector hung
-            metrics = await asyncio.to_thread(http_get, "http://127.0.0.1:19505/metrics")
+            metrics = await asyncio.to_thread(http_get, f"{url}/metrics")
             t0 = time.monotonic()
-            health = await asyncio.to_thread(http_get, "http://127.0.0.1:19505/healthz")
+            health = await asyncio.to_thread(http_get, f"{url}/healthz")
             elapsed = time.monotonic() - t0
         finally:
             await runner.cleanup()
@@ -219,10 +220,11 @@ def test_index_links_only_the_pages_served() -> None:
     async def windows(request: web.Request) -> web.Response:
         return web.json_response([])
 
-    async def index(app: web.Application, port: int) -> str:
+    async def index(app: web.Application) -> str:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        port = runner.addresses[0][1]
         try:
             status, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/")
         finally:
@@ -233,9 +235,9 @@ def test_index_links_only_the_pages_served() -> None:
     sampler = Sampler([Const("v", 1.0)], interval_seconds=1.0, timeout_seconds=0.5)
     sampler.sample_once()
     try:
-        plain = asyncio.run(index(build_app(sampler), 19506))
+        plain = asyncio.run(index(build_app(sampler)))
         routes = [web.get("/api/windows", windows)]
-        with_windows = asyncio.run(index(build_app(sampler, extra_routes=routes), 19507))
+        with_windows = asyncio.run(index(build_app(sampler, extra_routes=routes)))
     finally:
         sampler.stop()
     assert '<a href="/metrics">' in plain and '<a href="/api/windows">' not in plain

@@ -19,7 +19,6 @@ import pytest
 
 from conftest import http_get, wait_for_metrics
 
-PORT = 19031
 MNT_DETACH = 2
 
 
@@ -85,17 +84,16 @@ def test_hung_mount_is_marked_stuck_and_never_blocks_the_scrape(
         f"tiers:\n  hot: [{ok}]\n  cold: [{hung_mount.path}]\n"
         f"correlator:\n  windows_log: {tmp_path / 'w.jsonl'}\n"
     )
-    proc = run_agent(
+    agent = run_agent(
         "--config",
         str(cfg),
-        "--web.listen-address",
-        f"127.0.0.1:{PORT}",
         "--gpu.backend",
         "off",
         "--sdk.socket",
         str(tmp_path / "sdk.sock"),
     )
-    url = f"http://127.0.0.1:{PORT}/metrics"
+    proc = agent.proc
+    url = f"{agent.url}/metrics"
     wait_for_metrics(url, proc)
     mp = str(hung_mount.path)
 
@@ -115,7 +113,7 @@ def test_hung_mount_is_marked_stuck_and_never_blocks_the_scrape(
     # The healthy tier is still measured, capacity included.
     assert sample_value(body, "gpufeed_storage_capacity_bytes", tier="hot") is not None
     assert sample_value(body, "gpufeed_storage_capacity_bytes", tier="cold") is None
-    assert http_get(f"http://127.0.0.1:{PORT}/healthz")[0] == 200
+    assert http_get(f"{agent.url}/healthz")[0] == 200
 
     # A hung call is never started twice: the thread count does not grow with time.
     before = threads(proc.pid)

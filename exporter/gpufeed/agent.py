@@ -10,8 +10,9 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,15 @@ def register(subparsers: Any) -> None:
         default=DEFAULT_LISTEN,
         metavar="HOST:PORT",
         help=f"address to serve /metrics on; {DEFAULT_PORT} is used by no well-known exporter",
+    )
+    p.add_argument(
+        "--instance",
+        metavar="NAME",
+        help=(
+            "this node's name in recorded traces, windows (log and /api/windows) and OTLP "
+            "(service.instance.id); default: the config's instance, else HOSTNAME:PORT of "
+            "the listen address, as a static Prometheus target names it (docs/correlator.md)"
+        ),
     )
     p.add_argument(
         "--path.procfs", dest="procfs", default="/proc", metavar="DIR", help="procfs mount point"
@@ -192,10 +202,30 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     if not sep or not port_text.isdigit():
         raise UsageError(f"--web.listen-address {value!r}: expected HOST:PORT, e.g. 0.0.0.0:9842")
     port = int(port_text)
-    if not 0 < port < 65536:
-        raise UsageError(f"--web.listen-address {value!r}: port must be 1..65535")
+    if not 0 <= port < 65536:
+        # 0 asks the kernel for a free port (tests, several agents on one host); the
+        # "listening on" log line names the port it got.
+        raise UsageError(f"--web.listen-address {value!r}: port must be 0..65535")
     host = host.strip("[]") or "0.0.0.0"
     return host, port
+
+
+def node_instance(flag: str | None, configured: str, port: int) -> str:
+    """The one name of this node everywhere the agent names it (see `--instance`).
+
+    The default is HOSTNAME:PORT because that is how a static Prometheus target is written
+    (`node-07:9842`), so out of the box live windows, traces and Prometheus' `instance`
+    agree, and two agents on one host (a simulated one beside a real one) stay apart.
+    """
+    return flag or configured or f"{socket.gethostname()}:{port}"
+
+
+def bind_listen_socket(host: str, port: int) -> socket.socket:
+    """Binds the listen address before anything else is opened, so that a port in use
+    leaves nothing behind and port 0 is resolved before the instance name is made."""
+    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, addr = info[0]
+    return socket.create_server(addr[:2], family=family, backlog=128)
 
 
 def setup_logging(level: str) -> None:
@@ -218,8 +248,10 @@ class AgentParts:
     routes: list[Any] = field(default_factory=list)
 
 
-def build_parts(args: argparse.Namespace) -> AgentParts:
+def build_parts(args: argparse.Namespace, port: int) -> AgentParts:
+    """`port`: the port the agent listens on, for the default instance name."""
     config = load_config(args.config)
+    config = replace(config, instance=node_instance(args.instance, config.instance, port))
     paths = HostPaths(Path(args.procfs), Path(args.sysfs), Path(args.rootfs))
     ctx = CollectorContext(paths=paths, config=config)
     parts = AgentParts(config=config)
@@ -256,7 +288,7 @@ def _add_parts(args: argparse.Namespace, ctx: CollectorContext, parts: AgentPart
         from gpufeed.correlator.live import CorrelatorProcessor
 
         correlator = CorrelatorProcessor(
-            config.correlator, interval_seconds=config.interval_seconds
+            config.correlator, interval_seconds=config.interval_seconds, instance=config.instance
         )
         parts.processors.append(correlator)
         parts.routes.extend(windows_routes(correlator, simulated=bool(parts.banner)))
@@ -264,7 +296,7 @@ def _add_parts(args: argparse.Namespace, ctx: CollectorContext, parts: AgentPart
         from gpufeed.record import TraceRecorder
 
         try:
-            parts.sinks.append(TraceRecorder(args.record))
+            parts.sinks.append(TraceRecorder(args.record, instance=config.instance))
         except OSError as exc:
             raise UsageError(f"--record {args.record}: {exc.strerror or exc}") from exc
     if args.otlp_endpoint:
@@ -272,7 +304,13 @@ def _add_parts(args: argparse.Namespace, ctx: CollectorContext, parts: AgentPart
 
         if args.otlp_interval <= 0:
             raise UsageError(f"--otlp.interval {args.otlp_interval:g}: must be positive")
-        parts.sinks.append(OtlpSink(args.otlp_endpoint, push_interval_seconds=args.otlp_interval))
+        parts.sinks.append(
+            OtlpSink(
+                args.otlp_endpoint,
+                push_interval_seconds=args.otlp_interval,
+                instance=config.instance,
+            )
+        )
 
 
 def _add_simulated_node(args: argparse.Namespace, parts: AgentParts) -> None:
@@ -361,10 +399,23 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     try:
         host, port = parse_listen_address(args.listen_address)
-        parts = build_parts(args)
-    except (UsageError, ConfigError) as exc:
+    except UsageError as exc:
         print(f"gpufeed agent: error: {exc}", file=sys.stderr)
         return 2
+    try:
+        listener = bind_listen_socket(host, port)
+    except OSError as exc:
+        print(f"gpufeed agent: error: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        parts = build_parts(args, listener.getsockname()[1])
+    except (UsageError, ConfigError) as exc:
+        listener.close()
+        print(f"gpufeed agent: error: {exc}", file=sys.stderr)
+        return 2
+    except BaseException:
+        listener.close()
+        raise
     if parts.banner:
         log.warning("%s", parts.banner)
     sampler = Sampler(
@@ -376,17 +427,14 @@ def run(args: argparse.Namespace) -> int:
         banner=parts.banner,
     )
     try:
-        return asyncio.run(_serve(sampler, parts, host, port))
-    except OSError as exc:
-        print(f"gpufeed agent: error: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
-        return 1
+        return asyncio.run(_serve(sampler, parts, listener))
     finally:
-        # Also when the port is taken: closing removes the SDK socket file and the
-        # recorder's empty spool, which would otherwise be left behind on disk.
+        # Closing removes the SDK socket file and finalizes the recording.
         sampler.stop()
+        listener.close()
 
 
-async def _serve(sampler: Sampler, parts: AgentParts, host: str, port: int) -> int:
+async def _serve(sampler: Sampler, parts: AgentParts, listener: socket.socket) -> int:
     from aiohttp import web
 
     from gpufeed.server import build_app
@@ -394,15 +442,12 @@ async def _serve(sampler: Sampler, parts: AgentParts, host: str, port: int) -> i
     app = build_app(sampler, banner=parts.banner, extra_routes=parts.routes)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except OSError:
-        await runner.cleanup()
-        raise
+    await web.SockSite(runner, listener).start()
     sampler.start()
     names = ", ".join(c.name for c in parts.collectors) or "none"
+    host, port = listener.getsockname()[:2]  # the port the kernel chose for port 0
     log.info("listening on http://%s:%d/metrics, collectors: %s", host, port, names)
+    log.info("instance %s (traces, windows, OTLP)", parts.config.instance)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

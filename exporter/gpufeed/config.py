@@ -52,6 +52,8 @@ class JobsConfig:
 
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
+    # This node's name in traces, windows and OTLP; empty: HOSTNAME:PORT (see agent.py)
+    instance: str = ""
     interval_seconds: float = 1.0
     collector_timeout_seconds: float = 0.0  # 0 = derived from the interval
     tiers: tuple[TierConfig, ...] = ()
@@ -103,8 +105,17 @@ def parse_config(text: str, source: str = "<config>") -> AgentConfig:
         return AgentConfig()
     r = _Reader(source)
     top = r.mapping(root, "config")
-    known = {"interval_seconds", "collector_timeout_seconds", "tiers", "correlator", "sdk", "jobs"}
+    known = {
+        "instance",
+        "interval_seconds",
+        "collector_timeout_seconds",
+        "tiers",
+        "correlator",
+        "sdk",
+        "jobs",
+    }
     r.no_unknown(top, known, "")
+    instance = r.string(top, "instance", "")
     interval = r.number(top, "interval_seconds", 1.0, minimum=0.05, maximum=3600)
     timeout = r.number(top, "collector_timeout_seconds", 0.0, minimum=0.0, maximum=3600)
     tiers = r.tiers(top.get("tiers"))
@@ -112,6 +123,7 @@ def parse_config(text: str, source: str = "<config>") -> AgentConfig:
     sdk = r.sdk(top.get("sdk"))
     jobs = r.jobs(top.get("jobs"))
     return AgentConfig(
+        instance=instance,
         interval_seconds=interval,
         collector_timeout_seconds=timeout,
         tiers=tiers,

@@ -3,7 +3,9 @@
 Gauges become OTLP gauges and counters cumulative monotonic sums. Counter names lose their
 `_total` suffix, because a Prometheus OTLP receiver adds it back to monotonic sums, so the
 names arriving in Prometheus are the contract's. No unit is set, for the same reason: the
-unit is already in the name. The host is the resource attribute `host.name`.
+unit is already in the name. The host is the resource attribute `host.name`; the agent's
+`instance` is `service.instance.id`, which a Prometheus OTLP receiver turns into the
+`instance` label, so OTLP series join the agent's traces and windows on it.
 
 Export runs on its own thread: a slow or absent collector endpoint never delays sampling;
 snapshots arriving while an export is in flight are skipped, not queued.
@@ -34,6 +36,7 @@ class OtlpSink:
         *,
         push_interval_seconds: float = 15.0,
         host_name: str | None = None,
+        instance: str | None = None,
         timeout_seconds: float = 10.0,
         exporter: Any = None,
     ) -> None:
@@ -47,6 +50,7 @@ class OtlpSink:
         self._endpoint = endpoint
         self._push_interval = push_interval_seconds
         self._host_name = host_name or socket.gethostname()
+        self._instance = instance or self._host_name
         self._start_ns = time.time_ns()
         self._last_push = 0.0
         self._busy = threading.Lock()
@@ -66,7 +70,7 @@ class OtlpSink:
             from opentelemetry.sdk.metrics.export import MetricExportResult
 
             result = self._exporter.export(
-                to_metrics_data(snapshot, self._host_name, self._start_ns)
+                to_metrics_data(snapshot, self._host_name, self._start_ns, self._instance)
             )
             ok = result == MetricExportResult.SUCCESS
             if ok and self._failing:
@@ -97,7 +101,9 @@ class OtlpSink:
             )
 
 
-def to_metrics_data(snapshot: Snapshot, host_name: str, start_ns: int) -> Any:
+def to_metrics_data(
+    snapshot: Snapshot, host_name: str, start_ns: int, instance: str | None = None
+) -> Any:
     from opentelemetry.sdk.metrics.export import (
         AggregationTemporality,
         Gauge,
@@ -137,7 +143,13 @@ def to_metrics_data(snapshot: Snapshot, host_name: str, start_ns: int) -> Any:
                 data_points=[_point(s, start_ns, ts, NumberDataPoint) for s in fam.samples]
             )
         metrics.append(Metric(name=name, description=fam.help, unit="", data=data))
-    resource = Resource.create({"host.name": host_name, "service.name": "gpufeed-agent"})
+    resource = Resource.create(
+        {
+            "host.name": host_name,
+            "service.name": "gpufeed-agent",
+            "service.instance.id": instance or host_name,
+        }
+    )
     scope = InstrumentationScope("gpufeed", __version__)
     return MetricsData(
         resource_metrics=[

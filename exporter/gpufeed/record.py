@@ -22,8 +22,11 @@ import threading
 import time
 from pathlib import Path
 
+from gpufeed.model import Family
 from gpufeed.snapshot import Snapshot
 from gpufeed.tracefile import (
+    DROPPED_SAMPLES,
+    DROPPED_SAMPLES_HELP,
     Block,
     FamilySpool,
     assemble_spool,
@@ -116,6 +119,9 @@ class TraceRecorder:
         self._assembler: threading.Thread | None = None
         self._closed = False
         self._failed = False
+        # Samples that could not be formatted, per family: written into the trace (so that
+        # analysing it says it is incomplete) and logged once per family, not per second.
+        self._dropped: dict[str, int] = {}
 
     @property
     def segments_written(self) -> int:
@@ -144,18 +150,54 @@ class TraceRecorder:
             self._rotate()
             self._segment_start = ts
         suffix = " " + om_timestamp(ts) + "\n"
-        extra = self._extra
         for fam in snapshot.families:
             if not fam.samples:
                 continue
-            key = om_base_name(fam.name, fam.type)
+            text = self._family_lines(fam, suffix)
+            if text:
+                key = om_base_name(fam.name, fam.type)
+                self._spool.append(key, om_header(fam.name, fam.type, fam.help), text)
+                self._has_data = True
+        if self._dropped:
+            extra = self._extra
             text = "".join(
+                f"{DROPPED_SAMPLES}{om_labels((('family', name), *extra))} {n}{suffix}"
+                for name, n in sorted(self._dropped.items())
+            )
+            key = om_base_name(DROPPED_SAMPLES, "counter")
+            self._spool.append(
+                key, om_header(DROPPED_SAMPLES, "counter", DROPPED_SAMPLES_HELP), text
+            )
+        self._spool.flush()
+
+    def _family_lines(self, fam: Family, suffix: str) -> str:
+        """The family's sample lines; a sample that cannot be written is left out and
+        counted, and the family's other samples and the families after it still are."""
+        extra = self._extra
+        try:
+            return "".join(
                 f"{s.name}{om_labels(s.labels + extra)} {om_value(s.value)}{suffix}"
                 for s in fam.samples
             )
-            self._spool.append(key, om_header(fam.name, fam.type, fam.help), text)
-            self._has_data = True
-        self._spool.flush()
+        except Exception:
+            pass
+        lines = []
+        for s in fam.samples:
+            try:
+                lines.append(f"{s.name}{om_labels(s.labels + extra)} {om_value(s.value)}{suffix}")
+            except Exception as exc:
+                if fam.name not in self._dropped:
+                    log.error(
+                        "recording to %s: samples of %s left out (%s: %s); counted in the "
+                        "trace as %s, logged once",
+                        self.path,
+                        fam.name,
+                        type(exc).__name__,
+                        exc,
+                        DROPPED_SAMPLES,
+                    )
+                self._dropped[fam.name] = self._dropped.get(fam.name, 0) + 1
+        return "".join(lines)
 
     def _rotate(self) -> None:
         """Seals the current spool as a numbered part, assembled in the background."""

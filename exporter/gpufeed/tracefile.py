@@ -48,7 +48,21 @@ def om_labels(labels: LabelPairs) -> str:
     return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}"
 
 
+# A trace-only family the recorder adds when it had to leave samples out (absent when it
+# left none out): `gpufeed analyze` reads it and says the trace is incomplete.
+DROPPED_SAMPLES = "gpufeed_trace_dropped_samples_total"
+DROPPED_SAMPLES_HELP = "Samples the recorder could not write into this trace, per family."
+
+
 def om_value(v: float) -> str:
+    """A sample value as OpenMetrics text; collectors hand over ints as well as floats.
+
+    `int.is_integer` exists only from Python 3.12 on, so ints are handled by type; bool
+    is an int too and becomes 0/1.
+    """
+    if isinstance(v, int):
+        return str(int(v))
+    v = float(v)
     if v != v:
         return "NaN"
     if math.isinf(v):

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from gpufeed.correlator.engine import WindowParams
+from gpufeed.correlator.node import NodeSeries
 
 
 def register(subparsers: Any) -> None:
@@ -76,6 +77,22 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def warn_incomplete(trace: str, node: NodeSeries) -> None:
+    """One stderr line when the recorder left samples out of the trace: the windows are
+    still written, but must not pass for an analysis of complete data."""
+    left_out = {fam: int(s.vs[-1]) for fam, s in node.dropped.items() if s.vs and s.vs[-1] > 0}
+    if not left_out:
+        return
+    where = f" (instance {node.instance!r})" if node.instance else ""
+    families = ", ".join(f"{fam}: {n}" for fam, n in sorted(left_out.items()))
+    print(
+        f"gpufeed analyze: warning: {trace}{where} is incomplete: the recorder left out "
+        f"{sum(left_out.values())} samples ({families}); windows that need them may be "
+        "missing or wrong",
+        file=sys.stderr,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from gpufeed.correlator.analyze import analyze_nodes
     from gpufeed.correlator.output import write_result
@@ -116,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
         except (TraceError, OSError) as e:
             print(f"gpufeed analyze: {e}", file=sys.stderr)
             return 1
+        for node in nodes.values():
+            warn_incomplete(args.trace, node)
     windows = analyze_nodes(nodes.values(), params, jobs=args.jobs)
     write_result(windows, args.format, args.output)
     return 0

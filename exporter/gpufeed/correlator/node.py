@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from gpufeed.correlator.series import Series
+from gpufeed.tracefile import DROPPED_SAMPLES
 
 K = TypeVar("K", str, tuple[str, str])
 
@@ -58,7 +59,8 @@ USED_METRICS: tuple[str, ...] = (
     "gpufeed_job_storage_read_bytes_total",
     "gpufeed_job_storage_written_bytes_total",
 )
-USED_METRIC_SET = frozenset(USED_METRICS)
+# Read from trace files only: the recorder's count of samples it had to leave out.
+USED_METRIC_SET = frozenset((*USED_METRICS, DROPPED_SAMPLES))
 
 
 @dataclass(slots=True)
@@ -100,6 +102,8 @@ class NodeSeries:
     # (job_id, gpu) -> when it was first seen, where the columns do not reach back that far
     # (the live processor trims old points); gpu "" for a CPU-only job
     first_seen: dict[tuple[str, str], float] = field(default_factory=dict)
+    # family -> samples the recorder left out of the trace (absent in a complete trace)
+    dropped: dict[str, Series] = field(default_factory=dict)
 
     def gpu(self, index: str) -> GpuColumns:
         g = self.gpus.get(index)
@@ -142,6 +146,8 @@ class NodeSeries:
             return _slot(self.psi_some, get("resource", ""))
         if name == "gpufeed_host_pressure_stalled_seconds_total":
             return _slot(self.psi_full, get("resource", ""))
+        if name == DROPPED_SAMPLES:
+            return _slot(self.dropped, get("family", ""))
         job_id = get("job_id", "")
         if name == "gpufeed_job_info":
             key = (job_id, get("gpu", ""))
