@@ -63,3 +63,15 @@ def test_bad_config_names_key_and_line(text: str, expected: str) -> None:
 def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_instance_setting_flag_wins_over_config_over_the_default_rule() -> None:
+    import socket
+
+    from gpufeed.agent import node_instance
+
+    assert parse_config("instance: node-07:9842\n").instance == "node-07:9842"
+    assert parse_config("interval_seconds: 1\n").instance == ""
+    assert node_instance(None, "", 9842) == f"{socket.gethostname()}:9842"
+    assert node_instance(None, "node-07:9842", 1) == "node-07:9842"
+    assert node_instance("a:1", "node-07:9842", 1) == "a:1"
