@@ -20,6 +20,7 @@ from gpufeed.collectors import available
 
 if TYPE_CHECKING:
     from gpufeed.collectors.gpu import GpuCollector
+    from gpufeed.web.connections import ConnectionLimits
 from gpufeed.collectors.base import Collector, CollectorContext, HostPaths
 from gpufeed.config import DEFAULT_SDK_SOCKET, AgentConfig, ConfigError, load_config
 from gpufeed.gpu.select import BACKEND_KINDS
@@ -72,6 +73,7 @@ def register(subparsers: Any) -> None:
         metavar="HOST:PORT",
         help=f"address to serve /metrics on; {DEFAULT_PORT} is used by no well-known exporter",
     )
+    _add_web_flags(p)
     p.add_argument(
         "--instance",
         metavar="NAME",
@@ -195,6 +197,57 @@ def register(subparsers: Any) -> None:
             help=help_,
         )
     p.set_defaults(func=run)
+
+
+def _add_web_flags(p: argparse.ArgumentParser) -> None:
+    from gpufeed.web.connections import ConnectionLimits
+
+    d = ConnectionLimits()
+    p.add_argument(
+        "--web.max-connections",
+        dest="web_max_connections",
+        type=int,
+        default=d.max_connections,
+        metavar="N",
+        help=(
+            "most HTTP connections held at once (lowered to fit the descriptor limit); "
+            "beyond it the stalest (slowest to send its request, else longest idle) is closed"
+        ),
+    )
+    p.add_argument(
+        "--web.header-timeout",
+        dest="web_header_timeout",
+        type=float,
+        default=d.header_timeout_seconds,
+        metavar="SECONDS",
+        help="close a connection whose request header is not complete in this time",
+    )
+    p.add_argument(
+        "--web.idle-timeout",
+        dest="web_idle_timeout",
+        type=float,
+        default=d.idle_timeout_seconds,
+        metavar="SECONDS",
+        help="close a keep-alive connection that starts no new request in this time",
+    )
+
+
+def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
+    from gpufeed.web.connections import ConnectionLimits
+
+    if args.web_max_connections < 1:
+        raise UsageError(f"--web.max-connections {args.web_max_connections}: must be at least 1")
+    for flag, value in (
+        ("--web.header-timeout", args.web_header_timeout),
+        ("--web.idle-timeout", args.web_idle_timeout),
+    ):
+        if not 0 < value < float("inf"):
+            raise UsageError(f"{flag} {value:g}: must be a positive number of seconds")
+    return ConnectionLimits(
+        max_connections=args.web_max_connections,
+        header_timeout_seconds=args.web_header_timeout,
+        idle_timeout_seconds=args.web_idle_timeout,
+    )
 
 
 def parse_listen_address(value: str) -> tuple[str, int]:
@@ -399,6 +452,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     try:
         host, port = parse_listen_address(args.listen_address)
+        limits = connection_limits(args)
     except UsageError as exc:
         print(f"gpufeed agent: error: {exc}", file=sys.stderr)
         return 2
@@ -427,22 +481,21 @@ def run(args: argparse.Namespace) -> int:
         banner=parts.banner,
     )
     try:
-        return asyncio.run(_serve(sampler, parts, listener))
+        return asyncio.run(_serve(sampler, parts, listener, limits))
     finally:
         # Closing removes the SDK socket file and finalizes the recording.
         sampler.stop()
         listener.close()
 
 
-async def _serve(sampler: Sampler, parts: AgentParts, listener: socket.socket) -> int:
-    from aiohttp import web
-
+async def _serve(
+    sampler: Sampler, parts: AgentParts, listener: socket.socket, limits: ConnectionLimits
+) -> int:
     from gpufeed.server import build_app
+    from gpufeed.web.serve import serve
 
     app = build_app(sampler, banner=parts.banner, extra_routes=parts.routes)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.SockSite(runner, listener).start()
+    serving = await serve(app, [listener], limits=limits)
     sampler.start()
     names = ", ".join(c.name for c in parts.collectors) or "none"
     host, port = listener.getsockname()[:2]  # the port the kernel chose for port 0
@@ -454,5 +507,5 @@ async def _serve(sampler: Sampler, parts: AgentParts, listener: socket.socket) -
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down")
-    await runner.cleanup()
+    await serving.close()
     return 0  # run() stops the sampler

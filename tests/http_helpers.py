@@ -1,0 +1,136 @@
+"""Helpers for the HTTP server tests: an agent process on an ephemeral port, with its log in
+a file, and timed scrapes over fresh connections (the hard case: each must be accepted)."""
+
+from __future__ import annotations
+
+import http.client
+import math
+import resource
+import ssl
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from conftest import agent_env, gpufeed_cmd
+
+
+@dataclass(frozen=True, slots=True)
+class Agent:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def _limit_fds(nofile: int) -> Callable[[], None]:
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    return apply
+
+
+@contextmanager
+def agent_process(
+    tmp_path: Path, *args: str, nofile: int | None = None, port: int | None = None
+) -> Iterator[Agent]:
+    """A simulated agent on 127.0.0.1 (stopped on exit); `nofile` sets its fd limit."""
+    port = port or free_port()
+    log_path = tmp_path / f"agent-{port}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            gpufeed_cmd("agent", "--simulate", "--web.listen-address", f"127.0.0.1:{port}", *args),
+            env=agent_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_limit_fds(nofile) if nofile else None,
+        )
+    try:
+        yield Agent(proc, port, log_path)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def get(
+    port: int,
+    path: str = "/metrics",
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float = 5.0,
+    context: ssl.SSLContext | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    """One request over a new connection: (status, headers, body)."""
+    conn: http.client.HTTPConnection
+    if context is not None:
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout, context=context)
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
+def wait_until_serving(agent: Agent, timeout: float = 20.0, **kwargs: object) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if agent.proc.poll() is not None:
+            raise AssertionError(f"agent exited with {agent.proc.returncode}:\n{agent.log()}")
+        try:
+            if get(agent.port, timeout=2, **kwargs)[0] == 200:  # type: ignore[arg-type]
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"agent on {agent.port} did not serve /metrics in {timeout}s")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def timed_scrapes(
+    port: int,
+    count: int,
+    *,
+    pause_seconds: float = 0.0,
+    path: str = "/metrics",
+    budget_seconds: float = 15.0,
+) -> tuple[list[float], list[str]]:
+    """`count` scrapes, each on a fresh connection: (latencies in s of the good ones, errors).
+
+    Scrapes not started within `budget_seconds` count as errors, so that a server that
+    does not answer fails the test quickly instead of timing out scrape after scrape."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    deadline = time.monotonic() + budget_seconds
+    for i in range(count):
+        if time.monotonic() > deadline:
+            errors.extend(["not started: out of time"] * (count - i))
+            break
+        start = time.perf_counter()
+        try:
+            status, _, _ = get(port, path, timeout=2.0)
+        except OSError as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+        else:
+            if status == 200:
+                latencies.append(time.perf_counter() - start)
+            else:
+                errors.append(f"HTTP {status}")
+        time.sleep(pause_seconds)
+    return latencies, errors

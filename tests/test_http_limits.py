@@ -1,0 +1,184 @@
+"""Connection cap, header and idle timeouts, and rate-limited error logs of the HTTP server.
+
+The guard's rules table-driven on a fake clock; the timeouts on a real agent process."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from gpufeed.logonce import RateLimitedLogger
+from gpufeed.web.connections import ConnectionGuard, ConnectionLimits
+from http_helpers import agent_process, get, wait_until_serving
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _guard(cap: int, clock: FakeClock) -> ConnectionGuard:
+    limits = ConnectionLimits(
+        max_connections=cap, header_timeout_seconds=10.0, idle_timeout_seconds=60.0
+    )
+    return ConnectionGuard(limits, cap, clock=clock)
+
+
+@pytest.fixture
+def socks() -> list[socket.socket]:
+    pairs = [socket.socketpair() for _ in range(6)]
+    yield [a for a, _ in pairs]
+    for a, b in pairs:
+        a.close()
+        b.close()
+
+
+def _shut(sock: socket.socket) -> bool:
+    """Whether the guard closed this socket (shut down: the peer reads end of file)."""
+    try:
+        sock.send(b"x")
+    except OSError:
+        return True
+    return False
+
+
+def test_beyond_the_cap_the_longest_waiting_for_its_header_is_closed(socks: list) -> None:
+    clock = FakeClock()
+    guard = _guard(3, clock)
+    slow_old = guard.admit(socks[0])
+    clock.now += 1
+    scraper = guard.admit(socks[1])
+    guard.received(scraper, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")  # now idle
+    clock.now += 1
+    slow_new = guard.admit(socks[2])
+    guard.received(slow_new, b"GET / HTTP/1.1\r\n")
+    clock.now += 1
+    guard.admit(socks[3])  # over the cap: the oldest header-waiter goes, not the scraper
+    assert len(guard) == 3
+    assert _shut(slow_old.sock) and guard.evicted_total == 1
+    assert not _shut(scraper.sock)
+    guard.admit(socks[4])  # next: the next-oldest waiter
+    assert _shut(slow_new.sock) and not _shut(scraper.sock)
+
+
+def test_idle_connections_are_closed_only_when_no_one_waits_for_a_header(socks: list) -> None:
+    clock = FakeClock()
+    guard = _guard(2, clock)
+    first = guard.admit(socks[0])
+    guard.received(first, b"GET / HTTP/1.1\r\n\r\n")
+    second = guard.admit(socks[1])
+    guard.received(second, b"GET / HTTP/1.1\n\n")  # lenient line ends count too
+    guard.admit(socks[2])
+    assert _shut(first.sock) and not _shut(second.sock)
+
+
+@pytest.mark.parametrize(
+    ("chunks", "after_seconds", "closed"),
+    [
+        ([], 9.9, False),  # a new connection has header_timeout to send its header
+        ([], 10.0, True),
+        ([b"GET / HTTP/1.1\r\n", b"Host: x\r\n"], 10.0, True),  # trickling does not help
+        ([b"GET / HTTP/1.1\r\nHost: x\r", b"\n\r\n"], 59.0, False),  # header split mid-end
+        ([b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"], 60.0, True),  # idle keep-alive
+        ([b"GET / HTTP/1.1\r\n\r\n", b"GET / HT"], 9.0, False),  # next request: timed anew
+    ],
+)
+def test_timeouts(socks: list, chunks: list[bytes], after_seconds: float, closed: bool) -> None:
+    clock = FakeClock()
+    guard = _guard(10, clock)
+    slot = guard.admit(socks[0])
+    for chunk in chunks:
+        guard.received(slot, chunk)
+    clock.now += after_seconds
+    assert guard.expire() == int(closed)
+    assert _shut(slot.sock) == closed
+
+
+def test_the_cap_leaves_descriptors_for_the_rest_of_the_agent() -> None:
+    limits = ConnectionLimits(max_connections=10_000)
+    assert limits.effective_max_connections(1024) == 1024 - 128
+    assert limits.effective_max_connections(200) == 100
+    assert ConnectionLimits(max_connections=256).effective_max_connections(1024) == 256
+
+
+def test_rate_limited_logger_logs_one_line_per_interval_and_counts_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    errors = RateLimitedLogger(logging.getLogger("test.rl"), 10.0, clock=clock)
+    with caplog.at_level(logging.INFO, "test.rl"):
+        for _ in range(5000):
+            errors.log(logging.ERROR, "accept", "cannot accept: %s", "Too many open files")
+        errors.log(logging.ERROR, "other", "another kind")
+        clock.now += 10.0
+        errors.log(logging.ERROR, "accept", "cannot accept: %s", "Too many open files")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "cannot accept: Too many open files",
+        "another kind",
+        "cannot accept: Too many open files (4999 more like this since the last such line, "
+        "not logged)",
+    ]
+
+
+def _closed_after(sock: socket.socket, limit: float) -> float:
+    """Seconds until the server closes `sock` (reading end of file or a reset)."""
+    start = time.monotonic()
+    sock.settimeout(limit)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - start
+
+
+@pytest.mark.slow
+def test_agent_closes_slow_and_idle_connections(tmp_path: Path) -> None:
+    args = ("--web.header-timeout", "0.5", "--web.idle-timeout", "1.5")
+    with agent_process(tmp_path, *args) as agent:
+        wait_until_serving(agent)
+        with socket.create_connection(("127.0.0.1", agent.port)) as silent:
+            assert 0.3 < _closed_after(silent, 5) < 2.0
+        with socket.create_connection(("127.0.0.1", agent.port)) as slow:
+            slow.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            assert 0.3 < _closed_after(slow, 5) < 2.0
+        with socket.create_connection(("127.0.0.1", agent.port)) as keep:
+            keep.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            keep.settimeout(5)
+            assert keep.recv(65536).startswith(b"HTTP/1.1 ")
+            # kept past the header timeout (a finished request), closed at the idle one
+            assert 1.0 < _closed_after(keep, 5) < 3.0
+        assert get(agent.port, "/healthz")[0] == 200
+
+
+@pytest.mark.slow
+def test_agent_lowers_its_cap_to_fit_the_descriptor_limit(tmp_path: Path) -> None:
+    with agent_process(tmp_path, "--web.max-connections", "5000", nofile=400) as agent:
+        wait_until_serving(agent)
+        assert "serving at most 272 connections, not 5000: the descriptor limit is 400" in (
+            agent.log()
+        )
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--web.max-connections", "0"),
+        ("--web.header-timeout", "0"),
+        ("--web.idle-timeout", "nan"),
+        ("--web.idle-timeout", "inf"),
+    ],
+)
+def test_bad_limits_are_one_line_and_exit_2(tmp_path: Path, flag: str, value: str) -> None:
+    with agent_process(tmp_path, flag, value) as agent:
+        assert agent.proc.wait(30) == 2
+        lines = agent.log().strip().splitlines()
+        assert len(lines) == 1 and flag in lines[0], lines
