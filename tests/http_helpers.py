@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import http.client
 import math
+import re
 import resource
 import ssl
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import agent_env, gpufeed_cmd
+from conftest import agent_env, gpufeed_cmd, isolated_agent_args
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,23 +36,35 @@ def _limit_fds(nofile: int) -> Callable[[], None]:
     return apply
 
 
+def _listening_port(proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> int:
+    """The port the agent names in its log (it binds port 0), or 0 if it exited first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(r"listening on https?://[^ ]*:(\d+)/", log_path.read_text())
+        if found:
+            return int(found.group(1))
+        if proc.poll() is not None:
+            return 0
+        time.sleep(0.05)
+    raise AssertionError(f"the agent did not listen in {timeout}s:\n{log_path.read_text()}")
+
+
 @contextmanager
-def agent_process(
-    tmp_path: Path, *args: str, nofile: int | None = None, port: int | None = None
-) -> Iterator[Agent]:
-    """A simulated agent on 127.0.0.1 (stopped on exit); `nofile` sets its fd limit."""
-    port = port or free_port()
-    log_path = tmp_path / f"agent-{port}.log"
+def agent_process(tmp_path: Path, *args: str, nofile: int | None = None) -> Iterator[Agent]:
+    """A simulated agent on 127.0.0.1, port 0, with its own SDK socket and windows log
+    (stopped on exit); `nofile` sets its descriptor limit."""
+    tmp = Path(tempfile.mkdtemp(dir=tmp_path, prefix="agent-"))
+    log_path = tmp / "agent.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            gpufeed_cmd("agent", "--simulate", "--web.listen-address", f"127.0.0.1:{port}", *args),
+            gpufeed_cmd("agent", "--simulate", *isolated_agent_args(args, tmp)),
             env=agent_env(),
             stdout=log,
             stderr=subprocess.STDOUT,
             preexec_fn=_limit_fds(nofile) if nofile else None,
         )
     try:
-        yield Agent(proc, port, log_path)
+        yield Agent(proc, _listening_port(proc, log_path, 30.0), log_path)
     finally:
         if proc.poll() is None:
             proc.terminate()
