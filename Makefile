@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install run promtool test lint typecheck unit bench bench-correlator dashboards alerts clean
+.PHONY: install run promtool test lint typecheck unit bench bench-correlator dashboards alerts docs clean
 
 install: $(STAMP)
 
@@ -65,6 +65,10 @@ dashboards: install
 
 alerts: install
 	$(PY) alerts/build.py
+
+# Regenerate docs/metrics.md's tables from the metric catalogue (a test fails when they drift).
+docs: install
+	$(PY) -m gpufeed.catalogue_doc docs/metrics.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

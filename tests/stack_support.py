@@ -2,7 +2,7 @@
 
 - `metric_names(expr)`: the metric names a PromQL expression selects (a small tokenizer:
   enough to check names against the contract, not a full parser; promtool parses fully).
-- `contract_metrics()`: the names in the metrics contract (docs/shared metrics-contract.md).
+- `catalogue_metrics()`: every series name the metric catalogue (gpufeed.catalogue) allows.
 - `grafana_queries(board)`: every query in a dashboard's JSON (panels, variables,
   annotations), and `expand_grafana_vars` to turn one into plain PromQL.
 - `promtool_check_exprs(exprs)`: runs each expression through promtool's real parser.
@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import importlib
-import os
 import re
 import shutil
 import subprocess
@@ -39,20 +38,8 @@ def repo_module(name: str) -> Any:
     return importlib.import_module(name)
 
 
-# The contract lives next to the repository in CI (../shared); $GPUFEED_METRICS_CONTRACT
-# or a copy inside the checkout (shared/ or docs/) count too. The last candidate covers a
-# git worktree kept one level deeper (../../shared).
-CONTRACT_CANDIDATES = (
-    Path(os.environ.get("GPUFEED_METRICS_CONTRACT", "/nonexistent")),
-    REPO_ROOT.parent / "shared" / "metrics-contract.md",
-    REPO_ROOT / "shared" / "metrics-contract.md",
-    REPO_ROOT / "docs" / "metrics-contract.md",
-    REPO_ROOT.parent.parent / "shared" / "metrics-contract.md",
-)
-
-# Series the rules and dashboards may use besides the contract's: Prometheus's own `up`,
-# and the agent's self-metrics per collector (added by the agent, outside the contract).
-EXTRA_METRICS = frozenset({"up", "gpufeed_collector_success", "gpufeed_collector_duration_seconds"})
+# Series the rules and dashboards may use besides the catalogue's: Prometheus's own `up`.
+EXTRA_METRICS = frozenset({"up"})
 
 _AGGREGATIONS = frozenset(
     [
@@ -144,30 +131,11 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
-def contract_path() -> Path | None:
-    return next((p for p in CONTRACT_CANDIDATES if p.is_file()), None)
+def catalogue_metrics() -> set[str]:
+    """Every series name of the metric catalogue (histograms as their _bucket/_sum/_count)."""
+    from gpufeed.catalogue import CATALOGUE, sample_names
 
-
-def contract_metrics(text: str) -> set[str]:
-    """Metric names of the contract, with histogram series and `/ ..._x` shorthands."""
-    names: set[str] = set()
-    for line in text.splitlines():
-        found = re.findall(r"gpufeed_[a-z0-9_]+", line)
-        names.update(found)
-        # "gpufeed_job_storage_read_bytes_total / ..._written_bytes_total": the shorthand
-        # replaces the word before the shared suffix.
-        for full, short in re.findall(
-            r"(gpufeed_[a-z0-9_]+)(?:\{[^}]*\})?\s*/\s*\.\.\._([a-z0-9_]+)", line
-        ):
-            head, tail = full.split("_"), short.split("_")
-            common = 0
-            while common < min(len(head), len(tail)) and head[-1 - common] == tail[-1 - common]:
-                common += 1
-            prefix = head[: len(head) - common - 1]
-            names.add("_".join(prefix + tail))
-        if "histogram" in line and found:
-            names.update(f"{found[0]}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
-    return names
+    return {n for m in CATALOGUE for n in (m.name, *sample_names(m))}
 
 
 def recorded_names(rules_file: Path = RULES_FILE) -> set[str]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufeed.catalogue import CATALOGUE
 from gpufeed.gpu.simulated import SimulatedGpuBackend
 from gpufeed.model import Family
 from gpufeed.simulate import build_simulated_node
@@ -17,30 +18,8 @@ from gpufeed.simulate.scenario import default_scenario, load_scenario, parse_sce
 from sim_helpers import rate, sample_value
 
 SCENARIOS = Path(__file__).parent / "fixtures" / "scenarios"
-CONTRACT_FAMILIES = {
-    "gpufeed_gpu_info", "gpufeed_gpu_up", "gpufeed_gpu_utilization_ratio",
-    "gpufeed_gpu_sm_active_ratio", "gpufeed_gpu_memory_bandwidth_utilization_ratio",
-    "gpufeed_gpu_memory_used_bytes", "gpufeed_gpu_memory_total_bytes", "gpufeed_gpu_power_watts",
-    "gpufeed_gpu_energy_joules_total", "gpufeed_gpu_temperature_celsius",
-    "gpufeed_gpu_sm_clock_hertz", "gpufeed_gpu_clock_event_active",
-    "gpufeed_gpu_pcie_transmit_bytes_total", "gpufeed_gpu_pcie_receive_bytes_total",
-    "gpufeed_gpu_nvlink_transmit_bytes_total", "gpufeed_gpu_nvlink_receive_bytes_total",
-    "gpufeed_gpu_xid_errors_total",
-    "gpufeed_storage_read_bytes_total", "gpufeed_storage_written_bytes_total",
-    "gpufeed_storage_reads_completed_total", "gpufeed_storage_writes_completed_total",
-    "gpufeed_storage_read_time_seconds_total", "gpufeed_storage_write_time_seconds_total",
-    "gpufeed_storage_io_time_seconds_total", "gpufeed_storage_io_time_weighted_seconds_total",
-    "gpufeed_storage_capacity_bytes", "gpufeed_storage_free_bytes",
-    "gpufeed_network_receive_bytes_total", "gpufeed_network_transmit_bytes_total",
-    "gpufeed_network_speed_bytes_per_second", "gpufeed_network_transmit_wait_seconds_total",
-    "gpufeed_host_cpu_seconds_total", "gpufeed_host_cpus",
-    "gpufeed_host_pressure_waiting_seconds_total", "gpufeed_host_pressure_stalled_seconds_total",
-    "gpufeed_host_memory_available_bytes",
-    "gpufeed_job_info", "gpufeed_job_phase_seconds_total", "gpufeed_job_steps_total",
-    "gpufeed_job_checkpoint_seconds", "gpufeed_job_checkpoint_written_bytes_total",
-    "gpufeed_job_epoch_seconds", "gpufeed_job_storage_read_bytes_total",
-    "gpufeed_job_storage_written_bytes_total",
-}  # fmt: skip
+# every contract family of the catalogue but the correlator's, which the agent adds on top
+CONTRACT_FAMILIES = {m.name for m in CATALOGUE if m.contract and m.group != "correlator"}
 
 Reader = Callable[[float], list[Family]]
 

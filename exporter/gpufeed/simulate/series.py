@@ -12,6 +12,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpufeed.catalogue import spec
 from gpufeed.gpu.backend import GpuIdentity
 from gpufeed.model import Family, LabelPairs, MetricType, Sample, label_pairs
 from gpufeed.simulate import layout as L
@@ -20,53 +21,6 @@ from gpufeed.simulate.scenario import CLOCK_EVENT_REASONS, Scenario
 
 ALWAYS, GPU_UP, JOB_PRESENT, NONZERO = range(4)
 CONST, GAUGE, COUNTER = range(3)
-
-HELP = {
-    "gpufeed_gpu_info": "GPU identity; backend is nvml or simulated.",
-    "gpufeed_gpu_up": "1 while the GPU answers, 0 once it is lost (XID 79, fallen off the bus).",
-    "gpufeed_gpu_utilization_ratio": "Fraction of the last sample period in which a kernel ran.",
-    "gpufeed_gpu_sm_active_ratio": "SM activity (NVML GPM).",
-    "gpufeed_gpu_memory_bandwidth_utilization_ratio": "Fraction of time device memory was read or written.",
-    "gpufeed_gpu_memory_used_bytes": "Framebuffer memory used.",
-    "gpufeed_gpu_memory_total_bytes": "Framebuffer memory total.",
-    "gpufeed_gpu_power_watts": "Power draw.",
-    "gpufeed_gpu_energy_joules_total": "Energy since driver load.",
-    "gpufeed_gpu_temperature_celsius": "Core temperature.",
-    "gpufeed_gpu_sm_clock_hertz": "SM clock.",
-    "gpufeed_gpu_clock_event_active": "1 while the clock event reason is active.",
-    "gpufeed_gpu_pcie_transmit_bytes_total": "PCIe bytes sent, device to host.",
-    "gpufeed_gpu_pcie_receive_bytes_total": "PCIe bytes received, host to device.",
-    "gpufeed_gpu_nvlink_transmit_bytes_total": "NVLink bytes sent, summed over links.",
-    "gpufeed_gpu_nvlink_receive_bytes_total": "NVLink bytes received, summed over links.",
-    "gpufeed_gpu_xid_errors_total": "XID events.",
-    "gpufeed_storage_read_bytes_total": "Bytes read on the tier's mount.",
-    "gpufeed_storage_written_bytes_total": "Bytes written on the tier's mount.",
-    "gpufeed_storage_reads_completed_total": "Completed reads.",
-    "gpufeed_storage_writes_completed_total": "Completed writes.",
-    "gpufeed_storage_read_time_seconds_total": "Time spent on reads.",
-    "gpufeed_storage_write_time_seconds_total": "Time spent on writes.",
-    "gpufeed_storage_io_time_seconds_total": "Time the device was busy.",
-    "gpufeed_storage_io_time_weighted_seconds_total": "In-flight-weighted I/O time (rate = average queue depth).",
-    "gpufeed_storage_capacity_bytes": "Filesystem size.",
-    "gpufeed_storage_free_bytes": "Filesystem free space.",
-    "gpufeed_network_receive_bytes_total": "Bytes received.",
-    "gpufeed_network_transmit_bytes_total": "Bytes transmitted.",
-    "gpufeed_network_speed_bytes_per_second": "Link speed.",
-    "gpufeed_network_transmit_wait_seconds_total": "Time the port had data to send but could not.",
-    "gpufeed_host_cpu_seconds_total": "CPU time summed over all CPUs, by mode.",
-    "gpufeed_host_cpus": "Logical CPUs.",
-    "gpufeed_host_pressure_waiting_seconds_total": "PSI some total.",
-    "gpufeed_host_pressure_stalled_seconds_total": "PSI full total.",
-    "gpufeed_host_memory_available_bytes": "MemAvailable.",
-    "gpufeed_job_info": "Which job holds which GPU.",
-    "gpufeed_job_phase_seconds_total": "Time the job reports in each phase (job SDK).",
-    "gpufeed_job_steps_total": "Training steps completed.",
-    "gpufeed_job_checkpoint_seconds": "Checkpoint save durations.",
-    "gpufeed_job_checkpoint_written_bytes_total": "Checkpoint bytes written.",
-    "gpufeed_job_epoch_seconds": "Epoch durations.",
-    "gpufeed_job_storage_read_bytes_total": "Bytes the job read per tier.",
-    "gpufeed_job_storage_written_bytes_total": "Bytes the job wrote per tier.",
-}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,12 +245,12 @@ def render(
     for d in defs:
         if prev is not None and d.family != prev.family:
             if cur:
-                out.append(Family(prev.family, prev.type, HELP[prev.family], tuple(cur)))
+                out.append(Family(prev.family, prev.type, spec(prev.family).help, tuple(cur)))
             cur = []
         prev = d
         v = value_of(d, gauges, counters, up, present)
         if v is not None:
             cur.append(Sample(d.sample, d.labels, float(v)))
     if prev is not None and cur:
-        out.append(Family(prev.family, prev.type, HELP[prev.family], tuple(cur)))
+        out.append(Family(prev.family, prev.type, spec(prev.family).help, tuple(cur)))
     return out

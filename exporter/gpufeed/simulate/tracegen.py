@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from gpufeed.catalogue import spec
 from gpufeed.gpu.backend import GpuIdentity
 from gpufeed.simulate.engine import Engine, mix
 from gpufeed.simulate.generator import random_scenario
@@ -33,7 +34,6 @@ from gpufeed.simulate.series import (
     COUNTER,
     GAUGE,
     GPU_UP,
-    HELP,
     JOB_PRESENT,
     NONZERO,
     SeriesDef,
@@ -172,7 +172,7 @@ def _write_trace(
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8", buffering=1 << 22) as f:
         for fam, first in order.items():
-            f.write(om_header(fam, first.type, HELP[fam]))
+            f.write(om_header(fam, first.type, spec(fam).help))
             for node in data:
                 inst = (("instance", node.instance),)
                 for d, vals in zip(node.defs, node.values, strict=True):

@@ -1,0 +1,507 @@
+"""The metric catalogue: every family gpufeed exports, once, with its type, labels, unit and HELP.
+
+This module is the metrics contract. The collectors, the simulated node, the correlator's
+outputs, docs/metrics.md (its tables are generated from here), and the dashboard and alert
+checks all derive from it or are tested against it (tests/test_catalogue.py): a family that
+is exported but not listed here, or listed with other HELP, type or labels, fails a test that
+names it. A `contract` family is public interface (dashboards, alerts and `gpufeed analyze`
+may depend on it): renaming one is a breaking change and needs a CHANGELOG note.
+
+`labels` lists every label a sample of the family may carry, in the order the docs show
+them; a sample may leave out a label that is marked optional in `optional_labels`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from gpufeed.model import MetricType
+
+Group = Literal["gpu", "storage", "network", "host", "jobs", "correlator", "agent"]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One exported family. For counters `name` carries `_total`, as the exposition shows it."""
+
+    name: str
+    type: MetricType
+    help: str
+    labels: tuple[str, ...]
+    unit: str  # the base unit in the name ("bytes", "seconds", "ratio", ...), "" for counts
+    group: Group
+    source: str  # what produces it: a collector's name, "sampler" or "correlator"
+    contract: bool = True
+    optional_labels: tuple[str, ...] = ()
+
+
+GPU = ("gpu", "uuid")
+MOUNT = ("tier", "mountpoint", "device")
+PORT = ("device", "fabric", "port")
+
+
+def _gpu(name: str, type_: MetricType, help_: str, unit: str, *extra: str) -> MetricSpec:
+    return MetricSpec(name, type_, help_, (*GPU, *extra), unit, "gpu", "gpu")
+
+
+def _mount(name: str, type_: MetricType, help_: str, unit: str) -> MetricSpec:
+    # `device` only where the mount is a block device (NFS has none).
+    return MetricSpec(name, type_, help_, MOUNT, unit, "storage", "storage", True, ("device",))
+
+
+def _port(name: str, type_: MetricType, help_: str, unit: str) -> MetricSpec:
+    # `port` only for RDMA ports (InfiniBand, RoCE).
+    return MetricSpec(name, type_, help_, PORT, unit, "network", "network", True, ("port",))
+
+
+CATALOGUE: tuple[MetricSpec, ...] = (
+    # GPU
+    _gpu(
+        "gpufeed_gpu_info",
+        "gauge",
+        "GPU identity; backend is nvml or simulated.",
+        "",
+        "name",
+        "driver_version",
+        "pci_bus_id",
+        "backend",
+    ),
+    _gpu(
+        "gpufeed_gpu_up",
+        "gauge",
+        "1 while the GPU answers, 0 once it is lost (XID 79, off the bus).",
+        "",
+    ),
+    _gpu(
+        "gpufeed_gpu_utilization_ratio",
+        "gauge",
+        "Fraction of the last sample period in which a kernel ran (NVML utilization.gpu / 100).",
+        "ratio",
+    ),
+    _gpu(
+        "gpufeed_gpu_sm_active_ratio",
+        "gauge",
+        "Fraction of SMs busy over the last interval (NVML GPM, Hopper and newer).",
+        "ratio",
+    ),
+    _gpu(
+        "gpufeed_gpu_memory_bandwidth_utilization_ratio",
+        "gauge",
+        "Fraction of time device memory was read or written (NVML utilization.memory / 100).",
+        "ratio",
+    ),
+    _gpu("gpufeed_gpu_memory_used_bytes", "gauge", "Framebuffer memory in use.", "bytes"),
+    _gpu("gpufeed_gpu_memory_total_bytes", "gauge", "Framebuffer memory size.", "bytes"),
+    _gpu("gpufeed_gpu_power_watts", "gauge", "Power draw.", "watts"),
+    _gpu(
+        "gpufeed_gpu_energy_joules_total",
+        "counter",
+        "Energy consumed since the driver was loaded.",
+        "joules",
+    ),
+    _gpu("gpufeed_gpu_temperature_celsius", "gauge", "GPU core temperature.", "celsius"),
+    _gpu("gpufeed_gpu_sm_clock_hertz", "gauge", "SM clock.", "hertz"),
+    _gpu(
+        "gpufeed_gpu_clock_event_active",
+        "gauge",
+        "1 while the clock event reason is active, else 0.",
+        "",
+        "reason",
+    ),
+    _gpu(
+        "gpufeed_gpu_pcie_transmit_bytes_total",
+        "counter",
+        "PCIe bytes sent by the GPU (device to host).",
+        "bytes",
+    ),
+    _gpu(
+        "gpufeed_gpu_pcie_receive_bytes_total",
+        "counter",
+        "PCIe bytes received by the GPU (host to device).",
+        "bytes",
+    ),
+    _gpu(
+        "gpufeed_gpu_nvlink_transmit_bytes_total",
+        "counter",
+        "NVLink data bytes sent, summed over links.",
+        "bytes",
+    ),
+    _gpu(
+        "gpufeed_gpu_nvlink_receive_bytes_total",
+        "counter",
+        "NVLink data bytes received, summed over links.",
+        "bytes",
+    ),
+    _gpu(
+        "gpufeed_gpu_xid_errors_total",
+        "counter",
+        "XID error events seen since the agent started.",
+        "",
+        "xid",
+    ),
+    MetricSpec(
+        "gpufeed_gpu_mig_enabled",
+        "gauge",
+        "1 when MIG mode is enabled on the physical GPU, else 0.",
+        GPU,
+        "",
+        "gpu",
+        "gpu",
+        contract=False,
+    ),
+    # Storage tiers
+    _mount(
+        "gpufeed_storage_read_bytes_total",
+        "counter",
+        "Bytes read from the mount's device (over the wire for NFS).",
+        "bytes",
+    ),
+    _mount(
+        "gpufeed_storage_written_bytes_total",
+        "counter",
+        "Bytes written to the mount's device (over the wire for NFS).",
+        "bytes",
+    ),
+    _mount(
+        "gpufeed_storage_reads_completed_total",
+        "counter",
+        "Read operations completed (NFS: READ RPCs).",
+        "",
+    ),
+    _mount(
+        "gpufeed_storage_writes_completed_total",
+        "counter",
+        "Write operations completed (NFS: WRITE RPCs).",
+        "",
+    ),
+    _mount(
+        "gpufeed_storage_read_time_seconds_total",
+        "counter",
+        "Time spent on reads (NFS: READ execute time).",
+        "seconds",
+    ),
+    _mount(
+        "gpufeed_storage_write_time_seconds_total",
+        "counter",
+        "Time spent on writes (NFS: WRITE execute time).",
+        "seconds",
+    ),
+    _mount(
+        "gpufeed_storage_io_time_seconds_total",
+        "counter",
+        "Time the block device was busy with I/O.",
+        "seconds",
+    ),
+    _mount(
+        "gpufeed_storage_io_time_weighted_seconds_total",
+        "counter",
+        "In-flight-weighted I/O time; its rate is the mean queue depth.",
+        "seconds",
+    ),
+    _mount(
+        "gpufeed_storage_capacity_bytes",
+        "gauge",
+        "Filesystem size (statvfs f_blocks * f_frsize).",
+        "bytes",
+    ),
+    _mount(
+        "gpufeed_storage_free_bytes",
+        "gauge",
+        "Space available to unprivileged users (statvfs f_bavail * f_frsize).",
+        "bytes",
+    ),
+    MetricSpec(
+        "gpufeed_storage_mount_info",
+        "gauge",
+        "The exported mount: filesystem type, source, device kind and the disks below it.",
+        (*MOUNT, "fstype", "source", "kind", "disks"),
+        "",
+        "storage",
+        "storage",
+        contract=False,
+        optional_labels=("device", "disks"),
+    ),
+    MetricSpec(
+        "gpufeed_storage_mount_stuck",
+        "gauge",
+        "1 while a statvfs on the mount has not answered within the time bound.",
+        MOUNT,
+        "",
+        "storage",
+        "storage",
+        contract=False,
+        optional_labels=("device",),
+    ),
+    MetricSpec(
+        "gpufeed_storage_nfs_rtt_seconds_total",
+        "counter",
+        "NFS round-trip time summed over READ or WRITE RPCs (op label).",
+        ("tier", "mountpoint", "op"),
+        "seconds",
+        "storage",
+        "storage",
+        contract=False,
+    ),
+    MetricSpec(
+        "gpufeed_storage_tier_path_missing",
+        "gauge",
+        "1 when a path configured for a tier does not exist.",
+        ("tier", "path"),
+        "",
+        "storage",
+        "storage",
+        contract=False,
+    ),
+    # Network fabric
+    _port(
+        "gpufeed_network_receive_bytes_total",
+        "counter",
+        "Bytes received; for RDMA ports from the port counters, which RDMA traffic uses.",
+        "bytes",
+    ),
+    _port(
+        "gpufeed_network_transmit_bytes_total",
+        "counter",
+        "Bytes transmitted; for RDMA ports from the port counters, which RDMA traffic uses.",
+        "bytes",
+    ),
+    _port(
+        "gpufeed_network_speed_bytes_per_second",
+        "gauge",
+        "Link speed in bytes per second, while the link is up.",
+        "bytes_per_second",
+    ),
+    _port(
+        "gpufeed_network_transmit_wait_seconds_total",
+        "counter",
+        "Estimated time an InfiniBand port had data to send but could not (no credits): "
+        "port_xmit_wait ticks, one tick being the time to send xmit_wait_tick_bytes at the "
+        "link rate.",
+        "seconds",
+    ),
+    # Host
+    MetricSpec(
+        "gpufeed_host_cpu_seconds_total",
+        "counter",
+        "CPU time summed over all CPUs, by mode (guest time is inside user and nice).",
+        ("mode",),
+        "seconds",
+        "host",
+        "host",
+    ),
+    MetricSpec(
+        "gpufeed_host_cpus",
+        "gauge",
+        "Logical CPUs online (cpuN lines of /proc/stat).",
+        (),
+        "",
+        "host",
+        "host",
+    ),
+    MetricSpec(
+        "gpufeed_host_pressure_waiting_seconds_total",
+        "counter",
+        "PSI 'some': time in which at least one task waited on the resource.",
+        ("resource",),
+        "seconds",
+        "host",
+        "host",
+    ),
+    MetricSpec(
+        "gpufeed_host_pressure_stalled_seconds_total",
+        "counter",
+        "PSI 'full': time in which all non-idle tasks were stalled on the resource.",
+        ("resource",),
+        "seconds",
+        "host",
+        "host",
+    ),
+    MetricSpec(
+        "gpufeed_host_memory_available_bytes",
+        "gauge",
+        "MemAvailable: memory available for new work without swapping.",
+        (),
+        "bytes",
+        "host",
+        "host",
+    ),
+    # Jobs
+    MetricSpec(
+        "gpufeed_job_info",
+        "gauge",
+        "Which job holds which GPU (1); absent for a GPU no job holds",
+        ("job_id", *GPU, "scheduler", "name"),
+        "",
+        "jobs",
+        "jobs",
+    ),
+    MetricSpec(
+        "gpufeed_job_phase_seconds_total",
+        "counter",
+        "Time the job reported in each phase (job SDK)",
+        ("job_id", "phase", "name"),
+        "seconds",
+        "jobs",
+        "sdk",
+        optional_labels=("name",),
+    ),
+    MetricSpec(
+        "gpufeed_job_steps_total",
+        "counter",
+        "Training steps completed",
+        ("job_id", "name"),
+        "",
+        "jobs",
+        "sdk",
+        optional_labels=("name",),
+    ),
+    MetricSpec(
+        "gpufeed_job_checkpoint_seconds",
+        "histogram",
+        "Checkpoint save durations",
+        ("job_id", "name"),
+        "seconds",
+        "jobs",
+        "sdk",
+        optional_labels=("name",),
+    ),
+    MetricSpec(
+        "gpufeed_job_checkpoint_written_bytes_total",
+        "counter",
+        "Checkpoint bytes written",
+        ("job_id", "name"),
+        "bytes",
+        "jobs",
+        "sdk",
+        optional_labels=("name",),
+    ),
+    MetricSpec(
+        "gpufeed_job_epoch_seconds",
+        "histogram",
+        "Epoch durations",
+        ("job_id", "name"),
+        "seconds",
+        "jobs",
+        "sdk",
+        optional_labels=("name",),
+    ),
+    MetricSpec(
+        "gpufeed_job_storage_read_bytes_total",
+        "counter",
+        "Bytes the job read per storage tier (cgroup io accounting, else /proc/PID/io)",
+        ("job_id", "tier"),
+        "bytes",
+        "jobs",
+        "job_io",
+    ),
+    MetricSpec(
+        "gpufeed_job_storage_written_bytes_total",
+        "counter",
+        "Bytes the job wrote per storage tier (cgroup io accounting, else /proc/PID/io)",
+        ("job_id", "tier"),
+        "bytes",
+        "jobs",
+        "job_io",
+    ),
+    MetricSpec(
+        "gpufeed_sdk_messages_received_total",
+        "counter",
+        "SDK datagrams the agent received (accepted or not)",
+        (),
+        "",
+        "jobs",
+        "sdk",
+        contract=False,
+    ),
+    MetricSpec(
+        "gpufeed_sdk_messages_dropped_total",
+        "counter",
+        "SDK datagrams the agent dropped, by reason",
+        ("reason",),
+        "",
+        "jobs",
+        "sdk",
+        contract=False,
+    ),
+    # Correlator
+    MetricSpec(
+        "gpufeed_gpu_underutilized_seconds_total",
+        "counter",
+        "Seconds of GPU underutilization attributed to each cause.",
+        (*GPU, "job_id", "cause"),
+        "seconds",
+        "correlator",
+        "correlator",
+    ),
+    MetricSpec(
+        "gpufeed_gpu_underutilization_cause",
+        "gauge",
+        "1 while an underutilization window is open, with its cause.",
+        (*GPU, "job_id", "cause"),
+        "",
+        "correlator",
+        "correlator",
+    ),
+    MetricSpec(
+        "gpufeed_gpu_underutilization_windows_total",
+        "counter",
+        "Closed underutilization windows per cause.",
+        (*GPU, "job_id", "cause"),
+        "",
+        "correlator",
+        "correlator",
+    ),
+    # The agent's own health
+    MetricSpec(
+        "gpufeed_collector_success",
+        "gauge",
+        "1 if the collector answered in time on the last sample, else 0.",
+        ("collector",),
+        "",
+        "agent",
+        "sampler",
+        contract=False,
+    ),
+    MetricSpec(
+        "gpufeed_collector_duration_seconds",
+        "gauge",
+        "Time the collector took on the last sample (the time bound if it timed out).",
+        ("collector",),
+        "seconds",
+        "agent",
+        "sampler",
+        contract=False,
+    ),
+    MetricSpec(
+        "gpufeed_build_info",
+        "gauge",
+        "gpufeed version and Python version; always 1.",
+        ("version", "python_version"),
+        "",
+        "agent",
+        "sampler",
+        contract=False,
+    ),
+)
+
+BY_NAME: Mapping[str, MetricSpec] = MappingProxyType({m.name: m for m in CATALOGUE})
+
+
+def spec(name: str) -> MetricSpec:
+    """The catalogue entry of `name`; a KeyError names the file to add it to."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(
+            f"{name} is not in the metric catalogue (exporter/gpufeed/catalogue.py)"
+        ) from None
+
+
+def sample_names(m: MetricSpec) -> tuple[str, ...]:
+    """The series names a family's samples may have in the exposition."""
+    if m.type == "histogram":
+        return (f"{m.name}_bucket", f"{m.name}_sum", f"{m.name}_count")
+    return (m.name,)
