@@ -9,7 +9,6 @@ and the file to fix.
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -30,12 +29,6 @@ from test_golden import CONFIG, lay_node
 
 REPO = Path(__file__).resolve().parent.parent
 UNITS = ("bytes", "seconds", "ratio", "celsius", "watts", "hertz", "joules", "bytes_per_second")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_names_are_unique() -> None:
@@ -113,18 +106,16 @@ def test_live_correlator_families(tmp_path: Path) -> None:
 def test_real_agent_on_the_fixture_trees(run_agent: Any, tmp_path: Path) -> None:
     node = lay_node(tmp_path / "node")
     cfg = tmp_path / "gpufeed.yaml"
-    cfg.write_text(CONFIG)
-    port = _free_port()
-    proc = run_agent(
+    cfg.write_text(CONFIG + f"correlator:\n  windows_log: {tmp_path / 'windows.jsonl'}\n")
+    agent = run_agent(
         "--config", str(cfg),
-        "--web.listen-address", f"127.0.0.1:{port}",
         "--path.procfs", str(node["proc"]),
         "--path.sysfs", str(node["sys"]),
         "--path.rootfs", str(node["root"]),
         "--gpu.backend", "simulated",
         "--sdk.socket", str(tmp_path / "sdk.sock"),
     )  # fmt: skip
-    body = wait_for_metrics(f"http://127.0.0.1:{port}/metrics", proc).decode()
+    body = wait_for_metrics(f"{agent.url}/metrics", agent.proc).decode()
     problems = exposition_problems(body)
     assert not problems, "\n".join(problems)
     assert "gpufeed_storage_read_bytes_total" in body and "gpufeed_host_cpus" in body
