@@ -148,3 +148,62 @@ def test_proc_io_fallback_counts_a_reaped_child_once(tmp_path: Path) -> None:
     assert series(c)[("read_bytes_total", "j", "unattributed")] == 4096 + 1000
     io.write_text(io.read_text().replace("read_bytes: 5096", "read_bytes: 5196"))
     assert series(c)[("read_bytes_total", "j", "unattributed")] == 4096 + 1000 + 100
+
+
+def final_io_collector(
+    tmp_path: Path,
+    pids: dict[str, list[int]],
+    finals: dict[str, dict[int, tuple[int, DeviceBytes]]],
+) -> tuple[JobIoCollector, Path]:
+    procfs = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "procfs_jobs", procfs)
+    c = JobIoCollector(
+        CollectorContext(paths=HostPaths(procfs=procfs, sysfs=tmp_path / "nosys")),
+        lambda: TIERS,
+        sdk_job_pids=lambda: pids,
+        sdk_final_io=lambda: finals,
+    )
+    return c, procfs
+
+
+WRITTEN = ("written_bytes_total", "j", "unattributed")
+
+
+def test_a_final_io_report_replaces_the_last_sample_of_a_process(tmp_path: Path) -> None:
+    """The process wrote a checkpoint after the last sample and exited (defect 4 of
+    issue 9): its own report at close holds those bytes, the sample did not."""
+    pids: dict[str, list[int]] = {"j": [200]}
+    finals: dict[str, dict[int, tuple[int, DeviceBytes]]] = {}
+    c, procfs = final_io_collector(tmp_path, pids, finals)
+    assert series(c)[WRITTEN] == 8192
+    finals["j"] = {200: (150, DeviceBytes(4096, 8192 + 27_000_000))}  # report, then CLOSE:
+    pids["j"] = []  # a closed process is no longer sampled
+    shutil.rmtree(procfs / "200")
+    assert series(c)[WRITTEN] == 8192 + 27_000_000
+    assert series(c)[WRITTEN] == 8192 + 27_000_000  # counted once, however often collected
+
+
+def test_a_final_io_report_arriving_after_the_process_was_retired(tmp_path: Path) -> None:
+    pids: dict[str, list[int]] = {"j": [200]}
+    finals: dict[str, dict[int, tuple[int, DeviceBytes]]] = {}
+    c, procfs = final_io_collector(tmp_path, pids, finals)
+    assert series(c)[WRITTEN] == 8192
+    shutil.rmtree(procfs / "200")  # gone before its report was read: the sample stays
+    assert series(c)[WRITTEN] == 8192
+    finals["j"] = {200: (150, DeviceBytes(4096, 10_000))}  # only the difference is added
+    assert series(c)[WRITTEN] == 10_000
+    assert series(c)[WRITTEN] == 10_000
+
+
+def test_a_process_that_never_was_sampled_counts_by_its_report(tmp_path: Path) -> None:
+    """A job shorter than the sampling interval: known only from its report."""
+    finals = {"j": {4242: (1, DeviceBytes(0, 5_000_000))}}
+    c, _ = final_io_collector(tmp_path, {"j": []}, finals)
+    assert series(c)[WRITTEN] == 5_000_000
+
+
+def test_a_final_report_of_a_child_whose_parent_is_summed_counts_once(tmp_path: Path) -> None:
+    """300 is 200's child: once 200 reaps it, 200's own reading holds 300's bytes."""
+    finals = {"j": {300: (200, DeviceBytes(1000, 0))}}
+    c, _ = final_io_collector(tmp_path, {"j": [200]}, finals)
+    assert series(c)[("read_bytes_total", "j", "unattributed")] == 4096

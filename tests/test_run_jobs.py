@@ -1,4 +1,5 @@
-"""`gpufeed run` against a real agent: each run is a job of its own, named after its program.
+"""`gpufeed run` against a real agent: each run is a job of its own, named after its program,
+and the I/O a short job does just before it exits is counted.
 
 Two `gpufeed run -- python PROGRAM` started at once, with no scheduler, each run a real
 PyTorch DataLoader loop (CPU) and stay alive until both have looped, so they overlap. The
@@ -8,6 +9,10 @@ the steps summed (0.1.0). One run leads its process group, as a shell's command 
 (its id is the group's, `pg<pid>-<start>`, as gpufeed_job_info names its GPU processes);
 the other shares the test's group, as background runs of one script share the script's
 (its id is `run<pid>-<start>`).
+
+A short job that writes a checkpoint right after one of the agent's samples and exits
+before the next: the agent's per-job written bytes must hold the checkpoint (0.1.0 kept the
+last sample's reading, taken before the writes: 12 KB of 27 MB).
 """
 
 from __future__ import annotations
@@ -47,9 +52,10 @@ def free_port() -> int:
         return port
 
 
-def start_agent(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_agent(tmp: Path, interval: float = 0.2) -> tuple[subprocess.Popen[bytes], str]:
     cfg = tmp / "agent.yaml"
-    cfg.write_text(f"interval_seconds: 0.2\ncorrelator:\n  windows_log: {tmp / 'windows.jsonl'}\n")
+    log = tmp / "windows.jsonl"
+    cfg.write_text(f"interval_seconds: {interval}\ncorrelator:\n  windows_log: {log}\n")
     for _ in range(5):  # the port may be taken between free_port() and the agent's bind
         port = free_port()
         proc = subprocess.Popen(
@@ -76,16 +82,46 @@ def start_agent(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise AssertionError("no agent could listen")
 
 
-def sdk_jobs(url: str) -> dict[str, tuple[str, float]]:
-    """job_id -> (name, steps) from the agent's /metrics."""
+def samples(url: str, name: str) -> list[tuple[dict[str, str], float]]:
     with urllib.request.urlopen(url, timeout=5) as resp:
         text = resp.read().decode()
-    out: dict[str, tuple[str, float]] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "gpufeed_job_steps_total":
-                out[s.labels["job_id"]] = (s.labels.get("name", ""), s.value)
-    return out
+    return [
+        (s.labels, s.value)
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == name
+    ]
+
+
+def sdk_jobs(url: str) -> dict[str, tuple[str, float]]:
+    """job_id -> (name, steps) from the agent's /metrics."""
+    return {
+        labels["job_id"]: (labels.get("name", ""), v)
+        for labels, v in samples(url, "gpufeed_job_steps_total")
+    }
+
+
+def written_bytes(url: str, job_id: str) -> float | None:
+    for labels, v in samples(url, "gpufeed_job_storage_written_bytes_total"):
+        if labels["job_id"] == job_id:
+            return v
+    return None
+
+
+def wait_for_next_sample(url: str) -> None:
+    """Returns right after the agent's snapshot changes (the collectors' durations do at
+    every sample)."""
+    first = samples(url, "gpufeed_collector_duration_seconds")
+    deadline = time.monotonic() + 30
+    while samples(url, "gpufeed_collector_duration_seconds") == first:
+        assert time.monotonic() < deadline, "the agent stopped sampling"
+        time.sleep(0.02)
+
+
+def gpufeed_run(tmp: Path, program: Path, *args: str) -> list[str]:
+    """`gpufeed run` of a Python program, reporting to the agent of start_agent(tmp)."""
+    sock = str(tmp / "sdk.sock")
+    return gpufeed_cmd("run", "--socket", sock, "--", sys.executable, str(program), *args)
 
 
 def test_two_concurrent_runs_are_two_jobs_named_after_their_program(tmp_path: Path) -> None:
@@ -96,17 +132,7 @@ def test_two_concurrent_runs_are_two_jobs_named_after_their_program(tmp_path: Pa
     runs: list[subprocess.Popen[bytes]] = []
     try:
         for i, (steps, leader) in enumerate(((5, True), (7, False))):
-            cmd = gpufeed_cmd(
-                "run",
-                "--socket",
-                str(tmp_path / "sdk.sock"),
-                "--",
-                sys.executable,
-                str(prog),
-                str(steps),
-                str(tmp_path / f"ready{i}"),
-                str(gate),
-            )
+            cmd = gpufeed_run(tmp_path, prog, str(steps), str(tmp_path / f"ready{i}"), str(gate))
             runs.append(
                 subprocess.Popen(
                     cmd, env=agent_env(), stderr=subprocess.PIPE, start_new_session=leader
@@ -173,3 +199,66 @@ def test_no_agent_is_said_once_and_the_program_runs(tmp_path: Path) -> None:
     lines = [line for line in out.stderr.splitlines() if "gpufeed" in line]  # not torch's
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith(f"gpufeed run: no gpufeed agent listens on {tmp_path}/none.sock")
+
+
+SHORT_JOB = r"""
+import os, sys, time
+import torch
+from torch.utils.data import DataLoader
+
+ready, gate, path, nbytes = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+for batch in DataLoader(list(range(30)), batch_size=1):
+    time.sleep(0.01)
+open(ready, "w").close()
+while not os.path.exists(gate):
+    time.sleep(0.005)
+torch.save({"w": torch.zeros(nbytes // 4, dtype=torch.float32)}, path)
+"""  # and exits right away
+
+
+def test_a_short_jobs_last_writes_are_counted(tmp_path: Path) -> None:
+    interval = 4.0  # the job writes and exits well within one interval
+    agent, url = start_agent(tmp_path, interval)
+    prog = tmp_path / "short.py"
+    prog.write_text(SHORT_JOB)
+    ready, gate, ckpt = tmp_path / "ready", tmp_path / "gate", tmp_path / "ckpt.pt"
+    try:
+        run = subprocess.Popen(
+            gpufeed_run(tmp_path, prog, str(ready), str(gate), str(ckpt), str(27_000_000)),
+            env=agent_env(),
+            stderr=subprocess.PIPE,
+        )
+        st = read_proc_stat(Path("/proc"), run.pid)
+        assert st is not None
+        job_id = f"run{st.pid}-{st.start_ticks}"
+        deadline = time.monotonic() + 120
+        # The agent has sampled the live process's /proc/PID/io before the checkpoint
+        while not ready.exists() or written_bytes(url, job_id) is None:
+            assert run.poll() is None, run.communicate()[1]
+            assert time.monotonic() < deadline, "the job never showed up in the agent"
+            time.sleep(0.05)
+        before = written_bytes(url, job_id)
+        wait_for_next_sample(url)
+        gate.touch()
+        started = time.monotonic()
+        assert run.wait(timeout=60) == 0, run.communicate()[1]
+        took = time.monotonic() - started
+        got = None
+        deadline = time.monotonic() + 3 * interval
+        while time.monotonic() < deadline:
+            got = written_bytes(url, job_id)
+            if got is not None and got >= ckpt.stat().st_size:
+                break
+            time.sleep(0.1)
+    finally:
+        gate.touch()
+        if run.poll() is None:
+            run.kill()
+        agent.terminate()
+        agent.wait(10)
+    size = ckpt.stat().st_size
+    print(f"per-job written bytes {got} for a {size}-byte checkpoint (before it: {before})")
+    assert took < interval, f"the job took {took:.1f} s: the test needs it within one sample"
+    assert before is not None and before < size / 100
+    # write_bytes counts whole pages, plus the little else the process wrote
+    assert got is not None and size <= got <= size + (1 << 20), (got, size, before)

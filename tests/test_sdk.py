@@ -269,6 +269,15 @@ def test_agent_restart_reconnects(tmp_path: Path) -> None:
         srv.stop()
 
 
+def plain_sdk_env() -> dict[str, str]:
+    """This environment, with gpufeed importable and no job id from outside (a scheduler's
+    or `gpufeed run`'s, should the tests run under one): the job id is the name."""
+    env = {**os.environ, "PYTHONPATH": str(Path(sdk.__file__).parents[1])}
+    for var in ("SLURM_JOB_ID", "POD_UID", "GPUFEED_JOB_ID"):
+        env.pop(var, None)
+    return env
+
+
 def test_several_processes_of_one_job_add_up(server: SdkServer) -> None:
     code = (
         "import sys; from gpufeed import sdk\n"
@@ -276,8 +285,7 @@ def test_several_processes_of_one_job_add_up(server: SdkServer) -> None:
         "for _ in j.track(range(5)): pass\n"
         "j.close(); print(j.events_dropped)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(sdk.__file__).parents[1])}
-    env.pop("SLURM_JOB_ID", None)
+    env = plain_sdk_env()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code, server.socket_path], env=env, stdout=subprocess.PIPE
@@ -446,3 +454,34 @@ def test_steps_are_summed_in_the_process_not_sent_one_by_one(
     wait_value(server, "gpufeed_job_steps_total", 5000, job_id=job.job_id)
     received = value(server.families(), "gpufeed_sdk_messages_received_total")
     assert received is not None and received < 100  # one datagram per FLUSH_SECONDS or so
+
+
+def test_a_process_reports_its_own_io_when_it_closes(server: SdkServer, tmp_path: Path) -> None:
+    """At close (here: at exit, without calling close()), before CLOSE: the process's
+    /proc/self/io, read after its last write, in a datagram of its own."""
+    code = (
+        "import os, sys; from gpufeed import sdk\n"
+        "j = sdk.Job('writer', socket=sys.argv[1])\n"
+        "for _ in j.track(range(2)): pass\n"
+        "with open(sys.argv[2], 'wb') as f: f.write(os.urandom(3 << 20))\n"
+        "print(os.getpid(), os.getppid(), flush=True)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, server.socket_path, str(tmp_path / "ckpt")],
+        env=plain_sdk_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    pid, ppid = map(int, out.stdout.split())
+    deadline = time.monotonic() + 5
+    while not server.final_io_by_job() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (job_id, reports), *_ = server.final_io_by_job().items()
+    assert job_id == "writer"
+    got_ppid, got = reports[pid]
+    assert got_ppid in (ppid, 0)  # 0 if it had exited before the agent read its parent
+    assert 3 << 20 <= got.written_bytes < (3 << 20) + (1 << 20)
+    fams = server.families()
+    assert value(fams, "gpufeed_sdk_messages_dropped_total", reason="schema") == 0

@@ -21,7 +21,7 @@ seconds = st.floats(min_value=0.0, max_value=wire.MAX_EVENT_SECONDS, allow_nan=F
 
 @st.composite
 def messages(draw: st.DrawFn) -> wire.Message:
-    kind = draw(st.sampled_from([1, 2, 3, 4, 5]))
+    kind = draw(st.sampled_from([1, 2, 3, 4, 5, 6]))
     job_id, name = draw(label), draw(label)
     if kind == wire.KIND_STEP:
         return wire.Message(
@@ -41,6 +41,11 @@ def messages(draw: st.DrawFn) -> wire.Message:
         return wire.Message(kind, job_id, name, seconds=draw(seconds), checkpoint_bytes=nbytes)
     if kind == wire.KIND_EPOCH:
         return wire.Message(kind, job_id, name, seconds=draw(seconds))
+    if kind == wire.KIND_IO:
+        io_bytes = st.integers(0, wire.MAX_IO_BYTES)
+        return wire.Message(
+            kind, job_id, name, read_bytes=draw(io_bytes), written_bytes=draw(io_bytes)
+        )
     return wire.Message(kind, job_id, name)
 
 
@@ -48,7 +53,9 @@ def _check(result: wire.Message | str) -> None:
     if isinstance(result, str):
         assert result in wire.DROP_REASONS
         return
-    assert 1 <= result.kind <= 5
+    assert 1 <= result.kind <= 6
+    assert 0 <= result.read_bytes <= wire.MAX_IO_BYTES
+    assert 0 <= result.written_bytes <= wire.MAX_IO_BYTES
     assert 0 < len(result.job_id.encode()) <= wire.MAX_JOB_ID_BYTES
     assert 0 < len(result.name.encode()) <= wire.MAX_NAME_BYTES
     for x in (result.seconds, result.compute_seconds):

@@ -28,6 +28,8 @@ MAX_DATAGRAM_BYTES in all, each:
     CHECKPOINT: a = seconds, n = bytes written (-1: unknown)
     EPOCH:      a = seconds
     CLOSE:      the process is done with the job
+    IO:         a = read_bytes, b = write_bytes of the process's own /proc/self/io (sent
+                at close, just before CLOSE, in a datagram of its own; added in 0.2.0)
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ KIND_PHASE = 2
 KIND_CHECKPOINT = 3
 KIND_EPOCH = 4
 KIND_CLOSE = 5
+KIND_IO = 6
 PHASES = ("compute", "data_wait", "checkpoint", "communication", "startup", "eval", "other")
 HEADER = struct.Struct("<2sBBBBBBddq")
 MAX_JOB_ID_BYTES = 128
@@ -63,6 +66,7 @@ _RECONNECT_SECONDS = 1.0
 # it the whole datagram: a process that ran that long before its first loop (a notebook
 # kernel) reports that much start-up, not a datagram the agent drops.
 _MAX_EVENT_SECONDS = 30 * 86400.0
+_MAX_IO_BYTES = 1 << 50  # gpufeed.jobs.wire.MAX_IO_BYTES
 FLUSH_SECONDS = 0.1
 _PHASE_INDEX = {name: i for i, name in enumerate(PHASES)}
 _DATA_WAIT = _PHASE_INDEX["data_wait"]
@@ -115,7 +119,8 @@ class Job:
         self._acc_observations: list[tuple[int, float, int]] = []  # checkpoints, epochs
         self._acc_events = 0
         self._flush_at = time.perf_counter() + FLUSH_SECONDS
-        atexit.register(self._flush)
+        self._pid = os.getpid()
+        atexit.register(self._at_exit)
 
     # -- the API ---------------------------------------------------------------------------
 
@@ -193,20 +198,40 @@ class Job:
     def close(self) -> None:
         """Sends what is pending and tells the agent this process is done; the job's series
         go after the agent's grace period once every process of the job has closed or
-        exited."""
+        exited. Called at exit too.
+
+        Before the CLOSE goes this process's own /proc/self/io, read now: the agent samples
+        /proc/PID/io only every interval, so the checkpoint a short job writes just before
+        it exits would otherwise be lost with the process."""
         if self._closed:
             return
         self._flush()
+        if os.getpid() == self._pid:  # not a forked child's copy of the parent's Job
+            report = self._io_report()
+            if report is not None:
+                self._send(report)  # alone: an older agent refuses the kind, and only it
         close = HEADER.pack(MAGIC, WIRE_VERSION, KIND_CLOSE, 0, 0, *self._lens, 0.0, 0.0, 0)
         if self._send(close + self._suffix):
             self.events_sent += 1
         else:
             self.events_dropped += 1
         self._closed = True
-        atexit.unregister(self._flush)
+        atexit.unregister(self._at_exit)
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+    def _at_exit(self) -> None:
+        if os.getpid() == self._pid:  # a forked child exits with its parent's Job unsent
+            self.close()
+
+    def _io_report(self) -> bytes | None:
+        counters = own_io_bytes()
+        if counters is None:
+            return None
+        read, written = (float(min(c, _MAX_IO_BYTES)) for c in counters)
+        head = HEADER.pack(MAGIC, WIRE_VERSION, KIND_IO, 0, 0, *self._lens, read, written, 0)
+        return head + self._suffix
 
     # -- batching ----------------------------------------------------------------------------
 
@@ -352,6 +377,21 @@ def resolve_job_id(name: str) -> str:
     if m:
         return m.group(1).replace("_", "-").lower()
     return os.environ.get(JOB_ID_ENV, "").strip() or name
+
+
+def own_io_bytes() -> tuple[int, int] | None:
+    """(read_bytes, write_bytes) of this process and its reaped children, from
+    /proc/self/io; None where the kernel does not account I/O or /proc is not there."""
+    try:
+        with open("/proc/self/io", encoding="ascii") as f:
+            text = f.read()
+    except OSError:
+        return None
+    kv = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    try:
+        return int(kv["read_bytes"]), int(kv["write_bytes"])
+    except (KeyError, ValueError):
+        return None
 
 
 def process_age_seconds() -> float | None:

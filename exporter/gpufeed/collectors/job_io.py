@@ -36,6 +36,14 @@ READ_HELP = "Bytes the job read per storage tier (cgroup io accounting, else /pr
 WRITTEN_HELP = "Bytes the job wrote per storage tier (cgroup io accounting, else /proc/PID/io)"
 
 
+FinalIo = Mapping[int, tuple[int, DeviceBytes]]  # pid -> (parent pid or 0, bytes)
+JobFinalIo = Callable[[], Mapping[str, FinalIo]]
+
+# Retired processes whose counted bytes are remembered, so that an IO report that arrives
+# after the process was already retired adds only what the sample had missed.
+_MAX_COUNTED_PIDS = 4096
+
+
 class _ProcIoSum:
     """Monotonic sum of /proc/PID/io over a changing set of processes.
 
@@ -44,15 +52,23 @@ class _ProcIoSum:
     adds the child's I/O to the parent's own /proc/PID/io (DataLoader workers and their
     main process), and counting it again would add it twice. Until the parent has reaped
     it the sum may dip, so what is returned never falls below what was returned before.
+
+    The last reading of a process that exits between two samples misses what it did after
+    that reading (the checkpoint a short job writes just before it ends). An SDK process
+    reports its own /proc/self/io when it closes (`finals`); that report, read by the
+    process itself after its last write, replaces the sampled reading, whether it arrives
+    before the process is retired here or after.
     """
 
     def __init__(self) -> None:
         self.last: dict[int, tuple[int, DeviceBytes]] = {}  # pid -> (parent pid, bytes)
+        # retired pid -> bytes counted for it; None: its parent's reading holds it
+        self.counted: dict[int, DeviceBytes | None] = {}
         self.retired_read = 0
         self.retired_written = 0
         self.returned = DeviceBytes(0, 0)
 
-    def update(self, procfs: Path, pids: Iterable[int]) -> DeviceBytes:
+    def update(self, procfs: Path, pids: Iterable[int], finals: FinalIo) -> DeviceBytes:
         current: dict[int, tuple[int, DeviceBytes]] = {}
         for pid in pids:
             text = read_text(procfs / str(pid) / "io")
@@ -60,10 +76,14 @@ class _ProcIoSum:
             if got is not None:
                 stat = read_proc_stat(procfs, pid)
                 current[pid] = (stat.ppid if stat is not None else 0, got)
+                self.counted.pop(pid, None)  # alive: a reused pid starts afresh
         for pid, (ppid, old) in self.last.items():
-            if pid not in current and ppid not in current:
-                self.retired_read += old.read_bytes
-                self.retired_written += old.written_bytes
+            if pid not in current:
+                final = finals.get(pid)
+                self._retire(pid, ppid, old if final is None else _larger(old, final[1]), current)
+        for pid, (parent, reported) in finals.items():
+            if pid not in current and pid not in self.last:  # exited before any sample
+                self._retire(pid, parent, reported, current)
         self.last = current
         self.returned = DeviceBytes(
             max(
@@ -77,6 +97,30 @@ class _ProcIoSum:
         )
         return self.returned
 
+    def _retire(
+        self, pid: int, ppid: int, reading: DeviceBytes, current: Mapping[int, object]
+    ) -> None:
+        """Adds what `reading` holds beyond what was already counted for the exited `pid`."""
+        if pid in self.counted and self.counted[pid] is None:
+            return
+        if ppid in current:
+            self._count(pid, None)
+            return
+        before = self.counted.get(pid) or DeviceBytes(0, 0)
+        self.retired_read += max(reading.read_bytes - before.read_bytes, 0)
+        self.retired_written += max(reading.written_bytes - before.written_bytes, 0)
+        self._count(pid, _larger(before, reading))
+
+    def _count(self, pid: int, value: DeviceBytes | None) -> None:
+        self.counted.pop(pid, None)
+        self.counted[pid] = value
+        while len(self.counted) > _MAX_COUNTED_PIDS:
+            del self.counted[next(iter(self.counted))]
+
+
+def _larger(a: DeviceBytes, b: DeviceBytes) -> DeviceBytes:
+    return DeviceBytes(max(a.read_bytes, b.read_bytes), max(a.written_bytes, b.written_bytes))
+
 
 class JobIoCollector:
     name = "job_io"
@@ -86,11 +130,13 @@ class JobIoCollector:
         context: CollectorContext,
         devices_to_tier: DevicesToTier,
         sdk_job_pids: JobPids | None = None,
+        sdk_final_io: JobFinalIo | None = None,
     ) -> None:
         self._procfs = context.paths.procfs
         self._cgroup_root = context.paths.sys("fs", "cgroup")
         self._devices_to_tier = devices_to_tier
         self._sdk_job_pids = sdk_job_pids
+        self._sdk_final_io = sdk_final_io
         self._proc_sums: dict[str, _ProcIoSum] = {}
 
     def collect(self) -> list[Family]:
@@ -129,10 +175,11 @@ class JobIoCollector:
                 labels = {"job_id": job_id, "tier": tier}
                 f.counter(READ, READ_HELP, labels, r)
                 f.counter(WRITTEN, WRITTEN_HELP, labels, w)
+        finals = self._sdk_final_io() if self._sdk_final_io is not None else {}
         sums: dict[str, _ProcIoSum] = {}
         for job_id, pids in sorted(fallback.items()):
             s = sums[job_id] = self._proc_sums.get(job_id) or _ProcIoSum()
-            total = s.update(self._procfs, pids)
+            total = s.update(self._procfs, pids, finals.get(job_id, {}))
             if not s.last and not (total.read_bytes or total.written_bytes):
                 continue  # no process readable (gone, or /proc/PID/io not permitted)
             labels = {"job_id": job_id, "tier": UNATTRIBUTED_TIER}

@@ -8,6 +8,7 @@ the drop counters; a job with no GPU gets its series all the same.
 from __future__ import annotations
 
 from gpufeed.collectors.base import CollectorContext
+from gpufeed.jobs.io_accounting import DeviceBytes
 from gpufeed.jobs.sdk_server import SdkServer
 from gpufeed.model import Family
 
@@ -42,3 +43,6 @@ class SdkCollector:
 
     def pids_by_job(self) -> dict[str, list[int]]:
         return self.server.pids_by_job()
+
+    def final_io_by_job(self) -> dict[str, dict[int, tuple[int, DeviceBytes]]]:
+        return self.server.final_io_by_job()

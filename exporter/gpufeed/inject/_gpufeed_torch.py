@@ -18,7 +18,6 @@ training environment that does not have gpufeed installed.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import importlib.util
@@ -58,10 +57,9 @@ def job() -> Any:
     with _job_lock:
         if _job is None or _job._pid != os.getpid():
             name = os.environ.get("GPUFEED_JOB_NAME") or _program_name()
-            new = _sdk().Job(name)
-            new._pid = os.getpid()
-            _job = new
-            atexit.register(new.close)
+            # The Job closes itself at exit (in the process that made it only), reporting
+            # the process's final I/O; `_pid` is the SDK's own record of that process.
+            _job = _sdk().Job(name)
         return _job
 
 

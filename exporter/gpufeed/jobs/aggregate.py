@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpufeed.jobs import wire
+from gpufeed.jobs.io_accounting import DeviceBytes
 from gpufeed.model import Families, Family
 
 CHECKPOINT_BUCKETS_SECONDS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
@@ -61,6 +62,8 @@ class JobState:
     epoch: Histogram = field(default_factory=lambda: Histogram(EPOCH_BUCKETS_SECONDS))
     # pid -> (closed, monotonic time of its last message)
     processes: dict[int, tuple[bool, float]] = field(default_factory=dict)
+    # pid -> (its parent's pid or 0, the /proc/self/io it reported at close)
+    final_io: dict[int, tuple[int, DeviceBytes]] = field(default_factory=dict)
     ended_at: float | None = None
 
 
@@ -78,8 +81,9 @@ class JobTable:
         self._pid_alive = pid_alive
         self._jobs: dict[str, JobState] = {}
 
-    def apply(self, msg: wire.Message, pid: int, now: float) -> str | None:
-        """Adds one message from process `pid` (0 = unknown); returns a drop reason or None."""
+    def apply(self, msg: wire.Message, pid: int, now: float, ppid: int = 0) -> str | None:
+        """Adds one message from process `pid` (0 = unknown; `ppid` its parent, 0 = unknown,
+        used for IO reports); returns a drop reason or None."""
         job = self._jobs.get(msg.job_id)
         if job is None:
             if len(self._jobs) >= self.max_jobs and not self._evict_one_ended():
@@ -90,6 +94,7 @@ class JobTable:
             for p, (closed, _) in list(job.processes.items()):
                 if closed:
                     del job.processes[p]
+                    job.final_io.pop(p, None)
         job.processes[pid] = (msg.kind == wire.KIND_CLOSE, now)
         if msg.kind != wire.KIND_CLOSE:
             job.ended_at = None
@@ -107,6 +112,8 @@ class JobTable:
                 job.checkpoint_bytes = (job.checkpoint_bytes or 0) + msg.checkpoint_bytes
         elif msg.kind == wire.KIND_EPOCH:
             job.epoch.observe(msg.seconds)
+        elif msg.kind == wire.KIND_IO and pid > 0:
+            job.final_io[pid] = (ppid, DeviceBytes(msg.read_bytes, msg.written_bytes))
         return None
 
     def expire(self, now: float) -> None:
@@ -143,6 +150,10 @@ class JobTable:
             j.job_id: [p for p, (closed, _) in j.processes.items() if p > 0 and not closed]
             for j in self._jobs.values()
         }
+
+    def final_io_by_job(self) -> dict[str, dict[int, tuple[int, DeviceBytes]]]:
+        """The I/O each process reported of itself at close, per job: (ppid, bytes) by pid."""
+        return {j.job_id: dict(j.final_io) for j in self._jobs.values() if j.final_io}
 
     def families(self) -> list[Family]:
         f = Families()

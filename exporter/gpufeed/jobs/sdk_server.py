@@ -29,7 +29,13 @@ from pathlib import Path
 
 from gpufeed.jobs import wire
 from gpufeed.jobs.aggregate import JobTable
-from gpufeed.jobs.identity import SCHEDULER_PROCESS, JobIdentity, read_job_identity
+from gpufeed.jobs.identity import (
+    SCHEDULER_PROCESS,
+    JobIdentity,
+    read_job_identity,
+    read_proc_stat,
+)
+from gpufeed.jobs.io_accounting import DeviceBytes
 from gpufeed.model import Families, Family
 
 log = logging.getLogger(__name__)
@@ -173,6 +179,11 @@ class SdkServer:
         with self._lock:
             return self._table.pids_by_job()
 
+    def final_io_by_job(self) -> dict[str, dict[int, tuple[int, DeviceBytes]]]:
+        """What each SDK job's processes reported of their own I/O at close."""
+        with self._lock:
+            return self._table.final_io_by_job()
+
     # -- receiving ---------------------------------------------------------------------------
 
     def handle(self, data: bytes, pid: int, truncated: bool = False) -> str | None:
@@ -214,7 +225,13 @@ class SdkServer:
                 msg.steps,
                 msg.checkpoint_bytes,
             )
-        return self._table.apply(msg, pid, now)
+        ppid = 0
+        if msg.kind == wire.KIND_IO and pid > 0:
+            # Read now, while the sender is most likely still there (it is closing): the
+            # job_io collector must know whether its parent's /proc/PID/io will hold it.
+            stat = read_proc_stat(self._procfs, pid)
+            ppid = stat.ppid if stat is not None else 0
+        return self._table.apply(msg, pid, now, ppid)
 
     def _run(self) -> None:
         sock = self._sock

@@ -21,6 +21,9 @@ KIND_PHASE: Final = 2
 KIND_CHECKPOINT: Final = 3
 KIND_EPOCH: Final = 4
 KIND_CLOSE: Final = 5
+# Added in 0.2.0 (an older agent drops it as `schema`; the SDK sends it in a datagram of
+# its own so that nothing else is lost with it): a process's own /proc/self/io at close.
+KIND_IO: Final = 6
 PHASES: Final = ("compute", "data_wait", "checkpoint", "communication", "startup", "eval", "other")
 HEADER: Final = struct.Struct("<2sBBBBBBddq")
 MAX_JOB_ID_BYTES: Final = 128
@@ -32,6 +35,7 @@ MAX_DATAGRAM_BYTES: Final = 8192
 MAX_EVENT_SECONDS: Final = 30 * 86400.0
 MAX_STEPS_PER_EVENT: Final = 1_000_000
 MAX_CHECKPOINT_BYTES: Final = 1 << 50  # 1 PiB
+MAX_IO_BYTES: Final = 1 << 50  # an IO report's counters, carried exactly in f64 (< 2**53)
 
 # Reasons for dropping a datagram, as exported; decode returns the first four, the server
 # the other three.
@@ -63,6 +67,8 @@ class Message:
     compute_seconds: float = 0.0  # STEP only
     steps: int = 0  # STEP only
     checkpoint_bytes: int | None = None  # CHECKPOINT only; None = not reported
+    read_bytes: int = 0  # IO only: the process's read_bytes
+    written_bytes: int = 0  # IO only: the process's write_bytes
 
 
 def decode_datagram(data: bytes) -> list[Message] | str:
@@ -89,7 +95,7 @@ def _decode_one(data: bytes, offset: int) -> tuple[Message, int] | str:
         return REASON_SCHEMA
     if version != WIRE_VERSION:
         return REASON_VERSION
-    if not KIND_STEP <= kind <= KIND_CLOSE or reserved != 0:
+    if not KIND_STEP <= kind <= KIND_IO or reserved != 0:
         return REASON_SCHEMA
     if not 0 < id_len <= MAX_JOB_ID_BYTES or not 0 < name_len <= MAX_NAME_BYTES:
         return REASON_NAME_LENGTH
@@ -108,6 +114,12 @@ def _message(
     name = _label_text(raw_name)
     if job_id is None or name is None:
         return REASON_SCHEMA
+    if kind == KIND_IO:
+        if phase != 0:
+            return REASON_PHASE
+        if n != 0 or not (_byte_count_ok(a) and _byte_count_ok(b)):
+            return REASON_SCHEMA
+        return Message(kind, job_id, name, read_bytes=int(a), written_bytes=int(b))
     if not (_duration_ok(a) and _duration_ok(b)):
         return REASON_SCHEMA
     if kind == KIND_PHASE:
@@ -143,6 +155,8 @@ def encode(msg: Message) -> bytes:
     elif msg.kind == KIND_CHECKPOINT:
         a, b = msg.seconds, 0.0
         n = -1 if msg.checkpoint_bytes is None else msg.checkpoint_bytes
+    elif msg.kind == KIND_IO:
+        a, b, n = float(msg.read_bytes), float(msg.written_bytes), 0
     else:
         a, b, n = msg.seconds, 0.0, 0
     head = HEADER.pack(MAGIC, WIRE_VERSION, msg.kind, phase, 0, len(job_id), len(name), a, b, n)
@@ -151,6 +165,10 @@ def encode(msg: Message) -> bytes:
 
 def _duration_ok(x: float) -> bool:
     return math.isfinite(x) and 0.0 <= x <= MAX_EVENT_SECONDS
+
+
+def _byte_count_ok(x: float) -> bool:
+    return math.isfinite(x) and x.is_integer() and 0.0 <= x <= MAX_IO_BYTES
 
 
 def _label_text(raw: bytes) -> str | None:

@@ -50,5 +50,5 @@ def build_job_collectors(
     return JobCollectors(
         sdk=sdk,
         jobs=JobsCollector(context, gpu_samples, sdk.job_for_pid),
-        job_io=JobIoCollector(context, devices_to_tier, sdk.pids_by_job),
+        job_io=JobIoCollector(context, devices_to_tier, sdk.pids_by_job, sdk.final_io_by_job),
     )
