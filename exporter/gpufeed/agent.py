@@ -26,6 +26,7 @@ from gpufeed.config import DEFAULT_SDK_SOCKET, AgentConfig, ConfigError, load_co
 from gpufeed.gpu.select import BACKEND_KINDS
 from gpufeed.sampler import Sampler
 from gpufeed.snapshot import Processor, Sink
+from gpufeed.statepaths import RunStateDir, is_production_path, simulated_config
 
 log = logging.getLogger("gpufeed.agent")
 
@@ -299,15 +300,26 @@ class AgentParts:
     sinks: list[Sink] = field(default_factory=list)
     banner: str = ""
     routes: list[Any] = field(default_factory=list)
+    run_dir: RunStateDir = field(default_factory=RunStateDir)  # a simulated node's state
+
+
+def is_simulated(args: argparse.Namespace) -> bool:
+    return args.simulate is not None or args.gpu_backend == "simulated"
 
 
 def build_parts(args: argparse.Namespace, port: int) -> AgentParts:
     """`port`: the port the agent listens on, for the default instance name."""
     config = load_config(args.config)
     config = replace(config, instance=node_instance(args.instance, config.instance, port))
+    run_dir = RunStateDir()
+    if is_simulated(args):
+        # a simulated node never writes where a real agent keeps its state (statepaths)
+        config = simulated_config(config, run_dir)
+        if args.sdk_socket and is_production_path(args.sdk_socket):
+            args.sdk_socket = config.sdk.socket_path
     paths = HostPaths(Path(args.procfs), Path(args.sysfs), Path(args.rootfs))
     ctx = CollectorContext(paths=paths, config=config)
-    parts = AgentParts(config=config)
+    parts = AgentParts(config=config, run_dir=run_dir)
     try:
         _add_parts(args, ctx, parts)
     except BaseException:
@@ -328,6 +340,7 @@ def close_parts(parts: AgentParts) -> None:
             close()
         except Exception:
             log.exception("closing %s failed", part.name)
+    parts.run_dir.remove()
 
 
 def _add_parts(args: argparse.Namespace, ctx: CollectorContext, parts: AgentParts) -> None:
@@ -339,10 +352,21 @@ def _add_parts(args: argparse.Namespace, ctx: CollectorContext, parts: AgentPart
     if args.collector_correlator:
         from gpufeed.correlator.api import windows_routes
         from gpufeed.correlator.live import CorrelatorProcessor
+        from gpufeed.correlator.windowlog import WindowLogInUse
 
-        correlator = CorrelatorProcessor(
-            config.correlator, interval_seconds=config.interval_seconds, instance=config.instance
-        )
+        try:
+            correlator = CorrelatorProcessor(
+                config.correlator,
+                interval_seconds=config.interval_seconds,
+                instance=config.instance,
+                simulated=is_simulated(args),
+            )
+        except WindowLogInUse as exc:
+            raise UsageError(str(exc)) from exc
+        if parts.run_dir.path and config.correlator.windows_log:
+            log.info(
+                "simulated node: windows log %s (this run only)", config.correlator.windows_log
+            )
         parts.processors.append(correlator)
         parts.routes.extend(windows_routes(correlator, simulated=bool(parts.banner)))
     if args.record:
@@ -486,6 +510,7 @@ def run(args: argparse.Namespace) -> int:
         # Closing removes the SDK socket file and finalizes the recording.
         sampler.stop()
         listener.close()
+        parts.run_dir.remove()
 
 
 async def _serve(

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 DEFAULT_SDK_SOCKET = "/run/gpufeed/sdk.sock"
+DEFAULT_WINDOWS_LOG = "/var/lib/gpufeed/windows.jsonl"
 TIER_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_")
 
 
@@ -32,7 +33,7 @@ class CorrelatorConfig:
     threshold_ratio: float = 0.8
     min_window_seconds: float = 60.0
     merge_gap_seconds: float = 30.0
-    windows_log: str = "/var/lib/gpufeed/windows.jsonl"
+    windows_log: str = DEFAULT_WINDOWS_LOG
     windows_log_max_bytes: int = 16 * 1024 * 1024
     windows_log_backups: int = 3
 

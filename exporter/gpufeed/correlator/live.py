@@ -7,16 +7,20 @@ import logging
 import socket
 import threading
 from collections import deque
+from dataclasses import replace
 from typing import Final
 
 from gpufeed.config import CorrelatorConfig
+from gpufeed.correlator import openwindows
 from gpufeed.correlator.engine import NodeCorrelator, WindowParams
 from gpufeed.correlator.features import JOB_READ
+from gpufeed.correlator.loghealth import add_log_health
 from gpufeed.correlator.node import USED_METRIC_SET, NodeSeries
 from gpufeed.correlator.series import Series
 from gpufeed.correlator.view import Timing
 from gpufeed.correlator.window import Window
-from gpufeed.correlator.windowlog import WindowLog, read_log
+from gpufeed.correlator.windowlog import MAX_PENDING, LogHealth, WindowLog
+from gpufeed.correlator.windowlog_read import OPEN_RECORD, scan_log
 from gpufeed.model import Families, Family, LabelPairs
 from gpufeed.snapshot import Snapshot
 
@@ -30,6 +34,11 @@ TRIM_EVERY_SECONDS = 120.0
 # series, columns and baselines go, so that neither the exported series nor the agent's
 # memory and per-sample work grow with every job the node has ever run.
 ENDED_JOB_SECONDS = KEEP_SECONDS
+# A log that could not be opened (disk full at start, a directory not there yet) is tried
+# again this often, in sample time: it is never off for the agent's lifetime.
+REOPEN_EVERY_SECONDS = 30.0
+# Windows a full disk held back are tried again this often.
+RETRY_EVERY_SECONDS = 5.0
 
 Key = tuple[str, str, str, str]  # gpu, uuid, job_id, cause
 
@@ -46,7 +55,12 @@ class CorrelatorProcessor:
         instance: str | None = None,
         log: WindowLog | None = None,
         recent: int = 1000,
+        simulated: bool = False,
     ) -> None:
+        """`simulated`: a simulated node; its log lines say so, and only its own kind of
+        line is read back (a real agent never serves a simulated node's windows).
+
+        Raises WindowLogInUse when another agent holds the windows log."""
         cfg = config or CorrelatorConfig()
         self.params = WindowParams(
             cfg.threshold_ratio, cfg.min_window_seconds, cfg.merge_gap_seconds
@@ -62,19 +76,86 @@ class CorrelatorProcessor:
         self._recent: deque[Window] = deque(maxlen=recent)
         self._lock = threading.Lock()
         self._next_trim = 0.0
+        self._cfg = cfg
+        self._simulated = simulated
         self._log = log
         self._log_failing = False
+        self._open_errors = 0  # failed attempts to open the log
+        # windows closed while the log could not be opened yet, written once it is
+        self._unopened: deque[Window] = deque(maxlen=MAX_PENDING)
+        self._skipped: dict[str, int] = {}
+        self._next_open = 0.0
+        self._next_retry = 0.0
+        self._saved_keys: frozenset[openwindows.WindowKey] = frozenset()
+        self._next_save = 0.0
         self._last_t: float | None = None
         if log is None and cfg.windows_log:
-            try:
-                self._log = WindowLog(
-                    cfg.windows_log, cfg.windows_log_max_bytes, cfg.windows_log_backups
+            self._open_log()
+        elif log is not None:
+            self._load(log)
+
+    def _open_log(self) -> None:
+        cfg = self._cfg
+        try:
+            log = WindowLog(
+                cfg.windows_log,
+                cfg.windows_log_max_bytes,
+                cfg.windows_log_backups,
+                simulated=self._simulated,
+            )
+        except OSError as e:
+            # the correlator still runs and exports its metrics; the log is tried again
+            self._open_errors += 1
+            if self._open_errors == 1:
+                _log.error(
+                    "windows log %s cannot be opened, trying again every %gs: %s",
+                    cfg.windows_log,
+                    REOPEN_EVERY_SECONDS,
+                    e,
                 )
-            except OSError as e:
-                # the correlator still runs and exports its metrics; only the log is off
-                _log.error("windows log %s cannot be opened, not logging: %s", cfg.windows_log, e)
-        if self._log is not None:
-            self._recent.extend(read_log(self._log.path))
+            return
+        if self._open_errors:
+            _log.info("windows log %s is open", cfg.windows_log)
+        self._log = log
+        self._load(log)
+
+    def _load(self, log: WindowLog) -> None:
+        """Reads the log back, then logs the windows a stop left open (see openwindows)."""
+        try:
+            scan = scan_log(log.path, simulated=self._simulated, keep=self._recent.maxlen)
+        except OSError as e:
+            _log.error("windows log %s cannot be read: %s", log.path, e)
+            return
+        self._skipped = dict(scan.skipped)
+        bad = sum(scan.skipped.values())
+        if bad:
+            _log.warning(
+                "windows log %s: skipped %d lines (%s)",
+                log.path,
+                bad,
+                ", ".join(f"{r}: {n}" for r, n in sorted(scan.skipped.items())),
+            )
+        # the windows of earlier runs come before those closed while the log was not open
+        self._recent = deque([*scan.windows, *self._recent], maxlen=self._recent.maxlen)
+        while self._unopened:
+            self._log_error(log.append(self._unopened.popleft()))
+        record = openwindows.record_path(log.path)
+        left, skipped = openwindows.load(record, self._simulated)
+        if skipped:
+            self._skipped[OPEN_RECORD] = self._skipped.get(OPEN_RECORD, 0) + skipped
+        logged = {openwindows.window_key(w) for w in scan.windows}
+        self._log_interrupted(openwindows.interrupted(left, logged), record)
+
+    def _log_interrupted(self, windows: list[Window], record: str) -> None:
+        assert self._log is not None
+        error = None
+        for w in windows:
+            self._recent.append(w)
+            error = self._log.append(w)
+        if error is None:
+            openwindows.remove(record)
+        else:
+            self._log_error(error)
 
     # ---- Processor -----------------------------------------------------------------------
     def process(self, snapshot: Snapshot) -> list[Family]:
@@ -110,11 +191,61 @@ class CorrelatorProcessor:
                 self._next_trim = t + TRIM_EVERY_SECONDS
                 node.trim_before(t - KEEP_SECONDS)
                 self._forget_ended_jobs(t - ENDED_JOB_SECONDS)
+            self._keep_log(t)
             return self._families()
 
     def close(self) -> None:
-        if self._log is not None:
-            self._log.close()
+        """Logs the windows open now as cut short (a clean stop must not lose them)."""
+        with self._lock:
+            log, self._log = self._log, None
+            if log is None:
+                return
+            try:
+                record = openwindows.record_path(log.path)
+                open_now = self._corr.open_windows()
+                if open_now:
+                    self._save_record(log, open_now)
+                    logged = {openwindows.window_key(w) for w in self._recent}
+                    self._log = log
+                    self._log_interrupted(openwindows.interrupted(open_now, logged), record)
+                    self._log = None
+                else:
+                    openwindows.remove(record)
+            finally:
+                log.close()
+
+    # ---- the log's upkeep, once per sample -------------------------------------------------
+    def _keep_log(self, t: float) -> None:
+        log = self._log
+        if log is None:
+            if self._cfg.windows_log and t >= self._next_open:
+                self._next_open = t + REOPEN_EVERY_SECONDS
+                self._open_log()
+            return
+        if t >= self._next_retry and log.health().pending_windows:
+            self._next_retry = t + RETRY_EVERY_SECONDS
+            self._log_error(log.retry())
+        units = self._corr.units.values()
+        keys = frozenset(
+            (u.gpu, u.uuid, u.seg.job_id, round(u.seg.start, 3)) for u in units if u.seg is not None
+        )
+        if keys != self._saved_keys or (keys and t >= self._next_save):
+            self._next_save = t + openwindows.SAVE_EVERY_SECONDS
+            if self._save_record(log, self._corr.open_windows()):
+                self._saved_keys = keys
+
+    def _save_record(self, log: WindowLog, windows: list[Window]) -> bool:
+        record = openwindows.record_path(log.path)
+        try:
+            if windows:
+                openwindows.save(record, windows, self._simulated)
+            else:
+                openwindows.remove(record)
+        except OSError as e:
+            log.count_error()
+            self._log_error(e)
+            return False
+        return True
 
     def _forget_ended_jobs(self, horizon: float) -> None:
         """Forgets the jobs whose series all ended before `horizon`, unless a window of
@@ -154,13 +285,24 @@ class CorrelatorProcessor:
         self._count[key] = self._count.get(key, 0) + 1
         self._recent.append(w)
         if self._log is not None:
-            try:
-                self._log.append(w)
-                self._log_failing = False
-            except OSError as e:
-                if not self._log_failing:  # once per failure, not once per window
-                    _log.error("cannot append to windows log %s: %s", self._log.path, e)
-                self._log_failing = True
+            self._log_error(self._log.append(w))
+        elif self._cfg.windows_log:
+            self._unopened.append(w)  # written once the log can be opened
+
+    def _log_error(self, error: OSError | None) -> None:
+        """Logs a write failure once per run of failures, and the recovery."""
+        if error is None:
+            if self._log_failing and self._log is not None:
+                _log.info("windows log %s is written again", self._log.path)
+            self._log_failing = False
+            return
+        if not self._log_failing and self._log is not None:
+            _log.error(
+                "cannot write windows log %s (windows are kept in memory until it can): %s",
+                self._log.path,
+                error,
+            )
+        self._log_failing = True
 
     def windows(self, limit: int = 200) -> tuple[list[Window], list[Window]]:
         """(recent closed windows, newest last; open windows)."""
@@ -186,6 +328,15 @@ class CorrelatorProcessor:
             fb.counter(SECONDS, "", _labels(key), v)
         for key, n in sorted(self._count.items()):
             fb.counter(WINDOWS, "", _labels(key), float(n))
+        if self._cfg.windows_log or self._log is not None:
+            health = self._log.health() if self._log is not None else LogHealth(0, 0, 0)
+            pending = health.pending_windows + len(self._unopened)
+            health = replace(
+                health,
+                write_errors_total=health.write_errors_total + self._open_errors,
+                pending_windows=pending,
+            )
+            add_log_health(fb, health, self._skipped)
         return fb.build()
 
 
