@@ -39,7 +39,7 @@ def test_a_simulated_node_keeps_its_state_in_a_directory_of_its_own(
         args = build_parser().parse_args(
             ["agent", *flags, "--path.procfs", str(tmp_path), "--path.sysfs", str(tmp_path)]
         )
-        parts = build_parts(args)
+        parts = build_parts(args, 9842)
     finally:
         tempfile.tempdir = None
     try:

@@ -12,10 +12,12 @@ import logging
 import signal
 import socket
 import sys
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufeed.agent_signals import early_handlers, on_hup, on_usr1
 from gpufeed.collectors import available
 
 if TYPE_CHECKING:
@@ -301,6 +303,7 @@ class AgentParts:
     banner: str = ""
     routes: list[Any] = field(default_factory=list)
     run_dir: RunStateDir = field(default_factory=RunStateDir)  # a simulated node's state
+    loaded: AgentConfig | None = None  # the config file as read (SIGHUP compares with it)
 
 
 def is_simulated(args: argparse.Namespace) -> bool:
@@ -309,7 +312,7 @@ def is_simulated(args: argparse.Namespace) -> bool:
 
 def build_parts(args: argparse.Namespace, port: int) -> AgentParts:
     """`port`: the port the agent listens on, for the default instance name."""
-    config = load_config(args.config)
+    config = loaded = load_config(args.config)
     config = replace(config, instance=node_instance(args.instance, config.instance, port))
     run_dir = RunStateDir()
     if is_simulated(args):
@@ -319,7 +322,7 @@ def build_parts(args: argparse.Namespace, port: int) -> AgentParts:
             args.sdk_socket = config.sdk.socket_path
     paths = HostPaths(Path(args.procfs), Path(args.sysfs), Path(args.rootfs))
     ctx = CollectorContext(paths=paths, config=config)
-    parts = AgentParts(config=config, run_dir=run_dir)
+    parts = AgentParts(config=config, run_dir=run_dir, loaded=loaded)
     try:
         _add_parts(args, ctx, parts)
     except BaseException:
@@ -474,6 +477,7 @@ def _gpu_collector(args: argparse.Namespace) -> GpuCollector | None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
+    early_handlers()
     try:
         host, port = parse_listen_address(args.listen_address)
         limits = connection_limits(args)
@@ -505,7 +509,7 @@ def run(args: argparse.Namespace) -> int:
         banner=parts.banner,
     )
     try:
-        return asyncio.run(_serve(sampler, parts, listener, limits))
+        return asyncio.run(_serve(sampler, parts, listener, limits, args.config))
     finally:
         # Closing removes the SDK socket file and finalizes the recording.
         sampler.stop()
@@ -514,7 +518,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(
-    sampler: Sampler, parts: AgentParts, listener: socket.socket, limits: ConnectionLimits
+    sampler: Sampler,
+    parts: AgentParts,
+    listener: socket.socket,
+    limits: ConnectionLimits,
+    config_path: str | None,
 ) -> int:
     from gpufeed.server import build_app
     from gpufeed.web.serve import serve
@@ -530,6 +538,9 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    # never the default action (death, leaving the SDK socket and the spool): agent_signals
+    loop.add_signal_handler(signal.SIGHUP, on_hup, config_path, parts.loaded or parts.config)
+    loop.add_signal_handler(signal.SIGUSR1, on_usr1, sampler, time.monotonic())
     await stop.wait()
     log.info("shutting down")
     await serving.close()

@@ -7,6 +7,8 @@ disable a tier.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,8 @@ import yaml
 DEFAULT_SDK_SOCKET = "/run/gpufeed/sdk.sock"
 DEFAULT_WINDOWS_LOG = "/var/lib/gpufeed/windows.jsonl"
 TIER_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_")
+# The YAML 1.2 core schema's float (PyYAML resolves YAML 1.1, where `1e308` is a string).
+_FLOAT_1_2 = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
 
 
 class ConfigError(ValueError):
@@ -75,9 +79,15 @@ def read_yaml_text(
     """The text of a YAML file and the name to quote in errors; unreadable is an `error`."""
     p = Path(path)
     try:
-        return p.read_text(encoding="utf-8"), str(p)
+        data = p.read_bytes()
     except OSError as exc:
         raise error(f"{p}: cannot read {what}: {exc.strerror or exc}") from exc
+    try:
+        return data.decode("utf-8"), str(p)
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        bad = data[exc.start]
+        raise error(f"{p}: line {line}: not UTF-8 text (byte 0x{bad:02x})") from None
 
 
 def load_config(path: str | Path | None) -> AgentConfig:
@@ -186,8 +196,13 @@ class _Reader:
             return default
         _, node = m[key]
         value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
+        plain = isinstance(node, yaml.ScalarNode) and node.style is None
+        if isinstance(value, str) and plain and _FLOAT_1_2.fullmatch(value):
+            value = float(value)  # YAML 1.2 reads `1e308` as a number; YAML 1.1 needed `1.0e+308`
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(node, prefix + key, f"expected a number, got {_show(node)}")
+        if not math.isfinite(value):
+            raise self.fail(node, prefix + key, f"expected a finite number, got {_show(node)}")
         if not minimum <= float(value) <= maximum:
             raise self.fail(node, prefix + key, f"must be between {minimum} and {maximum}")
         return float(value)

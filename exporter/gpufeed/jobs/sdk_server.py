@@ -16,6 +16,7 @@ place, so it is never reachable with looser permissions.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import socket
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o660
 RECEIVE_BUFFER_BYTES = 4 * 1024 * 1024
+MAX_SOCKET_PATH_BYTES = 107  # sun_path is 108 bytes with its terminating NUL
 _CREDS = struct.Struct("iII")  # struct ucred: pid, uid, gid
 _POLL_SECONDS = 0.2
 _IDENTITY_CACHE_SIZE = 4096
@@ -101,16 +103,25 @@ class SdkServer:
         if self._thread is not None:
             return
         path = Path(self.socket_path)
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
+            raise OSError(
+                errno.ENAMETOOLONG,
+                f"SDK socket {path}: the path is {len(os.fsencode(path))} bytes, "
+                f"Unix sockets allow {MAX_SOCKET_PATH_BYTES}",
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
         self._remove_stale(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        # Bound under a short name through the directory's descriptor, then renamed: the
+        # temporary name must not be longer than the path (a legal 107-byte path).
+        tmp = f".sdk-{os.getpid()}.tmp"
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-            sock.bind(str(tmp))
-            os.chmod(tmp, SOCKET_MODE)
-            os.rename(tmp, path)
+                os.unlink(tmp, dir_fd=dfd)
+            sock.bind(f"/proc/self/fd/{dfd}/{tmp}")
+            os.chmod(tmp, SOCKET_MODE, dir_fd=dfd)
+            os.rename(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
@@ -118,8 +129,10 @@ class SdkServer:
         except OSError as exc:
             sock.close()
             with contextlib.suppress(OSError):
-                tmp.unlink()
+                os.unlink(tmp, dir_fd=dfd)
             raise OSError(exc.errno, f"SDK socket {path}: {exc.strerror or exc}") from exc
+        finally:
+            os.close(dfd)
         self._inode = os.stat(path).st_ino
         self._sock = sock
         self._stop.clear()
