@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufeed import vocabulary
+
 RUNBOOK_BASE_URL = "https://github.com/gpufeed/gpufeed/blob/main/docs/runbooks.md"
 
 # What on-call should look at first, per correlator cause (the `cause` label values of the
@@ -56,10 +58,8 @@ CAUSE_HINTS: dict[str, str] = {
     ),
 }
 
-# XIDs that need the node drained or the GPU reset rather than a job restart: double-bit
-# ECC (48), row-remapping failures (63, 64), NVLink errors (74), fallen off the bus (79),
-# contained and uncontained ECC (94, 95), GSP errors (119, 120).
-FATAL_XIDS: tuple[str, ...] = ("48", "63", "64", "74", "79", "94", "95", "119", "120")
+# The fatal XIDs, shared with the correlator: gpufeed.vocabulary says which and why.
+FATAL_XIDS: tuple[str, ...] = vocabulary.FATAL_XIDS
 
 # Clock event reasons that mean heat or power is holding the GPU back. sw_power_cap is
 # left out on purpose: a GPU working at its power limit is a busy GPU, not an incident.

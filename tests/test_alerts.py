@@ -159,3 +159,17 @@ def test_rules_use_contract_metrics_only() -> None:
     allowed = catalogue_metrics() | recorded_names() | EXTRA_METRICS
     for name, expr in rule_exprs():
         assert metric_names(expr) <= allowed, f"{name}: {metric_names(expr) - allowed}"
+
+
+def test_fatal_xid_alert_uses_exactly_the_vocabularys_list(shipped: dict[str, Any]) -> None:
+    """One list of fatal XIDs (gpufeed.vocabulary) for the paging alert and the correlator;
+    0.1.0 had two that disagreed (63 paged but explained nothing, 62 and 140 the reverse)."""
+    from gpufeed.correlator.features import FATAL_XIDS as CORRELATOR_XIDS
+    from gpufeed.vocabulary import FATAL_XID_MEANINGS, FATAL_XIDS
+
+    rule = next(a for a in alerts(shipped) if a["alert"] == "GpuFatalXid")
+    lists = re.findall(r'xid=~"([^"]*)"', rule["expr"])
+    assert lists, rule["expr"]
+    assert all(sorted(x.split("|")) == sorted(FATAL_XIDS) for x in lists), rule["expr"]
+    assert frozenset(FATAL_XIDS) == CORRELATOR_XIDS
+    assert all(code.isdigit() and FATAL_XID_MEANINGS[code] for code in FATAL_XIDS)

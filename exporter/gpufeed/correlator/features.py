@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpufeed import vocabulary
 from gpufeed.correlator.baseline import Baselines
 from gpufeed.correlator.rules import DATA_TIER_RULES
 from gpufeed.correlator.view import NodeView
@@ -24,11 +25,8 @@ THROTTLE_REASONS = frozenset(
         "sw_power_cap",
     }
 )
-# XIDs after which the GPU (or its job) cannot go on: lost, double-bit/uncorrectable ECC,
-# row remap failure, NVLink, GSP and fallen-off-the-bus errors.
-FATAL_XIDS = frozenset(
-    {"48", "61", "62", "64", "69", "74", "79", "92", "94", "95", "109", "119", "120", "140"}
-)
+# The XIDs that explain a stall as a GPU error: the one list the paging alert uses too.
+FATAL_XIDS = frozenset(vocabulary.FATAL_XIDS)
 MIN_TIER_READ_BYTES = 1e5  # a tier reading less than this is not feeding anyone
 USUAL_TIER_READ_BYTES = 1e6  # healthy median above this: a tier the node's jobs read from
 BURST_MIN_WRITE_BYTES = 5e7
