@@ -3,9 +3,13 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# `make run` gets its own venv with the runtime dependencies only (no torch, mypy, pytest,
+# grafanalib): what a node needs, and what tests/test_packaging.py checks it installs.
+RUN_VENV ?= .venv-run
+RUN_STAMP := $(RUN_VENV)/.installed
 ARGS ?=
 
-.PHONY: install run promtool test lint typecheck unit bench bench-correlator dashboards alerts docs clean
+.PHONY: install runtime run promtool test lint typecheck unit bench bench-correlator dashboards alerts docs clean
 
 install: $(STAMP)
 
@@ -15,25 +19,35 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+runtime: $(RUN_STAMP)
+
+$(RUN_STAMP): pyproject.toml
+	test -x $(RUN_VENV)/bin/python || $(PYTHON) -m venv $(RUN_VENV)
+	$(RUN_VENV)/bin/python -m pip install -q --upgrade pip
+	$(RUN_VENV)/bin/python -m pip install -q -e .
+	touch $(RUN_STAMP)
+
 # Starts the agent in the foreground. On a host without NVIDIA GPUs the agent runs the
 # built-in simulated node (and says so); pass flags with ARGS="...".
-run: install
+run: runtime
 	@if [ -e /dev/nvidiactl ] || nvidia-smi -L >/dev/null 2>&1; then \
 	  echo "NVIDIA GPU found: starting the agent on NVML"; \
-	  $(VENV)/bin/gpufeed agent $(ARGS); \
+	  $(RUN_VENV)/bin/gpufeed agent $(ARGS); \
 	else \
 	  echo "no NVIDIA GPU on this host: starting the SIMULATED node (built-in scenario)"; \
-	  $(VENV)/bin/gpufeed agent --simulate $(ARGS); \
+	  $(RUN_VENV)/bin/gpufeed agent --simulate $(ARGS); \
 	fi
 
 # The real servers the tests run: Debian's prometheus (promtool), alertmanager (amtool),
-# node_exporter (the benchmark's reference), and e2fsprogs for the loop-mounted tiers.
+# node_exporter (the benchmark's reference), e2fsprogs for the loop-mounted tiers, and
+# systemd for systemd-analyze (the unit's verify and security checks).
 promtool:
 	@missing=""; \
 	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	command -v amtool >/dev/null 2>&1 || missing="$$missing prometheus-alertmanager"; \
 	command -v prometheus-node-exporter >/dev/null 2>&1 || missing="$$missing prometheus-node-exporter"; \
 	command -v mkfs.ext4 >/dev/null 2>&1 || missing="$$missing e2fsprogs"; \
+	command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
@@ -71,4 +85,4 @@ docs: install
 	$(PY) -m gpufeed.catalogue_doc docs/metrics.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(RUN_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -75,3 +75,41 @@ def test_instance_setting_flag_wins_over_config_over_the_default_rule() -> None:
     assert node_instance(None, "", 9842) == f"{socket.gethostname()}:9842"
     assert node_instance(None, "node-07:9842", 1) == "node-07:9842"
     assert node_instance("a:1", "node-07:9842", 1) == "a:1"
+
+
+def test_network_settings_reach_the_network_collector() -> None:
+    """Virtual interfaces are a config key wired to the collector the agent builds."""
+    from gpufeed.collectors import available
+    from gpufeed.collectors.base import CollectorContext, HostPaths
+
+    fixture = Path(__file__).parent / "fixtures" / "network"
+    host = HostPaths(procfs=fixture / "proc", sysfs=fixture / "sys", rootfs=fixture)
+    (spec,) = [s for s in available() if s.name == "network"]
+
+    def devices(text: str) -> set[str]:
+        collector = spec.factory(CollectorContext(paths=host, config=parse_config(text)))
+        return {dict(s.labels).get("device", "") for f in collector.collect() for s in f.samples}
+
+    def wait_seconds(text: str) -> float:
+        collector = spec.factory(CollectorContext(paths=host, config=parse_config(text)))
+        wait = "gpufeed_network_transmit_wait_seconds_total"
+        return sum(s.value for f in collector.collect() for s in f.samples if s.name == wait)
+
+    assert "veth3f2a1b0" not in devices("")
+    assert "veth3f2a1b0" in devices("network:\n  include_virtual: true\n")
+    default = wait_seconds("")
+    assert default > 0
+    assert wait_seconds("network:\n  xmit_wait_tick_bytes: 32\n") == pytest.approx(4 * default)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("network:\n  include_virtual: 1\n", r"line 2: network.include_virtual: expected true"),
+        ("network:\n  xmit_wait_tick_bytes: 0\n", r"line 2: network.xmit_wait_tick_bytes: must"),
+        ("network:\n  xmit_wait: 8\n", r"line 2: network.xmit_wait: unknown key"),
+    ],
+)
+def test_bad_network_settings_name_key_and_line(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        parse_config(text, "agent.yaml")

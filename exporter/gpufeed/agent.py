@@ -27,6 +27,7 @@ from gpufeed.collectors.base import Collector, CollectorContext, HostPaths
 from gpufeed.config import DEFAULT_SDK_SOCKET, AgentConfig, ConfigError, load_config
 from gpufeed.gpu.select import BACKEND_KINDS
 from gpufeed.sampler import Sampler
+from gpufeed.sdnotify import ServiceNotifier
 from gpufeed.snapshot import Processor, Sink
 from gpufeed.statepaths import RunStateDir, is_production_path, simulated_config
 
@@ -534,6 +535,9 @@ async def _serve(
     host, port = listener.getsockname()[:2]  # the port the kernel chose for port 0
     log.info("listening on http://%s:%d/metrics, collectors: %s", host, port, names)
     log.info("instance %s (traces, windows, OTLP)", parts.config.instance)
+    # Type=notify and WatchdogSec= in the systemd unit; the watchdog's idea of progress is
+    # the one /healthz answers with.
+    systemd = ServiceNotifier.ready(lambda: not sampler.stall_reason(time.time()))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -543,5 +547,6 @@ async def _serve(
     loop.add_signal_handler(signal.SIGUSR1, on_usr1, sampler, time.monotonic())
     await stop.wait()
     log.info("shutting down")
+    systemd.stopping()
     await serving.close()
     return 0  # run() stops the sampler

@@ -17,6 +17,9 @@ import yaml
 
 DEFAULT_SDK_SOCKET = "/run/gpufeed/sdk.sock"
 DEFAULT_WINDOWS_LOG = "/var/lib/gpufeed/windows.jsonl"
+# NVIDIA Quantum-generation hardware advances port_xmit_wait once per 8 bytes of port time
+# (PortSamplesControl Tick = 7, i.e. 8 symbol times); see docs/collectors-network-host.md.
+DEFAULT_XMIT_WAIT_TICK_BYTES = 8.0
 TIER_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_")
 # The YAML 1.2 core schema's float (PyYAML resolves YAML 1.1, where `1e308` is a string).
 _FLOAT_1_2 = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
@@ -56,6 +59,14 @@ class JobsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class NetworkConfig:
+    # Virtual interfaces (veth, bridges, bonds, VLANs) carry bytes that their physical parent
+    # also counts, so they are off unless asked for (docs/collectors-network-host.md).
+    include_virtual: bool = False
+    xmit_wait_tick_bytes: float = DEFAULT_XMIT_WAIT_TICK_BYTES
+
+
+@dataclass(frozen=True, slots=True)
 class AgentConfig:
     # This node's name in traces, windows and OTLP; empty: HOSTNAME:PORT (see agent.py)
     instance: str = ""
@@ -65,6 +76,7 @@ class AgentConfig:
     correlator: CorrelatorConfig = field(default_factory=CorrelatorConfig)
     sdk: SdkConfig = field(default_factory=SdkConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
 
     @property
     def effective_timeout_seconds(self) -> float:
@@ -124,6 +136,7 @@ def parse_config(text: str, source: str = "<config>") -> AgentConfig:
         "correlator",
         "sdk",
         "jobs",
+        "network",
     }
     r.no_unknown(top, known, "")
     instance = r.string(top, "instance", "")
@@ -133,6 +146,7 @@ def parse_config(text: str, source: str = "<config>") -> AgentConfig:
     corr = r.correlator(top.get("correlator"))
     sdk = r.sdk(top.get("sdk"))
     jobs = r.jobs(top.get("jobs"))
+    network = r.network(top.get("network"))
     return AgentConfig(
         instance=instance,
         interval_seconds=interval,
@@ -141,6 +155,7 @@ def parse_config(text: str, source: str = "<config>") -> AgentConfig:
         correlator=corr,
         sdk=sdk,
         jobs=jobs,
+        network=network,
     )
 
 
@@ -236,6 +251,17 @@ class _Reader:
         value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
         if not isinstance(value, str):
             raise self.fail(node, prefix + key, f"expected a string, got {_show(node)}")
+        return value
+
+    def boolean(
+        self, m: dict[str, tuple[yaml.Node, yaml.Node]], key: str, default: bool, prefix: str = ""
+    ) -> bool:
+        if key not in m:
+            return default
+        _, node = m[key]
+        value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
+        if not isinstance(value, bool):
+            raise self.fail(node, prefix + key, f"expected true or false, got {_show(node)}")
         return value
 
     def tiers(self, entry: tuple[yaml.Node, yaml.Node] | None) -> tuple[TierConfig, ...]:
@@ -350,6 +376,27 @@ class _Reader:
         m = self.mapping(entry[1], "jobs")
         self.no_unknown(m, {"mapping_dir"}, "jobs.")
         return JobsConfig(mapping_dir=self.string(m, "mapping_dir", d.mapping_dir, prefix="jobs."))
+
+    def network(self, entry: tuple[yaml.Node, yaml.Node] | None) -> NetworkConfig:
+        d = NetworkConfig()
+        if entry is None:
+            return d
+        m = self.mapping(entry[1], "network")
+        p = "network."
+        self.no_unknown(m, {"include_virtual", "xmit_wait_tick_bytes"}, p)
+        return NetworkConfig(
+            include_virtual=self.boolean(m, "include_virtual", d.include_virtual, prefix=p),
+            # Quantum parts count 8 bytes a tick, Switch-IB 32 per lane (384 on 12X); the
+            # upper bound only catches a value typed in bits or by the wrong unit.
+            xmit_wait_tick_bytes=self.number(
+                m,
+                "xmit_wait_tick_bytes",
+                d.xmit_wait_tick_bytes,
+                minimum=1,
+                maximum=65536,
+                prefix=p,
+            ),
+        )
 
 
 def _show(node: yaml.Node) -> str:

@@ -166,6 +166,24 @@ class Sampler:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def stale_after_seconds(self) -> float:
+        """Age past which the latest sample means sampling is stuck (several missed ticks)."""
+        return max(10.0, 5 * self._interval)
+
+    def stall_reason(self, now_seconds: float) -> str:
+        """Why sampling is not making progress, "" while it is: for /healthz and the
+        systemd watchdog, which must agree on what a stalled agent is."""
+        if not self.alive():
+            return "sampler not running"
+        latest = self._latest
+        if latest is None:
+            return "no sample taken yet"
+        age = now_seconds - latest.finished_at_seconds
+        if age > self.stale_after_seconds:
+            return f"last sample is {age:.1f}s old"
+        return ""
+
     def _loop(self) -> None:
         next_tick = time.monotonic()
         while not self._stop.is_set():

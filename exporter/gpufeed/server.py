@@ -58,13 +58,9 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _healthz(request: web.Request) -> web.Response:
     sampler = request.app[SAMPLER_KEY]
     latest = sampler.latest
-    if not sampler.alive():
-        return web.Response(status=503, text="sampler not running\n")
-    if latest is None:
-        return web.Response(status=503, text="no sample taken yet\n")
-    age = time.time() - latest.finished_at_seconds
-    if age > max(10.0, 5 * sampler.interval_seconds):
-        return web.Response(status=503, text=f"last sample is {age:.1f}s old\n")
+    stalled = sampler.stall_reason(time.time())
+    if stalled or latest is None:
+        return web.Response(status=503, text=f"{stalled}\n")
     failed = [s.name for s in latest.snapshot.statuses if not s.success]
     text = "ok\n" if not failed else f"ok (collectors failing: {', '.join(failed)})\n"
     return web.Response(text=text)

@@ -16,7 +16,11 @@ def available() -> list[CollectorSpec]:
             name="network",
             help="netdev bytes and link speed; InfiniBand/RoCE port bytes, speed, transmit wait",
             default_enabled=True,
-            factory=lambda ctx: NetworkCollector(ctx.paths),
+            factory=lambda ctx: NetworkCollector(
+                ctx.paths,
+                include_virtual=ctx.config.network.include_virtual,
+                xmit_wait_tick_bytes=ctx.config.network.xmit_wait_tick_bytes,
+            ),
         ),
         CollectorSpec(
             name="host",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 
 from gpufeed.collectors.base import HostPaths, PartialCollectionError
+from gpufeed.config import DEFAULT_XMIT_WAIT_TICK_BYTES
 from gpufeed.logonce import OnceLogger
 from gpufeed.model import Families, Family
 from gpufeed.procfs.netdev import parse_netdev
@@ -45,10 +46,6 @@ _HELP = {
 
 FABRIC_BY_ARPHRD = {ARPHRD_ETHER: "ethernet", ARPHRD_INFINIBAND: "infiniband"}
 FABRIC_BY_LINK_LAYER = {"InfiniBand": "infiniband", "Ethernet": "roce"}
-
-# NVIDIA Quantum-generation hardware advances xmit_wait once per 8 bytes of port time
-# (PortSamplesControl Tick = 7, i.e. 8 symbol times); see docs/collectors-network-host.md.
-DEFAULT_XMIT_WAIT_TICK_BYTES = 8.0
 
 
 class XmitWaitClock:

@@ -259,15 +259,6 @@ class _ScenarioReader(_Reader):
                         return value
         return super().number(m, key, default, minimum=minimum, maximum=maximum, prefix=prefix)
 
-    def boolean(self, m: Mapping_, key: str, default: bool, prefix: str = "") -> bool:
-        if key not in m:
-            return default
-        _, node = m[key]
-        value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
-        if not isinstance(value, bool):
-            raise self.fail(node, prefix + key, f"expected true or false, got {_show(node)}")
-        return value
-
     def choice(
         self, m: Mapping_, key: str, default: str, choices: tuple[str, ...], prefix: str = ""
     ) -> str:
