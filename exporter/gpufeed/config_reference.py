@@ -1,0 +1,187 @@
+"""The configuration reference: what every config key means, and docs/configuration.md.
+
+Keys and defaults are not written here: they come from the dataclasses in `gpufeed.config`,
+so the page cannot drift from the code (tests/test_config_reference.py checks that every
+key the parser accepts has a meaning here, that the documented ranges are the ones the
+parser enforces, and that the committed page is this module's output).
+
+    python -m gpufeed.config_reference > docs/configuration.md
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from gpufeed.config import AgentConfig
+
+
+@dataclass(frozen=True, slots=True)
+class KeyDoc:
+    """One key's meaning, and the range the parser accepts for a number (None: no range)."""
+
+    meaning: str
+    minimum: float | None = None
+    maximum: float | None = None
+
+
+SECTIONS: tuple[tuple[str, str], ...] = (
+    ("", "Sampling"),
+    ("tiers", "Storage tiers"),
+    ("correlator", "Live correlator"),
+    ("sdk", "SDK socket"),
+    ("jobs", "Jobs"),
+    ("network", "Network fabric"),
+)
+
+KEYS: dict[str, KeyDoc] = {
+    "interval_seconds": KeyDoc(
+        "How often every collector samples; `/metrics` serves the latest sample.", 0.05, 3600
+    ),
+    "collector_timeout_seconds": KeyDoc(
+        "Time bound of one collector's call; a collector over it is marked failed for that "
+        "sample. 0: 80% of the interval, at least 0.5 s. Capped at 5 intervals.",
+        0,
+        3600,
+    ),
+    "tiers": KeyDoc(
+        "Tier name (lower-case letters, digits, `_`; not `unassigned`) -> mount points or "
+        "paths inside a mount, one path or a list. Without `tiers` every block-device or "
+        'network mount is exported as `tier="unassigned"`; with it, mounts in no tier are '
+        "not exported. A path may be in one tier only."
+    ),
+    "correlator.threshold_ratio": KeyDoc(
+        "A GPU below this utilization is underutilized.", 0.01, 1.0
+    ),
+    "correlator.min_window_seconds": KeyDoc(
+        "How long a GPU must stay underutilized before a window opens.", 0, 86400
+    ),
+    "correlator.merge_gap_seconds": KeyDoc(
+        "A window closes only once the GPU has been back above the threshold this long; "
+        "shorter recoveries stay inside the window.",
+        0,
+        86400,
+    ),
+    "correlator.windows_log": KeyDoc(
+        "File every closed window is appended to (JSON lines, fsynced, rotated); the agent "
+        "reloads the recent ones from it at start for `/api/windows`. Empty: no log."
+    ),
+    "correlator.windows_log_max_bytes": KeyDoc(
+        "Size at which the windows log is rotated.", 4096, 1 << 40
+    ),
+    "correlator.windows_log_backups": KeyDoc(
+        "Rotated windows logs kept (`windows.jsonl.1` ...).", 0, 100
+    ),
+    "sdk.socket_path": KeyDoc(
+        "Unix datagram socket the training-loop SDK and `gpufeed run` send to; "
+        "`--sdk.socket` overrides it."
+    ),
+    "sdk.max_jobs": KeyDoc(
+        "Jobs tracked at once; a further job's messages are dropped (and counted) unless an "
+        "ended job can make room.",
+        1,
+        10000,
+    ),
+    "sdk.max_messages_per_second": KeyDoc(
+        "SDK messages accepted per second over all jobs; the rest are dropped and counted.",
+        1,
+        10_000_000,
+    ),
+    "sdk.job_grace_seconds": KeyDoc(
+        "How long an ended job (every process closed its `Job` or exited) keeps its series.",
+        0,
+        86400,
+    ),
+    "jobs.mapping_dir": KeyDoc(
+        "dcgm-exporter style job-mapping directory (one file per GPU index holding job ids), "
+        "as `deploy/slurm/gpufeed-prolog.sh` writes it. Empty: not used."
+    ),
+    "network.include_virtual": KeyDoc(
+        "Also export virtual interfaces (veth, bridges, bonds, VLANs), whose bytes their "
+        "physical interface counts too. Loopback is never exported."
+    ),
+    "network.xmit_wait_tick_bytes": KeyDoc(
+        "Bytes of port time one InfiniBand `port_xmit_wait` tick stands for: 8 on NVIDIA "
+        "Quantum-generation hardware, 32 x lanes on Switch-IB (`perfquery -c` shows it).",
+        1,
+        65536,
+    ),
+}
+
+
+def config_keys() -> Iterator[tuple[str, Any]]:
+    """Every key of the config file with its default, from the dataclasses, in file order."""
+    yield from _keys(AgentConfig(), "")
+
+
+def _keys(obj: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _keys(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", value
+
+
+def _default(value: Any) -> str:
+    if isinstance(value, bool):
+        return "`true`" if value else "`false`"
+    if value == ():
+        return "none"
+    if value == "":
+        return '`""`'
+    if isinstance(value, float) and value.is_integer():
+        return f"`{int(value)}`"
+    return f"`{value}`"
+
+
+def _range(doc: KeyDoc) -> str:
+    if doc.minimum is None or doc.maximum is None:
+        return ""
+    return f"{_default(doc.minimum)}..{_default(doc.maximum)}".replace("``", "")
+
+
+def _section(key: str) -> str:
+    head = key.split(".")[0]
+    return head if head in dict(SECTIONS) else ""
+
+
+def render_markdown() -> str:
+    keys = dict(config_keys())
+    missing = sorted(set(keys) - set(KEYS))
+    if missing:
+        raise KeyError(f"config keys without a meaning in gpufeed.config_reference: {missing}")
+    homeless = sorted(k for k in keys if "." in k and _section(k) == "")
+    if homeless:
+        raise KeyError(f"config keys in no section of gpufeed.config_reference: {homeless}")
+    out = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated by `python -m gpufeed.config_reference`; "
+        "tests/test_config_reference.py fails when it drifts. -->",
+        "",
+        "`gpufeed agent --config FILE` reads one YAML file; without it every key has its "
+        "default. Unknown keys and bad values stop the agent at start with one line naming "
+        "the file, the key and the line (`agent.yaml: line 3: tiers.hot: expected an "
+        "absolute path, got 'nvme'`). `deploy/agent.example.yaml` is a complete example.",
+        "",
+    ]
+    for section, title in SECTIONS:
+        rows = [k for k in keys if _section(k) == section]
+        out += [f"## {title}", "", "| key | default | range | meaning |", "|---|---|---|---|"]
+        for key in rows:
+            doc = KEYS[key]
+            out.append(f"| `{key}` | {_default(keys[key])} | {_range(doc)} | {doc.meaning} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main() -> None:
+    sys.stdout.write(render_markdown())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""The Kubernetes manifests: every built-in object validated (strict) against the Kubernetes
+JSON schemas that kubernetes-validate ships, offline, for the oldest and the newest version
+it knows; the ServiceMonitor against the subset of its CRD schema that we use; and the
+objects wired to each other and to the agent (labels, ports, probes, flags, config)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from gpufeed.cli import build_parser
+from gpufeed.config import parse_config
+from stack_support import REPO_ROOT
+
+MANIFESTS = REPO_ROOT / "deploy" / "kubernetes"
+VERSIONS = ("1.25.0", "1.37.0")  # oldest and newest schemas kubernetes-validate 1.37 ships
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def documents() -> list[tuple[Path, dict[str, Any]]]:
+    out = []
+    for path in sorted(MANIFESTS.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if doc:
+                out.append((path, doc))
+    assert out, f"no manifests in {MANIFESTS}"
+    return out
+
+
+def one(kind: str) -> dict[str, Any]:
+    found = [doc for _, doc in documents() if doc["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def pod_spec() -> dict[str, Any]:
+    spec: dict[str, Any] = one("DaemonSet")["spec"]["template"]["spec"]
+    return spec
+
+
+def agent_container() -> dict[str, Any]:
+    (container,) = [c for c in pod_spec()["containers"] if c["name"] == "agent"]
+    return container
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize(
+    ("path", "doc"),
+    [
+        pytest.param(p, d, id=f"{p.name}:{d['kind']}")
+        for p, d in documents()
+        if d["kind"] not in CRD_KINDS  # custom resources: validated against their CRD below
+    ],
+)
+def test_builtin_objects_validate_strictly(path: Path, doc: dict[str, Any], version: str) -> None:
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        raise AssertionError(f"{path.name}: {doc['kind']}: {exc.message}") from exc
+
+
+# The part of the Prometheus Operator's ServiceMonitor CRD (monitoring.coreos.com/v1) that
+# our manifest uses, with the CRD's types, enums and patterns; unknown fields are refused,
+# as the API server's structural-schema pruning would drop them silently.
+_DURATION = (
+    r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+)
+_RELABEL = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "action": {"enum": ["replace", "keep", "drop", "labelmap", "labeldrop", "labelkeep"]},
+        "sourceLabels": {"type": "array", "items": {"type": "string"}},
+        "targetLabel": {"type": "string"},
+        "replacement": {"type": "string"},
+        "regex": {"type": "string"},
+        "separator": {"type": "string"},
+    },
+}
+SERVICE_MONITOR_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {
+            "type": "object",
+            "required": ["name", "namespace"],
+            "properties": {"name": {"type": "string"}, "namespace": {"type": "string"}},
+        },
+        "spec": {
+            "type": "object",
+            "required": ["selector", "endpoints"],
+            "additionalProperties": False,
+            "properties": {
+                "selector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "matchLabels": {
+                            "type": "object",
+                            "additionalProperties": {"type": "string"},
+                        }
+                    },
+                },
+                "namespaceSelector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "any": {"type": "boolean"},
+                        "matchNames": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+                "endpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "port": {"type": "string"},
+                            "path": {"type": "string"},
+                            "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
+                            "interval": {"type": "string", "pattern": _DURATION},
+                            "scrapeTimeout": {"type": "string", "pattern": _DURATION},
+                            "honorLabels": {"type": "boolean"},
+                            "relabelings": {"type": "array", "items": _RELABEL},
+                            "metricRelabelings": {"type": "array", "items": _RELABEL},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def test_service_monitor_matches_its_crd_schema() -> None:
+    jsonschema.validate(one("ServiceMonitor"), SERVICE_MONITOR_SCHEMA)
+
+
+def test_service_monitor_schema_refuses_a_misspelt_field() -> None:
+    """The subset schema is strict enough to catch what the API server would drop."""
+    bad = yaml.safe_load(yaml.safe_dump(one("ServiceMonitor")))
+    bad["spec"]["endpoints"][0]["intervall"] = "15s"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, SERVICE_MONITOR_SCHEMA)
+
+
+def test_pod_is_probed_unprivileged_and_prioritised() -> None:
+    spec, agent = pod_spec(), agent_container()
+    port = {p["name"]: p["containerPort"] for p in agent["ports"]}["metrics"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert agent[probe]["httpGet"] == {"path": "/healthz", "port": port}
+    assert spec["automountServiceAccountToken"] is False
+    classes = {d["metadata"]["name"] for _, d in documents() if d["kind"] == "PriorityClass"}
+    assert spec["priorityClassName"] in classes | {"system-node-critical"}
+    security = agent["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    # The agent reads the node's network and processes: host namespaces.
+    assert spec["hostNetwork"] is True and spec["hostPID"] is True
+
+
+def test_agent_flags_and_config_are_accepted_by_the_agent(tmp_path: Path) -> None:
+    agent = agent_container()
+    args = build_parser().parse_args(agent["args"])
+    assert args.command == "agent"
+    mounts = {m["mountPath"]: m["name"] for m in agent["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec()["volumes"]}
+    # Every --path.* flag points at a mounted host directory.
+    for flag in (args.procfs, args.sysfs, args.rootfs):
+        assert flag in mounts, f"{flag} is not mounted"
+    config_volume = volumes[mounts[str(Path(args.config).parent)]]
+    config_map = one("ConfigMap")
+    assert config_volume["configMap"]["name"] == config_map["metadata"]["name"]
+    parse_config(config_map["data"][Path(args.config).name], "ConfigMap agent.yaml")
+    assert str(Path(args.sdk_socket).parent) in mounts
+
+
+def test_service_and_service_monitor_select_the_agent_pods() -> None:
+    daemonset, service, monitor = one("DaemonSet"), one("Service"), one("ServiceMonitor")
+    pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["metadata"]["namespace"] == daemonset["metadata"]["namespace"]
+    container_ports = {p["name"] for p in agent_container()["ports"]}
+    (svc_port,) = service["spec"]["ports"]
+    assert svc_port["targetPort"] in container_ports
+
+    sm = monitor["spec"]
+    assert sm["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert service["metadata"]["namespace"] in sm["namespaceSelector"]["matchNames"]
+    (endpoint,) = sm["endpoints"]
+    assert endpoint["port"] == svc_port["name"]
+    relabel = {r["targetLabel"]: r for r in endpoint["relabelings"]}
+    # The alert rules' default selector, and the agent's own instance rule (HOSTNAME:PORT).
+    assert relabel["job"]["replacement"] == "gpufeed"
+    assert relabel["instance"]["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]
+    assert relabel["instance"]["replacement"] == f"$1:{svc_port['port']}"
