@@ -80,9 +80,11 @@ dashboards: install
 alerts: install
 	$(PY) alerts/build.py
 
-# Regenerate docs/metrics.md's tables from the metric catalogue (a test fails when they drift).
+# Regenerate docs/metrics.md's tables from the metric catalogue and docs/configuration.md
+# from the config dataclasses (tests fail when they drift).
 docs: install
 	$(PY) -m gpufeed.catalogue_doc docs/metrics.md
+	$(PY) -m gpufeed.config_reference > docs/configuration.md
 
 clean:
 	rm -rf $(VENV) $(RUN_VENV) .pytest_cache .mypy_cache .ruff_cache

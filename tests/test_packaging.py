@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 import yaml
 
 from gpufeed.config import load_config, parse_config
+from procports import wait_listening
 from stack_support import REPO_ROOT
 
 # Test-only extras (pyproject [test]) that must never reach a node.
@@ -35,20 +35,12 @@ def installed(python: Path) -> set[str]:
     return {str(p["name"]).lower().replace("_", "-") for p in json.loads(out)}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def serve_simulated(gpufeed: Path, tmp_path: Path) -> str:
     """Starts the installed agent on a simulated node; returns its first /metrics page."""
     config = tmp_path / "agent.yaml"
     config.write_text(f"correlator:\n  windows_log: {tmp_path / 'windows.jsonl'}\n")
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    listen = f"127.0.0.1:{port}"
+    listen = "127.0.0.1:0"
     proc = subprocess.Popen(
         [
             str(gpufeed),
@@ -65,6 +57,7 @@ def serve_simulated(gpufeed: Path, tmp_path: Path) -> str:
         stderr=subprocess.PIPE,
     )
     try:
+        port = wait_listening(proc)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import agent_env, gpufeed_cmd
+from conftest import agent_env, gpufeed_cmd, isolated_agent_args
 from gpufeed.model import Family
 from gpufeed.sampler import Sampler
 from gpufeed.sdnotify import (
@@ -168,30 +168,14 @@ def test_watchdog_pings_while_sampling_progresses_and_stops_when_it_stalls(
     assert sock.recv(100) == b"STOPPING=1"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.mark.slow
 def test_real_agent_says_ready_pings_the_watchdog_and_says_stopping(
     notify_socket: tuple[socket.socket, str], tmp_path: Path
 ) -> None:
     sock, path = notify_socket
-    config = tmp_path / "agent.yaml"
-    config.write_text(f"correlator:\n  windows_log: {tmp_path / 'windows.jsonl'}\n")
     env = agent_env() | {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000"}
     proc = subprocess.Popen(
-        gpufeed_cmd(
-            "agent",
-            "--simulate",
-            "--config",
-            str(config),
-            "--web.listen-address",
-            f"127.0.0.1:{free_port()}",
-        ),
+        gpufeed_cmd("agent", *isolated_agent_args(("--simulate",), tmp_path)),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -29,7 +29,7 @@ class KeyDoc:
 
 
 SECTIONS: tuple[tuple[str, str], ...] = (
-    ("", "Sampling"),
+    ("", "Node and sampling"),
     ("tiers", "Storage tiers"),
     ("correlator", "Live correlator"),
     ("sdk", "SDK socket"),
@@ -38,6 +38,11 @@ SECTIONS: tuple[tuple[str, str], ...] = (
 )
 
 KEYS: dict[str, KeyDoc] = {
+    "instance": KeyDoc(
+        "This node's one name in traces, live windows, the windows log and OTLP; "
+        "`--instance` overrides it. Empty: `HOSTNAME:PORT` (the listen port), as a static "
+        "Prometheus target names the node, so live, file and Prometheus analyses join."
+    ),
     "interval_seconds": KeyDoc(
         "How often every collector samples; `/metrics` serves the latest sample.", 0.05, 3600
     ),
