@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import random
+import zlib
 from dataclasses import dataclass, field
 
 CAUSES = (
@@ -222,7 +223,10 @@ def simulate(
                     labels.append(Label(inst, str(g), e.start + iv, e.end + iv, "throttling"))
     restart_at = t0 + r.uniform(0.3, 0.7) * (t_end - t0) if r.random() < 0.5 else -1.0
     lost_once: set[int] = set()
-    uuid = [f"GPU-{abs(hash((inst, g))) % 10**8:08d}-sim-{g}" for g in range(sim.n_gpus)]
+    # a stable hash (str hash() is salted per process): the same seed gives the same trace
+    uuid = [
+        f"GPU-{zlib.crc32(f'{inst}/{g}'.encode()) % 10**8:08d}-sim-{g}" for g in range(sim.n_gpus)
+    ]
     t = t0
     job_first: dict[str, float] = {}
     while t < t_end:
