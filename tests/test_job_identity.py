@@ -99,6 +99,36 @@ CASES: list[tuple[str, tuple[str, str, dict[str, str]] | None]] = [
             },
         ),
     ),
+    (
+        "k8s_containerd_full_id.txt",
+        (
+            "kubernetes",
+            "81e09ae0-12ec-4ec5-94b8-51cda7906370",
+            {
+                UNIFIED: "/kubepods.slice/kubepods-besteffort.slice/"
+                "kubepods-besteffort-pod81e09ae0_12ec_4ec5_94b8_51cda7906370.slice"
+            },
+        ),
+    ),
+    (
+        "k8s_cgroupfs_static_pod_full_id.txt",
+        (
+            "kubernetes",
+            "33d556edd3ae8ef21980288cef77ae8b",
+            {UNIFIED: "/kubepods/burstable/pod33d556edd3ae8ef21980288cef77ae8b"},
+        ),
+    ),
+    (
+        "k8s_crio_conmon.txt",
+        (
+            "kubernetes",
+            "0b7632a2-a56e-4278-987a-22de18008dbe",
+            {
+                UNIFIED: "/kubepods.slice/kubepods-burstable.slice/"
+                "kubepods-burstable-pod0b7632a2_a56e_4278_987a_22de18008dbe.slice"
+            },
+        ),
+    ),
     ("plain_user_session.txt", None),
     ("plain_docker.txt", None),
     ("not_slurm_job_dir.txt", None),

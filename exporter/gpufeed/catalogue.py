@@ -41,6 +41,7 @@ class MetricSpec:
 GPU = ("gpu", "uuid")
 MOUNT = ("tier", "mountpoint", "device")
 PORT = ("device", "fabric", "port")
+K8S_POD = ("k8s_namespace_name", "k8s_pod_name", "k8s_container_name")
 
 
 def _gpu(name: str, type_: MetricType, help_: str, unit: str, *extra: str) -> MetricSpec:
@@ -333,10 +334,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "gpufeed_job_info",
         "gauge",
         "Which job holds which GPU (1); absent for a GPU no job holds",
-        ("job_id", *GPU, "scheduler", "name"),
+        ("job_id", *GPU, "scheduler", "name", *K8S_POD),
         "",
         "jobs",
         "jobs",
+        # a Kubernetes job's pod, where the kubelet's log directories name it
+        optional_labels=K8S_POD,
     ),
     MetricSpec(
         "gpufeed_job_phase_seconds_total",

@@ -9,6 +9,13 @@ The GPU processes come from the GPU collector's latest reading through `gpu_samp
 callable, so this collector never talks to NVML itself. `sdk_job_for_pid`, when given, lets a
 process that runs no scheduler but uses the SDK appear under its SDK job id and name, so that
 job_info joins the SDK's per-job series.
+
+A Kubernetes job (its id is the pod UID) also gets its pod's namespace and name, and the
+container's name where every process of the job on that GPU runs in the same container,
+from the kubelet's log directories under --path.rootfs (gpufeed.jobs.kubernetes); labels
+named as OpenTelemetry's k8s.* attributes, so they cannot collide with the `namespace`,
+`pod` and `container` target labels Prometheus puts on the agent's own series. What is not
+found is left out, never guessed.
 """
 
 from __future__ import annotations
@@ -16,15 +23,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gpufeed.catalogue import K8S_POD as K8S_POD_LABELS
 from gpufeed.collectors.base import CollectorContext
 from gpufeed.gpu.backend import GpuSample
 from gpufeed.jobs.identity import (
+    SCHEDULER_KUBERNETES,
     SCHEDULER_PROCESS,
     SCHEDULER_SLURM,
     JobIdentity,
     read_job_identity,
     read_text,
 )
+from gpufeed.jobs.kubernetes import PodDirectory, PodRef
 from gpufeed.jobs.mapping_dir import read_mapping_dir
 from gpufeed.model import Families, Family
 
@@ -33,6 +43,7 @@ SdkJobLookup = Callable[[int], "tuple[str, str] | None"]
 
 MAX_NAME_CHARS = 64
 HELP = "Which job holds which GPU (1); absent for a GPU no job holds"
+K8S_NAMESPACE, K8S_POD, K8S_CONTAINER = K8S_POD_LABELS
 
 
 class JobsCollector:
@@ -48,6 +59,7 @@ class JobsCollector:
         self._mapping_dir = context.config.jobs.mapping_dir
         self._gpu_samples = gpu_samples
         self._sdk_job_for_pid = sdk_job_for_pid
+        self._pods = PodDirectory(context.paths.rootfs)
         # pid -> (identity, command name); kept only for pids still on a GPU
         self._cache: dict[int, tuple[JobIdentity, str] | None] = {}
 
@@ -57,8 +69,10 @@ class JobsCollector:
         seen: dict[int, tuple[JobIdentity, str] | None] = {}
         f = Families()
         f.declare("gpufeed_job_info", "gauge", HELP)
+        held: list[tuple[GpuSample, dict[str, tuple[str, str]]]] = []
+        # (gpu index, job id) -> the (pod uid, container id) of each of its processes there
+        containers: dict[tuple[int, str], set[tuple[str, str]]] = {}
         for sample in samples:
-            gpu = str(sample.identity.index)
             jobs: dict[str, tuple[str, str]] = {}  # job id -> (scheduler, name)
             for proc in sample.processes:
                 found = seen.get(proc.pid) if proc.pid in seen else self._lookup(proc.pid)
@@ -73,19 +87,28 @@ class JobsCollector:
                     if scheduler == SCHEDULER_PROCESS:
                         job_id = sdk[0]
                 jobs.setdefault(job_id, (scheduler, name))
-            for key in (gpu, sample.identity.uuid):
+                if scheduler == SCHEDULER_KUBERNETES:
+                    on_gpu = containers.setdefault((sample.identity.index, job_id), set())
+                    on_gpu.add((ident.job_id, ident.container_id))
+            for key in (str(sample.identity.index), sample.identity.uuid):
                 for job_id in mapping.get(key, ()):
                     jobs.setdefault(job_id, (SCHEDULER_SLURM, ""))
+            held.append((sample, jobs))
+        wanted = set().union(*containers.values()) if containers else set()
+        pods = self._pods.lookup(wanted) if wanted else {}
+        for sample, jobs in held:
             for job_id, (scheduler, name) in sorted(jobs.items()):
+                refs = containers.get((sample.identity.index, job_id), set())
                 f.info(
                     "gpufeed_job_info",
                     HELP,
                     {
                         "job_id": job_id,
-                        "gpu": gpu,
+                        "gpu": str(sample.identity.index),
                         "uuid": sample.identity.uuid,
                         "scheduler": scheduler,
                         "name": name[:MAX_NAME_CHARS],
+                        **pod_labels([pods.get(r) for r in refs]),
                     },
                 )
         self._cache = seen
@@ -102,3 +125,16 @@ class JobsCollector:
             return None
         comm = (read_text(self._procfs / str(pid) / "comm") or "").strip()
         return ident, comm
+
+
+def pod_labels(refs: Sequence[PodRef | None]) -> dict[str, str]:
+    """The pod's labels for one job on one GPU, from what each of its processes there
+    resolved to: none unless all found their pod; the container only if all agree on it."""
+    if not refs or any(r is None for r in refs):
+        return {}
+    known = [r for r in refs if r is not None]
+    out = {K8S_NAMESPACE: known[0].namespace, K8S_POD: known[0].name}
+    names = {r.container for r in known}
+    if len(names) == 1 and None not in names:
+        out[K8S_CONTAINER] = str(known[0].container)
+    return out

@@ -40,6 +40,10 @@ _POD_UID = (
 )
 # `pod<uid>` (cgroupfs) or `kubepods[-qos]-pod<uid>.slice` (systemd)
 _POD_DIR = re.compile(rf"(?:kubepods(?:-[a-z]+)?-)?pod({_POD_UID})(?:\.slice)?")
+# A container's directory inside its pod's: the runtime's 64-hex id, bare (cgroupfs driver)
+# or in a systemd scope (`cri-containerd-<id>.scope`, `crio-<id>.scope`, `docker-<id>.scope`);
+# CRI-O's `crio-conmon-<id>.scope` holds its monitor, not the container, and is no match.
+_CONTAINER_DIR = re.compile(r"(?:(?:cri-containerd|crio|docker)-)?([0-9a-f]{64})(?:\.scope)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +58,7 @@ class JobIdentity:
     scheduler: str
     job_id: str
     cgroup_dirs: tuple[tuple[str, str], ...] = ()
+    container_id: str = ""  # Kubernetes: the runtime's id of the process's container, if known
 
     def cgroup_dir(self, hierarchy: str) -> str | None:
         for key, path in self.cgroup_dirs:
@@ -66,6 +71,7 @@ def parse_cgroup(text: str) -> JobIdentity | None:
     """The Slurm or Kubernetes job of a `/proc/PID/cgroup` text; None for a plain process."""
     found: tuple[str, str] | None = None
     dirs: list[tuple[str, str]] = []
+    container = ""
     for line in text.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
@@ -82,9 +88,13 @@ def parse_cgroup(text: str) -> JobIdentity | None:
             # kernel lists the unified hierarchy last and v1 controllers first.
             continue
         dirs.append((UNIFIED if controllers == "" else controllers, job_dir))
+        if scheduler == SCHEDULER_KUBERNETES and not container:
+            below = [p for p in path.split("/") if p][job_dir.count("/") :]
+            m = _CONTAINER_DIR.fullmatch(below[0]) if below else None
+            container = m.group(1) if m is not None else ""
     if found is None:
         return None
-    return JobIdentity(found[0], found[1], tuple(dirs))
+    return JobIdentity(found[0], found[1], tuple(dirs), container)
 
 
 def job_in_cgroup_path(path: str) -> tuple[str, str, str] | None:
