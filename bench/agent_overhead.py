@@ -6,6 +6,12 @@
 2. The agent's own CPU (utime + stime from /proc/PID/stat) while it samples every second
    and is scraped every second, as a fraction of one core (goal <= 1%).
 
+Both servers bind port 0; the port each got is read from the kernel's socket table for the
+pid this script started, and checked again before every phase, so the figures are always
+those of our own children (0.1.0 used fixed ports and once measured a Prometheus that
+happened to listen there). When a subject dies, answers with an error, or is not what it
+should be, the script exits 1 and prints no figure.
+
 Usage: python bench/agent_overhead.py [--seconds 60] [--scrapes 300] [-- AGENT FLAGS...]
 """
 
@@ -18,42 +24,60 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-AGENT_PORT = 19090
-NODE_PORT = 19091
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from procports import owns_port, wait_listening  # noqa: E402
 
 
-def wait_ready(port: int, path: str = "/metrics", timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            status, _ = scrape(port, path)
-            if status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"nothing answered on port {port}{path} within {timeout}s")
+class SubjectFailed(Exception):
+    """A measured process died, erred or is not ours: no figure may be reported."""
 
 
-def scrape(port: int, path: str = "/metrics") -> tuple[int, int]:
+def port_of(proc: subprocess.Popen[bytes], name: str) -> int:
+    try:
+        return wait_listening(proc, timeout=30)
+    except AssertionError as exc:
+        raise SubjectFailed(f"{name}: {exc}") from exc
+
+
+def check_ours(proc: subprocess.Popen[bytes], port: int, name: str) -> None:
+    if proc.poll() is not None:
+        raise SubjectFailed(f"{name} (pid {proc.pid}) exited with {proc.returncode}")
+    if not owns_port(proc.pid, port):
+        raise SubjectFailed(f"port {port} is no longer bound by {name} (pid {proc.pid})")
+
+
+def scrape(port: int, path: str = "/metrics") -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    conn.request("GET", path)
-    resp = conn.getresponse()
-    body = resp.read()
-    conn.close()
-    return resp.status, len(body)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    except OSError as exc:
+        raise SubjectFailed(f"scrape of port {port}: {exc}") from exc
+    finally:
+        conn.close()
 
 
 def timed_scrape(port: int) -> float:
     t0 = time.perf_counter()
     status, _ = scrape(port)
     if status != 200:
-        raise SystemExit(f"scrape of port {port} answered {status}")
+        raise SubjectFailed(f"scrape of port {port} answered {status}")
     return time.perf_counter() - t0
+
+
+def expect_metric(port: int, name: str, who: str) -> int:
+    """The page's size; fails unless the page is `who`'s (it carries `name`)."""
+    status, body = scrape(port)
+    if status != 200 or name.encode() not in body:
+        raise SubjectFailed(f"port {port} does not serve {who}'s /metrics ({name} missing)")
+    return len(body)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -73,55 +97,86 @@ def main() -> int:
         raise SystemExit(
             "prometheus-node-exporter is not installed (apt-get install prometheus-node-exporter)"
         )
-    gpufeed = [
-        sys.executable,
-        "-m",
-        "gpufeed",
-        "agent",
-        f"--web.listen-address=127.0.0.1:{AGENT_PORT}",
-        "--log.level=warning",
-        *args.agent_args,
-    ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "exporter")}
-    agent = subprocess.Popen(gpufeed, env=env)
-    node = subprocess.Popen(
-        [node_exporter, f"--web.listen-address=127.0.0.1:{NODE_PORT}", "--log.level=warn"],
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_ready(AGENT_PORT)
-        wait_ready(NODE_PORT)
-        for _ in range(20):  # warm both up
-            timed_scrape(AGENT_PORT)
-            timed_scrape(NODE_PORT)
-        agent_lat, node_lat = [], []
-        for _ in range(args.scrapes):
-            agent_lat.append(timed_scrape(AGENT_PORT))
-            node_lat.append(timed_scrape(NODE_PORT))
-        a_med, n_med = statistics.median(agent_lat), statistics.median(node_lat)
-        _, agent_bytes = scrape(AGENT_PORT)
-        _, node_bytes = scrape(NODE_PORT)
-        print(
-            f"median /metrics latency: gpufeed {a_med * 1e3:.2f} ms ({agent_bytes} bytes), "
-            f"node_exporter {n_med * 1e3:.2f} ms ({node_bytes} bytes)"
+    with tempfile.TemporaryDirectory(prefix="gpufeed-bench-") as tmp:
+        # The agent's SDK socket and windows log in our own directory: nothing shared.
+        cfg = Path(tmp) / "agent.yaml"
+        cfg.write_text(f"correlator:\n  windows_log: {Path(tmp) / 'windows.jsonl'}\n")
+        gpufeed = [
+            sys.executable,
+            "-m",
+            "gpufeed",
+            "agent",
+            "--web.listen-address=127.0.0.1:0",
+            f"--sdk.socket={Path(tmp) / 'sdk.sock'}",
+            f"--config={cfg}",
+            "--log.level=warning",
+            *args.agent_args,
+        ]
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "exporter")}
+        agent = subprocess.Popen(gpufeed, env=env)
+        node = subprocess.Popen(
+            [node_exporter, "--web.listen-address=127.0.0.1:0", "--log.level=warn"],
+            stderr=subprocess.DEVNULL,
         )
-        print(f"latency ratio gpufeed/node_exporter: {a_med / n_med:.2f} (goal <= 1.00)")
-        # CPU: sampling every second (the agent's default) while scraped every second.
-        c0, t0 = cpu_seconds(agent.pid), time.monotonic()
-        while time.monotonic() - t0 < args.seconds:
-            timed_scrape(AGENT_PORT)
-            time.sleep(1.0)
-        c1, t1 = cpu_seconds(agent.pid), time.monotonic()
-        share = (c1 - c0) / (t1 - t0)
-        print(
-            f"agent CPU over {t1 - t0:.0f}s, sampling and scraped every 1s: "
-            f"{share * 100:.2f}% of one core (goal <= 1%)"
-        )
-    finally:
-        for p in (agent, node):
-            p.terminate()
-            p.wait(10)
+        try:
+            measure(args, agent, node)
+        except SubjectFailed as exc:
+            print(f"agent_overhead: FAILED: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            for p in (agent, node):
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
     return 0
+
+
+def measure(
+    args: argparse.Namespace, agent: subprocess.Popen[bytes], node: subprocess.Popen[bytes]
+) -> None:
+    agent_port = port_of(agent, "gpufeed agent")
+    node_port = port_of(node, "node_exporter")
+    deadline = time.monotonic() + 20
+    while True:  # the agent answers once its first snapshot is taken
+        try:
+            agent_bytes = expect_metric(agent_port, "gpufeed_build_info", "gpufeed")
+            break
+        except SubjectFailed:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    node_bytes = expect_metric(node_port, "node_exporter_build_info", "node_exporter")
+    for _ in range(20):  # warm both up
+        timed_scrape(agent_port)
+        timed_scrape(node_port)
+    check_ours(agent, agent_port, "gpufeed agent")
+    check_ours(node, node_port, "node_exporter")
+    agent_lat, node_lat = [], []
+    for _ in range(args.scrapes):
+        agent_lat.append(timed_scrape(agent_port))
+        node_lat.append(timed_scrape(node_port))
+    check_ours(agent, agent_port, "gpufeed agent")
+    check_ours(node, node_port, "node_exporter")
+    a_med, n_med = statistics.median(agent_lat), statistics.median(node_lat)
+    # CPU: sampling every second (the agent's default) while scraped every second.
+    c0, t0 = cpu_seconds(agent.pid), time.monotonic()
+    while time.monotonic() - t0 < args.seconds:
+        timed_scrape(agent_port)
+        time.sleep(1.0)
+    c1, t1 = cpu_seconds(agent.pid), time.monotonic()
+    check_ours(agent, agent_port, "gpufeed agent")
+    share = (c1 - c0) / (t1 - t0)
+    print(
+        f"median /metrics latency: gpufeed {a_med * 1e3:.2f} ms ({agent_bytes} bytes), "
+        f"node_exporter {n_med * 1e3:.2f} ms ({node_bytes} bytes)"
+    )
+    print(f"latency ratio gpufeed/node_exporter: {a_med / n_med:.2f} (goal <= 1.00)")
+    print(
+        f"agent CPU over {t1 - t0:.0f}s, sampling and scraped every 1s: "
+        f"{share * 100:.2f}% of one core (goal <= 1%)"
+    )
 
 
 if __name__ == "__main__":

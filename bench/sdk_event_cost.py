@@ -117,6 +117,9 @@ def main() -> int:
             dropped = job.events_dropped
             raw.close()
             job.close()
+            if server.poll() is not None:  # the receiving end died: the figures mean nothing
+                print(f"sdk_event_cost: FAILED: the SDK server exited ({server.returncode})")
+                return 1
         finally:
             assert server.stdin is not None
             server.stdin.close()
