@@ -4,7 +4,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from conftest import agent_env, gpufeed_cmd, http_get, wait_for_metrics
+from conftest import agent_env, gpufeed_cmd, http_get, isolated_agent_args, wait_for_metrics
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -74,12 +74,7 @@ def test_unwritable_record_path_is_one_clear_line(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     res = run(
         "agent",
-        "--web.listen-address",
-        "127.0.0.1:0",
-        "--sdk.socket",
-        str(tmp_path / "sdk.sock"),
-        "--record",
-        str(blocker / "trace.om"),
+        *isolated_agent_args(("--record", str(blocker / "trace.om")), tmp_path),
     )
     assert res.returncode == 2
     assert f"--record {blocker / 'trace.om'}: " in res.stderr
@@ -158,16 +153,7 @@ def test_simulated_node_is_labelled_on_every_page(run_agent: Any, tmp_path: Path
 
 
 def test_non_positive_otlp_interval_is_rejected(tmp_path: Path) -> None:
-    res = run(
-        "agent",
-        "--web.listen-address",
-        "127.0.0.1:0",
-        "--sdk.socket",
-        str(tmp_path / "sdk.sock"),
-        "--otlp.endpoint",
-        "http://127.0.0.1:1/v1/metrics",  # never reached: the interval is refused first
-        "--otlp.interval",
-        "0",
-    )
+    otlp = ("--otlp.endpoint", "http://127.0.0.1:1/v1/metrics", "--otlp.interval", "0")
+    res = run("agent", *isolated_agent_args(otlp, tmp_path))  # the endpoint is never reached
     assert res.returncode == 2
     assert "--otlp.interval 0: must be positive" in res.stderr

@@ -17,7 +17,6 @@ last sample's reading, taken before the writes: 12 KB of 27 MB).
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import agent_env, gpufeed_cmd, wait_for_metrics
 from gpufeed.jobs.identity import read_proc_stat
+from procports import wait_listening
 
 pytestmark = pytest.mark.slow
 
@@ -45,41 +45,27 @@ while not os.path.exists(gate):  # both runs alive at once
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def start_agent(tmp: Path, interval: float = 0.2) -> tuple[subprocess.Popen[bytes], str]:
     cfg = tmp / "agent.yaml"
     log = tmp / "windows.jsonl"
     cfg.write_text(f"interval_seconds: {interval}\ncorrelator:\n  windows_log: {log}\n")
-    for _ in range(5):  # the port may be taken between free_port() and the agent's bind
-        port = free_port()
-        proc = subprocess.Popen(
-            gpufeed_cmd(
-                "agent",
-                "--config",
-                str(cfg),
-                "--web.listen-address",
-                f"127.0.0.1:{port}",
-                "--sdk.socket",
-                str(tmp / "sdk.sock"),
-            ),
-            env=agent_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        url = f"http://127.0.0.1:{port}/metrics"
-        try:
-            wait_for_metrics(url, proc)
-            return proc, url
-        except AssertionError:
-            proc.kill()
-            proc.wait()
-    raise AssertionError("no agent could listen")
+    proc = subprocess.Popen(
+        gpufeed_cmd(
+            "agent",
+            "--config",
+            str(cfg),
+            "--web.listen-address",
+            "127.0.0.1:0",  # the port it gets is read from its own sockets
+            "--sdk.socket",
+            str(tmp / "sdk.sock"),
+        ),
+        env=agent_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{wait_listening(proc)}/metrics"
+    wait_for_metrics(url, proc)
+    return proc, url
 
 
 def samples(url: str, name: str) -> list[tuple[dict[str, str], float]]:

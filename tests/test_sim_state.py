@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -71,18 +70,12 @@ def test_a_real_agent_still_uses_the_production_default() -> None:
     assert kept.correlator.windows_log == "/srv/demo/w.jsonl"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_two_agents_on_one_log_the_second_says_who_holds_it(tmp_path: Path) -> None:
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(f"correlator:\n  windows_log: {tmp_path / 'w.jsonl'}\n")
     cmd = ["agent", "--simulate", "--config", str(cfg), "--web.listen-address"]
     first = subprocess.Popen(
-        gpufeed_cmd(*cmd, f"127.0.0.1:{_free_port()}"),
+        gpufeed_cmd(*cmd, "127.0.0.1:0"),
         env=agent_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -95,7 +88,7 @@ def test_two_agents_on_one_log_the_second_says_who_holds_it(tmp_path: Path) -> N
         else:
             raise AssertionError("the first agent did not start")
         res = subprocess.run(
-            gpufeed_cmd(*cmd, f"127.0.0.1:{_free_port()}"),
+            gpufeed_cmd(*cmd, "127.0.0.1:0"),
             env=agent_env(),
             capture_output=True,
             text=True,

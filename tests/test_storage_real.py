@@ -8,6 +8,7 @@ teardown, also when the test fails.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import shutil
@@ -50,12 +51,15 @@ def _need_tools() -> None:
 
 def _ensure_loop_nodes() -> None:
     """Containers often lack /dev/loop* nodes even where the loop driver works."""
-    if not os.path.exists("/dev/loop-control"):
-        os.mknod("/dev/loop-control", 0o660 | stat.S_IFCHR, os.makedev(10, 237))
+    # Another test run on this host may create the same node at the same moment.
+    with contextlib.suppress(FileExistsError):
+        if not os.path.exists("/dev/loop-control"):
+            os.mknod("/dev/loop-control", 0o660 | stat.S_IFCHR, os.makedev(10, 237))
     free = _run("losetup", "-f")  # asks loop-control for a free index
-    if not os.path.exists(free):
-        index = int(free.removeprefix("/dev/loop"))
-        os.mknod(free, 0o660 | stat.S_IFBLK, os.makedev(7, index))
+    with contextlib.suppress(FileExistsError):
+        if not os.path.exists(free):
+            index = int(free.removeprefix("/dev/loop"))
+            os.mknod(free, 0o660 | stat.S_IFBLK, os.makedev(7, index))
 
 
 @dataclass(frozen=True)

@@ -311,9 +311,12 @@ def is_simulated(args: argparse.Namespace) -> bool:
     return args.simulate is not None or args.gpu_backend == "simulated"
 
 
-def build_parts(args: argparse.Namespace, port: int) -> AgentParts:
-    """`port`: the port the agent listens on, for the default instance name."""
-    config = loaded = load_config(args.config)
+def build_parts(
+    args: argparse.Namespace, port: int, loaded: AgentConfig | None = None
+) -> AgentParts:
+    """`port`: the port the agent listens on, for the default instance name; `loaded`:
+    the config file already read (run() reads it before binding the port)."""
+    config = loaded = loaded if loaded is not None else load_config(args.config)
     config = replace(config, instance=node_instance(args.instance, config.instance, port))
     run_dir = RunStateDir()
     if is_simulated(args):
@@ -482,7 +485,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         host, port = parse_listen_address(args.listen_address)
         limits = connection_limits(args)
-    except UsageError as exc:
+        config = load_config(args.config)  # a bad file is reported whatever the port does
+    except (UsageError, ConfigError) as exc:
         print(f"gpufeed agent: error: {exc}", file=sys.stderr)
         return 2
     try:
@@ -491,7 +495,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpufeed agent: error: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         return 1
     try:
-        parts = build_parts(args, listener.getsockname()[1])
+        parts = build_parts(args, listener.getsockname()[1], config)
     except (UsageError, ConfigError) as exc:
         listener.close()
         print(f"gpufeed agent: error: {exc}", file=sys.stderr)
