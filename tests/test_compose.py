@@ -115,12 +115,38 @@ def test_compose_services_are_wired_together() -> None:
     assert mounts["grafana"]["/etc/grafana/provisioning"] == provisioning.resolve()
 
 
+class _ComposeLoader(yaml.SafeLoader):
+    """Compose's merge tags (`!reset`, `!override`) kept as markers."""
+
+
+def _reset(loader: yaml.SafeLoader, node: yaml.Node) -> tuple[str, Any]:
+    if isinstance(node, yaml.SequenceNode):
+        return "!reset", loader.construct_sequence(node, deep=True)
+    if isinstance(node, yaml.MappingNode):
+        return "!reset", loader.construct_mapping(node, deep=True)
+    return "!reset", None
+
+
+_ComposeLoader.add_constructor("!reset", _reset)
+
+
 def test_nvidia_variant_uses_the_nvidia_runtime_and_real_gpus() -> None:
-    variant = load(COMPOSE / "docker-compose.nvidia.yml")
+    variant = yaml.load(
+        (COMPOSE / "docker-compose.nvidia.yml").read_text(encoding="utf-8"), _ComposeLoader
+    )
     agent = variant["services"]["agent"]
     assert agent["runtime"] == "nvidia"
     assert "--simulate" not in agent["command"]
     assert any(a.startswith("--path.procfs=") for a in agent["command"])
+    # Fabric metrics are per network namespace: the host's, not the container's veth.
+    assert agent["network_mode"] == "host" and agent["pid"] == "host"
+    assert agent["ports"] == ("!reset", [])  # a host-network container publishes nothing
+    assert f"0.0.0.0:{AGENT_PORT}" in " ".join(agent["command"])
+    # Prometheus still scrapes agent:9842 (prometheus.yml is shared): the name now points
+    # at the host, where the agent listens.
+    prom = load(PROMETHEUS_YML)
+    assert prom["scrape_configs"][0]["static_configs"][0]["targets"] == [f"agent:{AGENT_PORT}"]
+    assert "agent:host-gateway" in variant["services"]["prometheus"]["extra_hosts"]
     dockerfile = (COMPOSE / "Dockerfile").read_text(encoding="utf-8")
     assert 'ENTRYPOINT ["gpufeed"]' in dockerfile
     assert f"EXPOSE {AGENT_PORT}" in dockerfile

@@ -65,6 +65,7 @@ def test_unit_runs_the_agent_as_a_watched_notify_service() -> None:
     # the default interval), so a stalled sampler is restarted within about 40 s.
     assert d["WatchdogSec"] == ["30s"]
     assert d["Restart"] == ["always"]
+    assert d["ExecReload"] == ["/bin/kill -HUP $MAINPID"]  # README: SIGHUP checks the config
     assert int(d["LimitNOFILE"][0]) >= 65536
     assert d["RuntimeDirectory"] == ["gpufeed"] and d["StateDirectory"] == ["gpufeed"]
     assert "AF_UNIX" in d["RestrictAddressFamilies"][0]  # the SDK socket and sd_notify
@@ -80,3 +81,18 @@ def test_install_steps_match_the_unit() -> None:
     assert "/etc/gpufeed/agent.yaml" in section
     assert "deploy/agent.example.yaml" in section
     assert "systemctl enable --now gpufeed-agent" in section
+
+
+def test_docs_name_the_unit_the_repository_ships() -> None:
+    """`systemctl status gpufeed` finds nothing: the unit is gpufeed-agent."""
+    unit = UNIT.stem
+    pattern = re.compile(r"(?:systemctl|journalctl)[^`\n]*?\s(gpufeed[\w.-]*)")
+    wrong = []
+    for page in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]:
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            wrong += [
+                f"{page.name}:{n}: {m.group(0)}"
+                for m in pattern.finditer(line)
+                if m.group(1).removesuffix(".service") != unit
+            ]
+    assert wrong == []
