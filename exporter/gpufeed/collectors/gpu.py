@@ -26,18 +26,53 @@ GAUGES: tuple[tuple[str, str, str], ...] = (
         "sm_active_ratio",
     ),
     (
+        "gpufeed_gpu_sm_occupancy_ratio",
+        "Resident warps over the theoretical maximum, last interval (NVML GPM, Hopper+).",
+        "sm_occupancy_ratio",
+    ),
+    (
+        "gpufeed_gpu_tensor_active_ratio",
+        "Fraction of time the SMs ran any tensor-core instruction (NVML GPM, Hopper+).",
+        "tensor_active_ratio",
+    ),
+    (
+        "gpufeed_gpu_dram_bandwidth_utilization_ratio",
+        "Device memory bandwidth used over its peak, last interval (NVML GPM, Hopper+).",
+        "dram_bandwidth_utilization_ratio",
+    ),
+    (
         "gpufeed_gpu_memory_bandwidth_utilization_ratio",
-        "Fraction of time device memory was read or written (NVML utilization.memory / 100).",
+        "Fraction of time device memory was being read or written, a time fraction and not "
+        "bandwidth (NVML utilization.memory / 100).",
         "memory_bandwidth_utilization_ratio",
     ),
-    ("gpufeed_gpu_memory_used_bytes", "Framebuffer memory in use.", "memory_used_bytes"),
+    (
+        "gpufeed_gpu_memory_used_bytes",
+        "Framebuffer memory in use, without the driver's reserved memory (as nvidia-smi).",
+        "memory_used_bytes",
+    ),
+    (
+        "gpufeed_gpu_memory_reserved_bytes",
+        "Framebuffer memory the driver reserves for itself.",
+        "memory_reserved_bytes",
+    ),
     ("gpufeed_gpu_memory_total_bytes", "Framebuffer memory size.", "memory_total_bytes"),
-    ("gpufeed_gpu_power_watts", "Power draw.", "power_watts"),
+    (
+        "gpufeed_gpu_power_watts",
+        "Power draw (on Hopper and newer NVML gives a 1 s average).",
+        "power_watts",
+    ),
     ("gpufeed_gpu_temperature_celsius", "GPU core temperature.", "temperature_celsius"),
     ("gpufeed_gpu_sm_clock_hertz", "SM clock.", "sm_clock_hertz"),
 )
 
 COUNTERS: tuple[tuple[str, str, str], ...] = (
+    (
+        "gpufeed_gpu_busy_seconds_total",
+        "Utilization summed over time by the agent: rate() is the mean utilization over "
+        "every sample in the range, not only the last one.",
+        "busy_seconds_total",
+    ),
     (
         "gpufeed_gpu_energy_joules_total",
         "Energy consumed since the driver was loaded.",

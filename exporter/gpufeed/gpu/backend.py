@@ -34,9 +34,18 @@ class GpuSample:
     identity: GpuIdentity
     up: bool = True
     utilization_ratio: float | None = None
+    # utilization summed over time by the agent (seconds busy since it started)
+    busy_seconds_total: float | None = None
+    # GPM (Hopper and newer), over the last interval of at least 100 ms
     sm_active_ratio: float | None = None
+    sm_occupancy_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_bandwidth_utilization_ratio: float | None = None
+    # NVML utilization.memory: a time fraction (memory was read or written), not bandwidth
     memory_bandwidth_utilization_ratio: float | None = None
+    # nvidia-smi's "used" (nvmlMemory_v2): reserved memory is not in it
     memory_used_bytes: float | None = None
+    memory_reserved_bytes: float | None = None
     memory_total_bytes: float | None = None
     power_watts: float | None = None
     energy_joules_total: float | None = None

@@ -78,6 +78,8 @@ class XidWatcher:
         self._event_set: Any = None
         self._thread: threading.Thread | None = None
         self._warned: set[str] = set()
+        self._handles = tuple(handles)
+        self.rebuilds = 0
         self._register(handles)
 
     @property
@@ -87,6 +89,7 @@ class XidWatcher:
 
     def _register(self, handles: Sequence[tuple[int, Any]]) -> None:
         nv = self._nv
+        self._by_key = {}
         try:
             self._event_set = nv.nvmlEventSetCreate()
         except (nv.NVMLError, AttributeError) as exc:
@@ -124,6 +127,14 @@ class XidWatcher:
                 return
         self._free()
 
+    def _rebuild(self) -> None:
+        self._free()
+        self._register(self._handles)
+        self.rebuilds += 1
+        if not self._by_key:
+            log.warning("XID watcher: no GPU registers for events any more; XID counters freeze")
+            self._free()
+
     def _free(self) -> None:
         if self._event_set is None:
             return
@@ -154,9 +165,15 @@ class XidWatcher:
                         "nvmlEventSetWait_v2",
                     )
                     return
-                # GPU_IS_LOST, UNKNOWN, ...: keep watching the other GPUs, without spinning.
-                self._warn_once(f"wait-{getattr(exc, 'value', '')}", "XID watcher: %s", exc)
-                self._stop.wait(pause)
+                # GPU_IS_LOST, UNKNOWN, ...: the event set may be dead (NVML gives no way to
+                # tell), and waiting on it again would fail for ever. Rebuild it after a
+                # pause (no spinning), with every GPU that still registers.
+                self._warn_once(f"wait-{code}", "XID watcher: %s; rebuilding its event set", exc)
+                if self._stop.wait(pause):
+                    break
+                self._rebuild()
+                if self._event_set is None:
+                    return
                 continue
             except Exception:
                 log.exception("XID watcher stopped; XID counters freeze from here")
