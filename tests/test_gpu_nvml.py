@@ -710,6 +710,14 @@ def test_only_supported_clock_event_reasons_are_exported(nvml: Any, open_backend
     assert fake.calls["nvmlDeviceGetSupportedClocksEventReasons"] == 1
 
 
+def test_newer_reasons_are_exported_where_supported(nvml: Any, open_backend: Any) -> None:
+    nvml([FakeGpu(UUID0, clock_supported=0x7FF, clock_mask=0x200), FakeGpu(UUID1)])
+    g0, g1 = open_backend().sample()
+    assert len(by_name(g0)) == 11 and by_name(g0)["board_limit"]
+    assert not by_name(g0)["reliability"] and not by_name(g0)["sw_power_cap"]
+    assert "board_limit" not in by_name(g1)  # a GPU that does not support it: absent
+
+
 def test_unknown_supported_mask_exports_every_known_reason(nvml: Any, open_backend: Any) -> None:
     nvml(
         [FakeGpu(UUID0)],

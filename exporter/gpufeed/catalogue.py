@@ -48,6 +48,10 @@ def _gpu(name: str, type_: MetricType, help_: str, unit: str, *extra: str) -> Me
     return MetricSpec(name, type_, help_, (*GPU, *extra), unit, "gpu", "gpu")
 
 
+def _gpu_extra(name: str, type_: MetricType, help_: str, unit: str) -> MetricSpec:
+    return MetricSpec(name, type_, help_, GPU, unit, "gpu", "gpu", contract=False)
+
+
 def _mount(name: str, type_: MetricType, help_: str, unit: str) -> MetricSpec:
     # `device` only where the mount is a block device (NFS has none).
     return MetricSpec(name, type_, help_, MOUNT, unit, "storage", "storage", True, ("device",))
@@ -91,12 +95,23 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     _gpu(
         "gpufeed_gpu_memory_bandwidth_utilization_ratio",
         "gauge",
-        "Fraction of time device memory was read or written (NVML utilization.memory / 100).",
+        "Fraction of time device memory was being read or written, a time fraction and not "
+        "bandwidth (NVML utilization.memory / 100).",
         "ratio",
     ),
-    _gpu("gpufeed_gpu_memory_used_bytes", "gauge", "Framebuffer memory in use.", "bytes"),
+    _gpu(
+        "gpufeed_gpu_memory_used_bytes",
+        "gauge",
+        "Framebuffer memory in use, without the driver's reserved memory (as nvidia-smi).",
+        "bytes",
+    ),
     _gpu("gpufeed_gpu_memory_total_bytes", "gauge", "Framebuffer memory size.", "bytes"),
-    _gpu("gpufeed_gpu_power_watts", "gauge", "Power draw.", "watts"),
+    _gpu(
+        "gpufeed_gpu_power_watts",
+        "gauge",
+        "Power draw (on Hopper and newer NVML gives a 1 s average).",
+        "watts",
+    ),
     _gpu(
         "gpufeed_gpu_energy_joules_total",
         "counter",
@@ -152,6 +167,37 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "gpu",
         "gpu",
         contract=False,
+    ),
+    _gpu_extra(
+        "gpufeed_gpu_busy_seconds_total",
+        "counter",
+        "Utilization summed over time by the agent: rate() is the mean utilization over "
+        "every sample in the range, not only the last one.",
+        "seconds",
+    ),
+    _gpu_extra(
+        "gpufeed_gpu_sm_occupancy_ratio",
+        "gauge",
+        "Resident warps over the theoretical maximum, last interval (NVML GPM, Hopper+).",
+        "ratio",
+    ),
+    _gpu_extra(
+        "gpufeed_gpu_tensor_active_ratio",
+        "gauge",
+        "Fraction of time the SMs ran any tensor-core instruction (NVML GPM, Hopper+).",
+        "ratio",
+    ),
+    _gpu_extra(
+        "gpufeed_gpu_dram_bandwidth_utilization_ratio",
+        "gauge",
+        "Device memory bandwidth used over its peak, last interval (NVML GPM, Hopper+).",
+        "ratio",
+    ),
+    _gpu_extra(
+        "gpufeed_gpu_memory_reserved_bytes",
+        "gauge",
+        "Framebuffer memory the driver reserves for itself.",
+        "bytes",
     ),
     # Storage tiers
     _mount(

@@ -55,7 +55,12 @@ CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
     ("hw_thermal_slowdown", 0x40),
     ("hw_power_brake_slowdown", 0x80),
     ("display_clock_setting", 0x100),
+    # newer drivers (R550+); exported only where the GPU's supported mask has them
+    ("board_limit", 0x200),
+    ("reliability", 0x400),
 )
+# Where the supported mask cannot be read: the bits every driver since R535 knows.
+_CLASSIC_REASON_BITS = 0x1FF
 
 # nvml.h: "A scopeId of UINT_MAX returns aggregate value summed up across all links".
 ALL_NVLINKS = 0xFFFFFFFF
@@ -658,11 +663,9 @@ class NvmlBackend:
         if mask is None:
             return None
         bits = int(mask)
-        supported = dev.clock_supported
+        supported = _CLASSIC_REASON_BITS if dev.clock_supported is None else dev.clock_supported
         return tuple(
-            (name, bool(bits & bit))
-            for name, bit in CLOCK_EVENT_REASONS
-            if supported is None or supported & bit
+            (name, bool(bits & bit)) for name, bit in CLOCK_EVENT_REASONS if supported & bit
         )
 
     def _pcie(self, dev: _Device, counters: dict[str, float], gpm: GpmReading | None) -> None:

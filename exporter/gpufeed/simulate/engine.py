@@ -428,6 +428,11 @@ class Engine:
             gauges[base + L.G_UTIL] = u
             gauges[base + L.G_SMACT] = min(1.0, u * (0.62 + 0.2 * noise.random()))
             gauges[base + L.G_MEMBW] = min(1.0, u * (0.5 + 0.15 * noise.random()))
+            # GPM's other ratios follow SM activity and memory traffic; derived, so that the
+            # noise stream (and every scenario's values) stays what it was
+            gauges[base + L.G_OCCUPANCY] = 0.55 * gauges[base + L.G_SMACT]
+            gauges[base + L.G_TENSOR] = 0.8 * gauges[base + L.G_SMACT]
+            gauges[base + L.G_DRAM] = 0.7 * gauges[base + L.G_MEMBW]
             mem_frac = c.memory[g] if held else 0.006
             gauges[base + L.G_MEMUSED] = round(n.gpu_memory_bytes * mem_frac / 2**20) * 2**20
             if c.reason[g] == "sw_power_cap":
@@ -452,6 +457,7 @@ class Engine:
                 gauges[base + L.G_REASONS + _REASON_INDEX[reason]] = 1.0
             gc = lay.gc(g, 0)
             incs[gc + L.C_ENERGY] = power * dt
+            incs[gc + L.C_BUSY] = u * dt
             incs[gc + L.C_PCIE_RX] = (c.pcie_rx[g] if held else 5e6) * dt
             incs[gc + L.C_PCIE_TX] = (c.pcie_tx[g] if held else 2e6) * dt
             nv = c.nvlink[g] * n.nvlink_bytes_per_second * dt

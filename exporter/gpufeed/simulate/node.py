@@ -15,7 +15,13 @@ from gpufeed.model import Family
 from gpufeed.simulate import layout as L
 from gpufeed.simulate.engine import Engine, Truth
 from gpufeed.simulate.scenario import CLOCK_EVENT_REASONS, Scenario
-from gpufeed.simulate.series import gpu_identities, gpu_series, node_series, render
+from gpufeed.simulate.series import (
+    gpu_identities,
+    gpu_series,
+    node_series,
+    render,
+    reserved_memory_bytes,
+)
 
 Clock = Callable[[], float]
 
@@ -76,9 +82,16 @@ class SimulatedNode:
                     identity=ident,
                     up=True,
                     utilization_ratio=gauges[gg + L.G_UTIL],
+                    busy_seconds_total=counters[gc + L.C_BUSY],
                     sm_active_ratio=gauges[gg + L.G_SMACT] if node.sm_active else None,
+                    sm_occupancy_ratio=gauges[gg + L.G_OCCUPANCY] if node.sm_active else None,
+                    tensor_active_ratio=gauges[gg + L.G_TENSOR] if node.sm_active else None,
+                    dram_bandwidth_utilization_ratio=(
+                        gauges[gg + L.G_DRAM] if node.sm_active else None
+                    ),
                     memory_bandwidth_utilization_ratio=gauges[gg + L.G_MEMBW],
                     memory_used_bytes=gauges[gg + L.G_MEMUSED],
+                    memory_reserved_bytes=reserved_memory_bytes(node.gpu_memory_bytes),
                     memory_total_bytes=node.gpu_memory_bytes,
                     power_watts=gauges[gg + L.G_POWER],
                     energy_joules_total=counters[gc + L.C_ENERGY],

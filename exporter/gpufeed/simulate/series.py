@@ -20,7 +20,14 @@ from gpufeed.simulate.engine import mix
 from gpufeed.simulate.scenario import CLOCK_EVENT_REASONS, Scenario
 
 ALWAYS, GPU_UP, JOB_PRESENT, NONZERO = range(4)
+# gauges only a GPU with GPM (Hopper and newer) has; `node.sm_active` says whether it does
+GPM_GAUGES = (L.G_SMACT, L.G_OCCUPANCY, L.G_TENSOR, L.G_DRAM)
 CONST, GAUGE, COUNTER = range(3)
+
+
+def reserved_memory_bytes(total_bytes: float) -> float:
+    """What the simulated driver reserves: about what an H100's does (~0.6 %), MiB-aligned."""
+    return float(round(total_bytes * 0.006 / 2**20) * 2**20)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +74,9 @@ def gpu_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) ->
         gauges = [
             ("gpufeed_gpu_utilization_ratio", L.G_UTIL),
             ("gpufeed_gpu_sm_active_ratio", L.G_SMACT),
+            ("gpufeed_gpu_sm_occupancy_ratio", L.G_OCCUPANCY),
+            ("gpufeed_gpu_tensor_active_ratio", L.G_TENSOR),
+            ("gpufeed_gpu_dram_bandwidth_utilization_ratio", L.G_DRAM),
             ("gpufeed_gpu_memory_bandwidth_utilization_ratio", L.G_MEMBW),
             ("gpufeed_gpu_memory_used_bytes", L.G_MEMUSED),
             ("gpufeed_gpu_power_watts", L.G_POWER),
@@ -74,7 +84,7 @@ def gpu_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) ->
             ("gpufeed_gpu_sm_clock_hertz", L.G_CLOCK),
         ]
         for fam, i in gauges:
-            if i == L.G_SMACT and not scenario.node.sm_active:
+            if i in GPM_GAUGES and not scenario.node.sm_active:
                 continue
             add(fam, "gauge", base, GAUGE, lay.gg(g, i), g=g)
         add(
@@ -86,10 +96,13 @@ def gpu_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) ->
             scenario.node.gpu_memory_bytes,
             g=g,
         )
+        add("gpufeed_gpu_memory_reserved_bytes", "gauge", base, CONST, 0,
+            reserved_memory_bytes(scenario.node.gpu_memory_bytes), g=g)  # fmt: skip
         for r, reason in enumerate(CLOCK_EVENT_REASONS):
             add("gpufeed_gpu_clock_event_active", "gauge", {**base, "reason": reason}, GAUGE,
                 lay.gg(g, L.G_REASONS + r), g=g)  # fmt: skip
         counters = [
+            ("gpufeed_gpu_busy_seconds_total", L.C_BUSY),
             ("gpufeed_gpu_energy_joules_total", L.C_ENERGY),
             ("gpufeed_gpu_pcie_transmit_bytes_total", L.C_PCIE_TX),
             ("gpufeed_gpu_pcie_receive_bytes_total", L.C_PCIE_RX),
