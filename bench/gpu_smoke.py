@@ -1,235 +1,298 @@
-"""Real-GPU check, driven by bench/gpu-smoke.sh (which starts the agent on NVML).
+"""The real-GPU truth check, driven by bench/gpu-smoke.sh (which starts the agent on NVML).
 
-Runs a PyTorch matmul load on one GPU, then a phase where that GPU mostly waits (sleeps
-between small launches), scrapes the agent's /metrics every second throughout, and prints
-per phase:
-- the mean gpufeed_gpu_utilization_ratio (and sm_active where the GPU has GPM), per GPU;
-- the agent's own GPU collector duration (gpufeed_collector_duration_seconds{collector="gpu"});
-- the per-sample NVML cost: NvmlBackend.sample() timed directly, once a second, in a separate
-  process (so the load's Python thread does not skew it through the GIL).
+Runs six phases on the GPU that torch calls cuda:0, about 100 s in all, while three witnesses
+record: the agent's /metrics (scraped every 0.25 s), `nvidia-smi --query-gpu ... -lms 500`,
+and a raw NVML reader in its own process (bench/gpu_raw_reader.py). Then bench/gpu_truth.py
+judges each phase; every line is PASS, FAIL, SKIP (or INFO) with its numbers.
 
-The first --settle seconds of each phase are left out of the means: NVML's utilization is
-an average over the driver's last sample period, so it lags a phase change.
+Phases (bench/gpu_truth.PHASES says what each proves): idle; dense bf16 matmuls; one-thread
+kernels back to back (`torch.cuda._sleep`, a <<<1,1>>> spin kernel); pinned host->device then
+device->host copies of counted bytes, with idle gaps around them so the counters settle;
+a 32 GiB allocation held for a while.
 
-Exit status: 0 when the load phase reads busier than the waiting phase by the margins below,
-1 when it does not, 2 when this machine cannot run the check (no CUDA, agent not answering).
+Writes into --out: truth.txt (the verdicts, with the GPU, driver and date), agent.jsonl,
+nvidia-smi.csv, nvml.jsonl, phases.json (bench/gpu-smoke.sh adds agent.log).
+
+Exit status: 0 all PASS or SKIP, 1 a FAIL, 2 this machine cannot run the check.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-LOAD_MIN_UTILIZATION = 0.8
-WAIT_MAX_UTILIZATION = 0.5
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_truth import (
+    GIB,
+    MIB,
+    PHASES,
+    AgentPoint,
+    Phase,
+    RawPoint,
+    Recording,
+    SmiPoint,
+    evaluate,
+    exit_status,
+)
 
-@dataclass
-class Scrape:
-    t: float
-    utilization: dict[str, float] = field(default_factory=dict)  # uuid -> ratio
-    sm_active: dict[str, float] = field(default_factory=dict)
-    collector_seconds: float | None = None
+HERE = Path(__file__).resolve().parent
 
+# agent family (sample name) -> short name used by gpu_truth
+FAMILIES = {
+    "gpufeed_gpu_utilization_ratio": "utilization",
+    "gpufeed_gpu_busy_seconds_total": "busy_seconds",
+    "gpufeed_gpu_sm_active_ratio": "sm_active",
+    "gpufeed_gpu_sm_occupancy_ratio": "sm_occupancy",
+    "gpufeed_gpu_tensor_active_ratio": "tensor_active",
+    "gpufeed_gpu_dram_bandwidth_utilization_ratio": "dram_bandwidth",
+    "gpufeed_gpu_memory_bandwidth_utilization_ratio": "memory_time_fraction",
+    "gpufeed_gpu_memory_used_bytes": "memory_used_bytes",
+    "gpufeed_gpu_memory_reserved_bytes": "memory_reserved_bytes",
+    "gpufeed_gpu_memory_total_bytes": "memory_total_bytes",
+    "gpufeed_gpu_power_watts": "power_watts",
+    "gpufeed_gpu_energy_joules_total": "energy_joules",
+    "gpufeed_gpu_sm_clock_hertz": "sm_clock_hertz",
+    "gpufeed_gpu_temperature_celsius": "temperature_celsius",
+    "gpufeed_gpu_pcie_transmit_bytes_total": "pcie_transmit_bytes",
+    "gpufeed_gpu_pcie_receive_bytes_total": "pcie_receive_bytes",
+}
 
-def parse(text: str, t: float) -> Scrape:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    s = Scrape(t)
-    for fam in text_string_to_metric_families(text):
-        for sample in fam.samples:
-            uuid = sample.labels.get("uuid", sample.labels.get("gpu", ""))
-            if sample.name == "gpufeed_gpu_utilization_ratio":
-                s.utilization[uuid] = sample.value
-            elif sample.name == "gpufeed_gpu_sm_active_ratio":
-                s.sm_active[uuid] = sample.value
-            elif (
-                sample.name == "gpufeed_collector_duration_seconds"
-                and sample.labels.get("collector") == "gpu"
-            ):
-                s.collector_seconds = sample.value
-    return s
-
-
-def scraper(url: str, stop: threading.Event, out: list[Scrape], errors: list[str]) -> None:
-    while not stop.is_set():
-        t = time.time()
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                out.append(parse(resp.read().decode(), t))
-        except OSError as exc:
-            errors.append(f"{time.strftime('%H:%M:%S')} scrape failed: {exc}")
-        stop.wait(max(0.0, 1.0 - (time.time() - t)))
-
-
-def nvml_cost_main(seconds: float) -> int:
-    """Child process: time NvmlBackend.sample() once a second; one JSON line per sample."""
-    sys.path.insert(0, str(ROOT / "exporter"))
-    from gpufeed.gpu.nvml import NvmlBackend
-
-    backend = NvmlBackend(watch_xid=False)
-    try:
-        backend.sample()  # first call probes what each GPU supports
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            t0 = time.perf_counter()
-            backend.sample()
-            ms = (time.perf_counter() - t0) * 1000.0
-            print(
-                json.dumps({"t": time.time(), "ms": ms, "gpus": len(backend.devices())}), flush=True
-            )
-            time.sleep(max(0.0, 1.0 - ms / 1000.0))
-    finally:
-        backend.close()
-    return 0
+# nvidia-smi query field -> (short name, factor to base units); reserved is dropped if this
+# nvidia-smi does not know it.
+SMI_FIELDS = (
+    ("utilization.gpu", "utilization", 0.01),
+    ("power.draw", "power_watts", 1.0),
+    ("clocks.sm", "sm_clock_hertz", 1e6),
+    ("memory.used", "memory_used_bytes", float(MIB)),
+    ("memory.total", "memory_total_bytes", float(MIB)),
+    ("memory.reserved", "memory_reserved_bytes", float(MIB)),
+)
 
 
-def read_costs(proc: subprocess.Popen[str], out: list[tuple[float, float]]) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
+def parse_page(text: str, uuid: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("gpufeed_") or (uuid not in line and "collector=" not in line):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name = name_labels.split("{", 1)[0]
+        if name in FAMILIES and f'uuid="{uuid}"' in name_labels:
+            out[FAMILIES[name]] = float(value)
+        elif name == "gpufeed_collector_duration_seconds" and 'collector="gpu"' in name_labels:
+            out["collector_seconds"] = float(value)
+    return out
+
+
+class Witnesses:
+    """The scraper thread, nvidia-smi, and the raw NVML reader process."""
+
+    def __init__(self, url: str, uuid: str, out: Path) -> None:
+        self.url, self.uuid, self.out = url, uuid, out
+        self.agent: list[AgentPoint] = []
+        self.smi: list[SmiPoint] = []
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.procs: list[subprocess.Popen[Any]] = []
+
+    def start(self, seconds: float) -> None:
+        raw = subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "gpu_raw_reader.py"),
+                "--uuid",
+                self.uuid,
+                "--out",
+                str(self.out / "nvml.jsonl"),
+                "--seconds",
+                str(seconds),
+            ]
+        )
+        self.procs.append(raw)
+        fields = [f for f in SMI_FIELDS if _smi_accepts(self.uuid, f[0])]
+        smi = subprocess.Popen(
+            [
+                "nvidia-smi",
+                "-i",
+                self.uuid,
+                "--format=csv,noheader,nounits",
+                "-lms",
+                "500",
+                "--query-gpu=" + ",".join(f[0] for f in fields),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.procs.append(smi)
+        for target, args in ((self._scrape, ()), (self._read_smi, (smi, fields))):
+            th = threading.Thread(target=target, args=args, daemon=True)
+            th.start()
+            self.threads.append(th)
+
+    def _scrape(self) -> None:
+        with open(self.out / "agent.jsonl", "w", encoding="utf-8") as f:
+            while not self.stop.is_set():
+                t = time.time()
+                try:
+                    with urllib.request.urlopen(self.url, timeout=5) as resp:
+                        values = parse_page(resp.read().decode(), self.uuid)
+                    self.agent.append(AgentPoint(t, values))
+                    f.write(json.dumps({"t": t, **values}) + "\n")
+                except OSError as exc:
+                    self.errors.append(f"{time.strftime('%H:%M:%S')} scrape failed: {exc}")
+                self.stop.wait(max(0.0, 0.25 - (time.time() - t)))
+
+    def _read_smi(self, proc: subprocess.Popen[str], fields: list[tuple[str, str, float]]) -> None:
+        assert proc.stdout is not None
+        with open(self.out / "nvidia-smi.csv", "w", encoding="utf-8") as f:
+            f.write("t," + ",".join(q for q, _, _ in fields) + "\n")
+            for line in proc.stdout:
+                t = time.time()
+                f.write(f"{t:.3f},{line.strip()}\n")
+                values: dict[str, float] = {}
+                for (_, key, factor), cell in zip(fields, line.split(","), strict=False):
+                    try:
+                        values[key] = float(cell) * factor
+                    except ValueError:
+                        continue  # [N/A]
+                self.smi.append(SmiPoint(t, values))
+
+    def finish(self) -> list[RawPoint]:
+        self.stop.set()
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for th in self.threads:
+            th.join(timeout=10)
+        return read_raw(self.out / "nvml.jsonl")
+
+
+def _smi_accepts(uuid: str, field: str) -> bool:
+    got = subprocess.run(
+        ["nvidia-smi", "-i", uuid, "--format=csv,noheader,nounits", f"--query-gpu={field}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return got.returncode == 0
+
+
+def read_raw(path: Path) -> list[RawPoint]:
+    out: list[RawPoint] = []
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
         try:
             d = json.loads(line)
-            out.append((float(d["t"]), float(d["ms"])))
-        except (ValueError, KeyError):
+        except ValueError:
             continue
+        if d.get("kind") in ("fields", "state"):
+            values = {k: float(v) for k, v in d.items() if k not in ("t", "kind")}
+            out.append(RawPoint(float(d["t"]), d["kind"], values))
+    return out
 
 
-def run_load(seconds: float, phase: list[tuple[str, float, float]]) -> None:
-    import torch
+def raw_facts(path: Path) -> dict[str, object]:
+    if not path.exists():
+        return {}
+    first = path.read_text(encoding="utf-8").split("\n", 1)[0]
+    try:
+        d = json.loads(first)
+    except ValueError:
+        return {}
+    return d if d.get("kind") == "facts" else {}
 
-    dev = torch.device("cuda:0")
-    a = torch.randn(8192, 8192, device=dev, dtype=torch.float16)
-    b = torch.randn(8192, 8192, device=dev, dtype=torch.float16)
-    torch.cuda.synchronize()
-    start = time.time()
-    while time.time() - start < seconds:
-        for _ in range(16):
-            c = a @ b
+
+# -- the load -------------------------------------------------------------------------------
+
+
+class Load:
+    def __init__(self) -> None:
+        import torch
+
+        self.torch = torch
+        self.dev = torch.device("cuda:0")
+        n = 8192
+        self.a = torch.randn(n, n, device=self.dev, dtype=torch.bfloat16)
+        self.b = torch.randn(n, n, device=self.dev, dtype=torch.bfloat16)
+        _ = self.a @ self.b  # cuBLAS set up before the idle phase
+        self.host = torch.empty(GIB, dtype=torch.uint8, pin_memory=True)
+        self.host.fill_(7)
+        self.device_buf = torch.empty(GIB, dtype=torch.uint8, device=self.dev)
         torch.cuda.synchronize()
-    del c
-    phase.append(("load", start, time.time()))
+
+    def idle(self, seconds: float) -> Phase:
+        start = time.time()
+        time.sleep(seconds)
+        return Phase("idle", start, time.time())
+
+    def matmul(self, seconds: float) -> Phase:
+        start = time.time()
+        while time.time() - start < seconds:
+            for _ in range(20):
+                self.a @ self.b
+            self.torch.cuda.synchronize()
+        return Phase("matmul", start, time.time())
+
+    def spin(self, seconds: float) -> Phase:
+        # one thread, one block: the GPU is "busy" while 131 of 132 SMs idle
+        start = time.time()
+        while time.time() - start < seconds:
+            for _ in range(10):
+                self.torch.cuda._sleep(20_000_000)
+            self.torch.cuda.synchronize()
+        return Phase("spin", start, time.time())
+
+    def copy(self, direction: str, seconds: float) -> Phase:
+        src, dst = (
+            (self.host, self.device_buf) if direction == "h2d" else (self.device_buf, self.host)
+        )
+        self.torch.cuda.synchronize()
+        start = time.time()
+        copies = 0
+        while time.time() - start < seconds:
+            for _ in range(4):
+                dst.copy_(src, non_blocking=True)
+            self.torch.cuda.synchronize()
+            copies += 4
+        end = time.time()
+        return Phase(direction, start, end, bytes_moved=float(copies * src.numel()))
+
+    def alloc(self, size_bytes: int, seconds: float) -> Phase:
+        start = time.time()
+        big = self.torch.empty(size_bytes, dtype=self.torch.uint8, device=self.dev)
+        big.fill_(1)
+        self.torch.cuda.synchronize()
+        time.sleep(seconds)
+        end = time.time()
+        del big
+        self.torch.cuda.empty_cache()
+        return Phase("alloc", start, end, allocated_bytes=float(size_bytes))
 
 
-def run_wait(seconds: float, phase: list[tuple[str, float, float]]) -> None:
-    import torch
-
-    dev = torch.device("cuda:0")
-    x = torch.randn(256, 256, device=dev)
-    start = time.time()
-    while time.time() - start < seconds:
-        y = x @ x  # a small launch, then the GPU waits (as for data)
-        torch.cuda.synchronize()
-        time.sleep(0.1)
-    del y
-    phase.append(("wait", start, time.time()))
-
-
-def load_gpu_uuid(nvml_uuids: list[str]) -> str | None:
+def nvml_uuid_of_cuda0() -> str:
     """The NVML UUID of torch's cuda:0 (CUDA_VISIBLE_DEVICES may reorder indices)."""
     import torch
 
-    try:
-        torch_uuid = str(torch.cuda.get_device_properties(0).uuid)
-    except (AttributeError, RuntimeError):
-        return None
-    for u in nvml_uuids:
-        if u.removeprefix("GPU-") == torch_uuid.removeprefix("GPU-"):
-            return u
-    return None
+    u = str(torch.cuda.get_device_properties(0).uuid)
+    return u if u.startswith("GPU-") else f"GPU-{u}"
 
 
-def mean(values: list[float]) -> str:
-    return f"{statistics.fmean(values):.3f}" if values else "absent"
-
-
-def median(values: list[float]) -> str:
-    return f"{statistics.median(values):.3f}" if values else "absent"
-
-
-def report(
-    phases: list[tuple[str, float, float]],
-    scrapes: list[Scrape],
-    costs: list[tuple[float, float]],
-    errors: list[str],
-    settle: float,
-    find_load_gpu: Callable[[list[str]], str | None],
-) -> int:
-    """Prints the per-phase table and the verdict; returns the exit status."""
-    for line in errors[:5]:
-        print(line, file=sys.stderr)
-    if not scrapes:
-        print("gpu-smoke: no scrape of the agent succeeded", file=sys.stderr)
-        return 2
-    uuids = sorted({u for s in scrapes for u in s.utilization})
-    print(f"scrapes: {len(scrapes)} (failed: {len(errors)}), NVML cost samples: {len(costs)}")
-    header = f"{'phase':6} {'seconds':>7} {'scrapes':>7}  " + "  ".join(
-        f"util[{u[:12]}]" for u in uuids
-    )
-    print(header + "  sm_active(load GPU)  agent_gpu_collector_ms(median)  nvml_sample_ms(median)")
-
-    def within(name: str, start: float, end: float) -> list[Scrape]:
-        return [s for s in scrapes if start + settle <= s.t < end]
-
-    rows: dict[str, dict[str, float]] = {}
-    for name, start, end in phases:
-        inside = within(name, start, end)
-        rows[name] = {
-            u: statistics.fmean(vals)
-            for u in uuids
-            if (vals := [s.utilization[u] for s in inside if u in s.utilization])
-        }
-    load_row = rows.get("load", {})
-    target = find_load_gpu(uuids) or max(load_row, key=lambda u: load_row[u], default="")
-    for name, start, end in phases:
-        inside = within(name, start, end)
-        per_gpu = rows[name]
-        sm = [s.sm_active[target] for s in inside if target in s.sm_active]
-        coll = [s.collector_seconds * 1000 for s in inside if s.collector_seconds is not None]
-        cost = [ms for t, ms in costs if start + settle <= t < end]
-        print(
-            f"{name:6} {end - start:7.1f} {len(inside):7d}  "
-            + "  ".join(
-                f"{per_gpu[u]:>18.3f}" if u in per_gpu else f"{'absent':>18}" for u in uuids
-            )
-            + f"  {mean(sm):>19}  {median(coll):>30}  {median(cost):>22}"
-        )
-    load = rows.get("load", {}).get(target, float("nan"))
-    wait = rows.get("wait", {}).get(target, float("nan"))
-    ok = load >= LOAD_MIN_UTILIZATION and wait <= WAIT_MAX_UTILIZATION
-    print(
-        f"verdict: {'PASS' if ok else 'FAIL'}: GPU {target}: load phase {load:.3f} "
-        f"(want >= {LOAD_MIN_UTILIZATION}), waiting phase {wait:.3f} (want <= {WAIT_MAX_UTILIZATION})"
-    )
-    return 0 if ok else 1
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--url", help="the agent's /metrics URL")
-    ap.add_argument("--load-seconds", type=float, default=30.0)
-    ap.add_argument("--wait-seconds", type=float, default=30.0)
-    ap.add_argument(
-        "--settle", type=float, default=3.0, help="seconds left out after a phase change"
-    )
-    ap.add_argument("--nvml-cost", type=float, metavar="SECONDS", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.nvml_cost is not None:
-        return nvml_cost_main(args.nvml_cost)
-    if not args.url:
-        ap.error("--url is required")
-
+def run(args: argparse.Namespace) -> int:
     try:
         import torch
     except ImportError:
@@ -238,37 +301,90 @@ def main() -> int:
         )
         return 2
     if not torch.cuda.is_available():
-        print(
-            "gpu-smoke: torch.cuda.is_available() is False (CPU-only torch build, or no GPU)",
-            file=sys.stderr,
-        )
+        print("gpu-smoke: torch.cuda.is_available() is False", file=sys.stderr)
         return 2
-    print(f"gpu-smoke: load on cuda:0 = {torch.cuda.get_device_name(0)}", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    uuid = nvml_uuid_of_cuda0()
+    print(f"gpu-smoke: load on cuda:0 = {torch.cuda.get_device_name(0)} ({uuid})", flush=True)
+    load = Load()
+    s = args.scale
+    witnesses = Witnesses(args.url, uuid, out)
+    witnesses.start(seconds=200 * s + 60)
+    time.sleep(2.0)  # the witnesses' first readings
+    gap = 4.0
+    phases = [load.idle(12 * s)]
+    for step in (
+        lambda: load.matmul(30 * s),
+        lambda: load.spin(15 * s),
+        lambda: load.copy("h2d", 6 * s),
+        lambda: load.copy("d2h", 6 * s),
+        lambda: load.alloc(int(args.alloc_gib * GIB), 10 * s),
+    ):
+        phases.append(step())
+        print(f"gpu-smoke: phase {phases[-1].name} done", flush=True)
+        time.sleep(gap)
+    raw = witnesses.finish()
+    facts = raw_facts(out / "nvml.jsonl")
+    rec = Recording(phases, witnesses.agent, witnesses.smi, raw, facts)
+    lines = evaluate(rec)
+    header = [
+        f"# gpufeed GPU truth check, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+        f"# GPU: {facts.get('name')} {uuid}; driver {facts.get('driver')}; "
+        f"CUDA driver {facts.get('cuda_driver_version')}; torch {torch.__version__}",
+        f"# agent scrapes: {len(witnesses.agent)} (failed {len(witnesses.errors)}); "
+        f"nvidia-smi lines: {len(witnesses.smi)}; raw NVML readings: {len(raw)}",
+        f"# agent PCIe source: {pcie_source(Path(args.agent_log)) if args.agent_log else '?'}",
+        *[f"# phase {p.name}: {PHASES[p.name]}" for p in phases],
+        *[f"# fact {k}: {v}" for k, v in facts.items() if k not in ("t", "kind")],
+    ]
+    for p in phases:
+        if p.bytes_moved:
+            header.append(
+                f"# {p.name}: {p.bytes_moved / GIB:.0f} GiB in {p.end_seconds - p.start_seconds:.2f} s"
+                f" = {p.bytes_moved / (p.end_seconds - p.start_seconds) / 1e9:.1f} GB/s"
+            )
+    coll = [
+        a.values["collector_seconds"] for a in witnesses.agent if "collector_seconds" in a.values
+    ]
+    if coll:
+        coll.sort()
+        header.append(
+            f"# agent gpu collector duration: median {coll[len(coll) // 2] * 1000:.2f} ms"
+        )
+    text = "\n".join(header + [str(line) for line in lines]) + "\n"
+    (out / "truth.txt").write_text(text, encoding="utf-8")
+    (out / "phases.json").write_text(json.dumps([asdict(p) for p in phases], indent=1))
+    print(text, end="")
+    for e in witnesses.errors[:5]:
+        print(e, file=sys.stderr)
+    if len(witnesses.agent) < 10:
+        print("gpu-smoke: the agent answered too few scrapes to judge", file=sys.stderr)
+        return 2
+    return exit_status(lines)
 
-    total = args.load_seconds + args.wait_seconds + 5.0
-    cost_proc = subprocess.Popen(
-        [sys.executable, __file__, "--nvml-cost", str(total)], stdout=subprocess.PIPE, text=True
-    )
-    costs: list[tuple[float, float]] = []
-    threading.Thread(target=read_costs, args=(cost_proc, costs), daemon=True).start()
-    scrapes: list[Scrape] = []
-    errors: list[str] = []
-    stop = threading.Event()
-    scrape_thread = threading.Thread(
-        target=scraper, args=(args.url, stop, scrapes, errors), daemon=True
-    )
-    scrape_thread.start()
-    phases: list[tuple[str, float, float]] = []
+
+def pcie_source(log: Path) -> str:
     try:
-        run_load(args.load_seconds, phases)
-        run_wait(args.wait_seconds, phases)
-        time.sleep(1.5)
-    finally:
-        stop.set()
-        scrape_thread.join(timeout=10)
-        cost_proc.wait(timeout=total + 30)
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "?"
+    for line in text.splitlines():
+        if "PCIe byte counters from" in line:
+            return line.rsplit("from", 1)[1].strip()
+    return "none logged"
 
-    return report(phases, scrapes, costs, errors, args.settle, load_gpu_uuid)
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--url", required=True, help="the agent's /metrics URL")
+    ap.add_argument("--out", default=os.environ.get("OUT", "gpu-smoke-out"))
+    ap.add_argument("--agent-log", default="", help="the agent's log (for its PCIe source)")
+    ap.add_argument("--scale", type=float, default=1.0, help="phase lengths x this")
+    ap.add_argument("--alloc-gib", type=float, default=32.0)
+    return run(ap.parse_args())
 
 
 if __name__ == "__main__":
