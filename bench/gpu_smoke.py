@@ -206,6 +206,31 @@ def read_raw(path: Path) -> list[RawPoint]:
     return out
 
 
+def load_recording(out: Path) -> Recording:
+    """A recording from the files a run wrote (for --replay: judge it again)."""
+    phases = [Phase(**p) for p in json.loads((out / "phases.json").read_text())]
+    agent = []
+    for line in (out / "agent.jsonl").read_text(encoding="utf-8").splitlines():
+        d = json.loads(line)
+        t = float(d.pop("t"))
+        agent.append(AgentPoint(t, {k: float(v) for k, v in d.items()}))
+    smi: list[SmiPoint] = []
+    rows = (out / "nvidia-smi.csv").read_text(encoding="utf-8").splitlines()
+    by_query = {q: (key, factor) for q, key, factor in SMI_FIELDS}
+    columns = [by_query[q] for q in rows[0].split(",")[1:]]
+    for row in rows[1:]:
+        cells = row.split(",")
+        values: dict[str, float] = {}
+        for (key, factor), cell in zip(columns, cells[1:], strict=False):
+            try:
+                values[key] = float(cell) * factor
+            except ValueError:
+                continue
+        smi.append(SmiPoint(float(cells[0]), values))
+    raw = read_raw(out / "nvml.jsonl")
+    return Recording(phases, agent, smi, raw, raw_facts(out / "nvml.jsonl"))
+
+
 def raw_facts(path: Path) -> dict[str, object]:
     if not path.exists():
         return {}
@@ -379,12 +404,24 @@ def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--url", required=True, help="the agent's /metrics URL")
+    ap.add_argument("--url", help="the agent's /metrics URL")
+    ap.add_argument(
+        "--replay",
+        metavar="DIR",
+        help="judge the files an earlier run wrote into DIR again (no GPU needed)",
+    )
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu-smoke-out"))
     ap.add_argument("--agent-log", default="", help="the agent's log (for its PCIe source)")
     ap.add_argument("--scale", type=float, default=1.0, help="phase lengths x this")
     ap.add_argument("--alloc-gib", type=float, default=32.0)
-    return run(ap.parse_args())
+    args = ap.parse_args()
+    if args.replay:
+        lines = evaluate(load_recording(Path(args.replay)))
+        print("\n".join(str(line) for line in lines))
+        return exit_status(lines)
+    if not args.url:
+        ap.error("--url is required (or --replay DIR)")
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -325,6 +325,9 @@ class FakeNvml:
             slot.fieldId, slot.scopeId = fid, scope
             slot.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
             is_nvlink = fid in (FIELD_NVLINK_TX, FIELD_NVLINK_RX)
+            if fid in (FIELD_PCIE_TX, FIELD_PCIE_RX) and gpu.pcie_width_bits == 32:
+                # what driver 580 does on an H200: the counter comes as an unsigned int
+                slot.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
             wrap = 2**gpu.pcie_width_bits
             total = {
                 FIELD_PCIE_TX: gpu.pcie_tx % wrap,
@@ -350,7 +353,11 @@ class FakeNvml:
                 per_link = is_nvlink and scope != ALL_LINKS
                 if is_nvlink and len(gpu.links_down) >= gpu.nvlink_links:
                     total = 0  # no active link: the counters never move
-                slot.value.ullVal = total // gpu.nvlink_links if per_link else total
+                number = total // gpu.nvlink_links if per_link else total
+                if slot.valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+                    slot.value.uiVal = number
+                else:
+                    slot.value.ullVal = number
         return values
 
     @staticmethod

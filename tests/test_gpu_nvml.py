@@ -543,6 +543,18 @@ def test_wrapping_32_bit_pcie_fields_are_unwrapped_into_a_64_bit_total(
     assert fake.calls["nvmlDeviceGetPcieThroughput"] == 0
 
 
+def test_a_32_bit_field_type_is_unwrapped_even_below_2_to_the_32(
+    nvml: Any, open_backend: Any
+) -> None:
+    # The value type says 32 bits before any value could: a drop is a wrap, not a reset.
+    gpu = FakeGpu(UUID0, gpm_supported=False, pcie_width_bits=32, pcie_tx=3_000_000_000)
+    nvml([gpu])
+    backend = open_backend()
+    assert backend.sample()[0].pcie_transmit_bytes_total == 3_000_000_000
+    gpu.pcie_tx += 2_000_000_000  # past 2^32: the raw field now reads 705 032 704
+    assert backend.sample()[0].pcie_transmit_bytes_total == 5_000_000_000
+
+
 def test_pcie_field_wider_than_32_bits_is_not_taken_for_a_wrap(
     nvml: Any, open_backend: Any
 ) -> None:

@@ -1,10 +1,12 @@
 """Running totals the agent keeps itself, from readings that are not safe counters as they come.
 
 - `WrappingCounter`: NVML's PCIe byte fields (197/198) "can be wrapped" (nvml.h), with no
-  width given. The total is kept 64-bit from modular deltas: the width is taken as 32 bits
-  until a raw value above 2**32 - 1 proves it wider. A 32-bit counter read less often than it
-  wraps (about every 70 ms at PCIe Gen5 x16 line rate) loses whole turns; the backend
-  therefore prefers GPM's PCIe rates where the GPU has them (see docs/gpu.md).
+  width given. The total is kept 64-bit from modular deltas. The width is the field's value
+  type where NVML says it (NVML_VALUE_TYPE_UNSIGNED_INT: 32 bits, which is what driver 580
+  gives on an H200, where the truth check saw the field wrap 177 times in 12 s of copies);
+  otherwise 32 bits until a raw value above 2**32 - 1 proves it wider. A 32-bit counter read
+  less often than it wraps (every ~78 ms at the 55 GB/s an H200 copies at) loses whole turns;
+  the backend therefore prefers GPM's PCIe rates where the GPU has them (see docs/gpu.md).
 - `Integral`: a rate or a ratio multiplied by the time it covers, summed (busy seconds, GPM
   PCIe bytes).
 """
@@ -25,8 +27,9 @@ class WrappingCounter:
     last_raw: int | None = None
     wide: bool = False  # True once a raw value showed the counter is wider than 32 bits
 
-    def update(self, raw: int) -> float:
-        if raw >= _WIDTH_32:
+    def update(self, raw: int, width_bits: int | None = None) -> float:
+        """Adds the delta since the last raw value; `width_bits` where the source says it."""
+        if raw >= _WIDTH_32 or (width_bits is not None and width_bits > 32):
             self.wide = True
         if self.last_raw is None or self.total is None:
             self.total = float(raw)

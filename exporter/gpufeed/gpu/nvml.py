@@ -93,8 +93,9 @@ COUNTER_FIELDS: tuple[FieldSpec, ...] = (
 _PCIE_ATTRS = ("pcie_transmit_bytes_total", "pcie_receive_bytes_total")
 _FIELD_OF = {s.sample_attr: s.field_id for s in COUNTER_FIELDS}
 
-# c_nvmlValue_t member for each NVML_VALUE_TYPE_* (0..6).
+# c_nvmlValue_t member for each NVML_VALUE_TYPE_* (0..6), and the integer types' widths.
 _VALUE_MEMBER = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+_VALUE_BITS = {1: 32, 2: 64, 3: 64, 4: 64, 5: 32, 6: 16}
 
 _CLOCK_EVENT_CALLS = (
     "nvmlDeviceGetCurrentClocksEventReasons",  # R535 and newer
@@ -147,6 +148,7 @@ class _Device:
     gpm_last: GpmReading | None = None
     pcie_source: str | None = None  # "gpm" or "field", chosen at the first reading
     pcie_fields: dict[str, WrappingCounter] = field(default_factory=dict)
+    pcie_bits: dict[str, int] = field(default_factory=dict)  # the fields' value type width
     pcie_gpm: dict[str, Integral] = field(default_factory=dict)
     busy: Integral = field(default_factory=Integral)
     busy_at: float | None = None
@@ -675,7 +677,8 @@ class NvmlBackend:
         for attr in _PCIE_ATTRS:
             raw = counters.pop(attr, None)
             if raw is not None:
-                dev.pcie_fields.setdefault(attr, WrappingCounter()).update(int(raw))
+                counter = dev.pcie_fields.setdefault(attr, WrappingCounter())
+                counter.update(int(raw), dev.pcie_bits.get(attr))
                 read_now.append(attr)
         if dev.pcie_source is None:
             if gpm is not None and gpm.pcie_transmit_bytes is not None:
@@ -733,6 +736,8 @@ class NvmlBackend:
                     dev.link_values[(spec.field_id, spec.scope_id)] = number * spec.bytes_per_unit
                 else:
                     out[spec.sample_attr] = number * spec.bytes_per_unit
+                    if spec.sample_attr in _PCIE_ATTRS and int(value.valueType) in _VALUE_BITS:
+                        dev.pcie_bits[spec.sample_attr] = _VALUE_BITS[int(value.valueType)]
             elif ret in self._lost_codes:
                 raise _GpuLost(f"field {spec.field_id}: {nv.NVMLError(ret)}")
             elif ret in self._down_codes:
