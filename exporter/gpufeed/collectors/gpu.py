@@ -9,95 +9,35 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from gpufeed.catalogue import spec
 from gpufeed.gpu.backend import GpuBackend, GpuSample
 from gpufeed.gpu.select import BackendKind, make_backend
 from gpufeed.model import Families, Family
 
-# (metric, help, GpuSample attribute): the gauges, as a table rather than code paths.
-GAUGES: tuple[tuple[str, str, str], ...] = (
-    (
-        "gpufeed_gpu_utilization_ratio",
-        "Fraction of the last sample period in which a kernel ran (NVML utilization.gpu / 100).",
-        "utilization_ratio",
-    ),
-    (
-        "gpufeed_gpu_sm_active_ratio",
-        "Fraction of SMs busy over the last interval (NVML GPM, Hopper and newer).",
-        "sm_active_ratio",
-    ),
-    (
-        "gpufeed_gpu_sm_occupancy_ratio",
-        "Resident warps over the theoretical maximum, last interval (NVML GPM, Hopper+).",
-        "sm_occupancy_ratio",
-    ),
-    (
-        "gpufeed_gpu_tensor_active_ratio",
-        "Fraction of time the SMs ran any tensor-core instruction (NVML GPM, Hopper+).",
-        "tensor_active_ratio",
-    ),
-    (
-        "gpufeed_gpu_dram_bandwidth_utilization_ratio",
-        "Device memory bandwidth used over its peak, last interval (NVML GPM, Hopper+).",
-        "dram_bandwidth_utilization_ratio",
-    ),
-    (
-        "gpufeed_gpu_memory_bandwidth_utilization_ratio",
-        "Fraction of time device memory was being read or written, a time fraction and not "
-        "bandwidth (NVML utilization.memory / 100).",
-        "memory_bandwidth_utilization_ratio",
-    ),
-    (
-        "gpufeed_gpu_memory_used_bytes",
-        "Framebuffer memory in use, without the driver's reserved memory (as nvidia-smi).",
-        "memory_used_bytes",
-    ),
-    (
-        "gpufeed_gpu_memory_reserved_bytes",
-        "Framebuffer memory the driver reserves for itself.",
-        "memory_reserved_bytes",
-    ),
-    ("gpufeed_gpu_memory_total_bytes", "Framebuffer memory size.", "memory_total_bytes"),
-    (
-        "gpufeed_gpu_power_watts",
-        "Power draw (on Hopper and newer NVML gives a 1 s average).",
-        "power_watts",
-    ),
-    ("gpufeed_gpu_temperature_celsius", "GPU core temperature.", "temperature_celsius"),
-    ("gpufeed_gpu_sm_clock_hertz", "SM clock.", "sm_clock_hertz"),
+# (metric, GpuSample attribute): the gauges and counters, as tables rather than code paths.
+# Type and HELP come from the catalogue (gpufeed.catalogue), the one home of every family.
+GAUGES: tuple[tuple[str, str], ...] = (
+    ("gpufeed_gpu_utilization_ratio", "utilization_ratio"),
+    ("gpufeed_gpu_sm_active_ratio", "sm_active_ratio"),
+    ("gpufeed_gpu_sm_occupancy_ratio", "sm_occupancy_ratio"),
+    ("gpufeed_gpu_tensor_active_ratio", "tensor_active_ratio"),
+    ("gpufeed_gpu_dram_bandwidth_utilization_ratio", "dram_bandwidth_utilization_ratio"),
+    ("gpufeed_gpu_memory_bandwidth_utilization_ratio", "memory_bandwidth_utilization_ratio"),
+    ("gpufeed_gpu_memory_used_bytes", "memory_used_bytes"),
+    ("gpufeed_gpu_memory_reserved_bytes", "memory_reserved_bytes"),
+    ("gpufeed_gpu_memory_total_bytes", "memory_total_bytes"),
+    ("gpufeed_gpu_power_watts", "power_watts"),
+    ("gpufeed_gpu_temperature_celsius", "temperature_celsius"),
+    ("gpufeed_gpu_sm_clock_hertz", "sm_clock_hertz"),
 )
 
-COUNTERS: tuple[tuple[str, str, str], ...] = (
-    (
-        "gpufeed_gpu_busy_seconds_total",
-        "Utilization summed over time by the agent: rate() is the mean utilization over "
-        "every sample in the range, not only the last one.",
-        "busy_seconds_total",
-    ),
-    (
-        "gpufeed_gpu_energy_joules_total",
-        "Energy consumed since the driver was loaded.",
-        "energy_joules_total",
-    ),
-    (
-        "gpufeed_gpu_pcie_transmit_bytes_total",
-        "PCIe bytes sent by the GPU (device to host).",
-        "pcie_transmit_bytes_total",
-    ),
-    (
-        "gpufeed_gpu_pcie_receive_bytes_total",
-        "PCIe bytes received by the GPU (host to device).",
-        "pcie_receive_bytes_total",
-    ),
-    (
-        "gpufeed_gpu_nvlink_transmit_bytes_total",
-        "NVLink data bytes sent, summed over links.",
-        "nvlink_transmit_bytes_total",
-    ),
-    (
-        "gpufeed_gpu_nvlink_receive_bytes_total",
-        "NVLink data bytes received, summed over links.",
-        "nvlink_receive_bytes_total",
-    ),
+COUNTERS: tuple[tuple[str, str], ...] = (
+    ("gpufeed_gpu_busy_seconds_total", "busy_seconds_total"),
+    ("gpufeed_gpu_energy_joules_total", "energy_joules_total"),
+    ("gpufeed_gpu_pcie_transmit_bytes_total", "pcie_transmit_bytes_total"),
+    ("gpufeed_gpu_pcie_receive_bytes_total", "pcie_receive_bytes_total"),
+    ("gpufeed_gpu_nvlink_transmit_bytes_total", "nvlink_transmit_bytes_total"),
+    ("gpufeed_gpu_nvlink_receive_bytes_total", "nvlink_receive_bytes_total"),
 )
 
 INFO = "gpufeed_gpu_info"
@@ -110,15 +50,17 @@ MIG = "gpufeed_gpu_mig_enabled"
 def gpu_families(samples: Iterable[GpuSample], backend: str) -> list[Family]:
     """Pure: one reading of every GPU -> families. None values are left out, never zeroed."""
     f = Families()
-    f.declare(INFO, "gauge", "GPU identity; backend is nvml or simulated.")
-    f.declare(UP, "gauge", "1 while the GPU answers, 0 once it is lost (XID 79, off the bus).")
-    for name, help_, _ in GAUGES:
-        f.declare(name, "gauge", help_)
-    for name, help_, _ in COUNTERS:
-        f.declare(name, "counter", help_)
-    f.declare(CLOCK_EVENT, "gauge", "1 while the clock event reason is active, else 0.")
-    f.declare(XID, "counter", "XID error events seen since the agent started.")
-    f.declare(MIG, "gauge", "1 when MIG mode is enabled on the physical GPU, else 0.")
+    for name in (
+        INFO,
+        UP,
+        *(n for n, _ in GAUGES),
+        *(n for n, _ in COUNTERS),
+        CLOCK_EVENT,
+        XID,
+        MIG,
+    ):
+        m = spec(name)
+        f.declare(name, m.type, m.help)
     for s in samples:
         ident = s.identity
         labels = {"gpu": str(ident.index), "uuid": ident.uuid}
@@ -138,9 +80,9 @@ def gpu_families(samples: Iterable[GpuSample], backend: str) -> list[Family]:
             f.counter(XID, "", {**labels, "xid": str(xid)}, count)
         if not s.up:
             continue
-        for name, _, attr in GAUGES:
+        for name, attr in GAUGES:
             f.gauge(name, "", labels, getattr(s, attr))
-        for name, _, attr in COUNTERS:
+        for name, attr in COUNTERS:
             f.counter(name, "", labels, getattr(s, attr))
         for reason, active in s.clock_events_active or ():
             f.gauge(CLOCK_EVENT, "", {**labels, "reason": reason}, 1.0 if active else 0.0)
