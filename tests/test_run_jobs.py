@@ -22,13 +22,13 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import agent_env, gpufeed_cmd, wait_for_metrics
 from gpufeed.jobs.identity import read_proc_stat
-from procports import wait_listening
 
 pytestmark = pytest.mark.slow
 
@@ -45,27 +45,15 @@ while not os.path.exists(gate):  # both runs alive at once
 """
 
 
-def start_agent(tmp: Path, interval: float = 0.2) -> tuple[subprocess.Popen[bytes], str]:
+def start_agent(run_agent: Any, tmp: Path, interval: float = 0.2) -> str:
+    """A real agent on port 0 whose SDK socket is tmp/sdk.sock; its /metrics URL."""
     cfg = tmp / "agent.yaml"
     log = tmp / "windows.jsonl"
     cfg.write_text(f"interval_seconds: {interval}\ncorrelator:\n  windows_log: {log}\n")
-    proc = subprocess.Popen(
-        gpufeed_cmd(
-            "agent",
-            "--config",
-            str(cfg),
-            "--web.listen-address",
-            "127.0.0.1:0",  # the port it gets is read from its own sockets
-            "--sdk.socket",
-            str(tmp / "sdk.sock"),
-        ),
-        env=agent_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{wait_listening(proc)}/metrics"
-    wait_for_metrics(url, proc)
-    return proc, url
+    agent = run_agent("--config", str(cfg), "--sdk.socket", str(tmp / "sdk.sock"))
+    url = f"{agent.url}/metrics"
+    wait_for_metrics(url, agent.proc)
+    return url
 
 
 def samples(url: str, name: str) -> list[tuple[dict[str, str], float]]:
@@ -110,8 +98,10 @@ def gpufeed_run(tmp: Path, program: Path, *args: str) -> list[str]:
     return gpufeed_cmd("run", "--socket", sock, "--", sys.executable, str(program), *args)
 
 
-def test_two_concurrent_runs_are_two_jobs_named_after_their_program(tmp_path: Path) -> None:
-    agent, url = start_agent(tmp_path)
+def test_two_concurrent_runs_are_two_jobs_named_after_their_program(
+    run_agent: Any, tmp_path: Path
+) -> None:
+    url = start_agent(run_agent, tmp_path)
     prog = tmp_path / "loop.py"
     prog.write_text(PROGRAM)
     gate = tmp_path / "gate"
@@ -146,8 +136,6 @@ def test_two_concurrent_runs_are_two_jobs_named_after_their_program(tmp_path: Pa
         for p in runs:
             if p.poll() is None:
                 p.kill()
-        agent.terminate()
-        agent.wait(10)
     a, b = stats
     assert a is not None and b is not None
     program = Path(sys.executable).name
@@ -202,9 +190,9 @@ torch.save({"w": torch.zeros(nbytes // 4, dtype=torch.float32)}, path)
 """  # and exits right away
 
 
-def test_a_short_jobs_last_writes_are_counted(tmp_path: Path) -> None:
+def test_a_short_jobs_last_writes_are_counted(run_agent: Any, tmp_path: Path) -> None:
     interval = 4.0  # the job writes and exits well within one interval
-    agent, url = start_agent(tmp_path, interval)
+    url = start_agent(run_agent, tmp_path, interval)
     prog = tmp_path / "short.py"
     prog.write_text(SHORT_JOB)
     ready, gate, ckpt = tmp_path / "ready", tmp_path / "gate", tmp_path / "ckpt.pt"
@@ -240,8 +228,6 @@ def test_a_short_jobs_last_writes_are_counted(tmp_path: Path) -> None:
         gate.touch()
         if run.poll() is None:
             run.kill()
-        agent.terminate()
-        agent.wait(10)
     size = ckpt.stat().st_size
     print(f"per-job written bytes {got} for a {size}-byte checkpoint (before it: {before})")
     assert took < interval, f"the job took {took:.1f} s: the test needs it within one sample"

@@ -66,7 +66,7 @@ def test_sdk_and_agent_share_the_wire_format() -> None:
     assert sdk.HEADER.format == wire.HEADER.format
     assert sdk.PHASES == wire.PHASES
     assert (sdk.MAGIC, sdk.WIRE_VERSION) == (wire.MAGIC, wire.WIRE_VERSION)
-    kinds = ("STEP", "PHASE", "CHECKPOINT", "EPOCH", "CLOSE")
+    kinds = ("STEP", "PHASE", "CHECKPOINT", "EPOCH", "CLOSE", "IO")
     assert [getattr(sdk, "KIND_" + k) for k in kinds] == [getattr(wire, "KIND_" + k) for k in kinds]
     assert (sdk.MAX_JOB_ID_BYTES, sdk.MAX_NAME_BYTES) == (
         wire.MAX_JOB_ID_BYTES,
@@ -74,6 +74,7 @@ def test_sdk_and_agent_share_the_wire_format() -> None:
     )
     assert sdk.DEFAULT_SOCKET == DEFAULT_SDK_SOCKET
     assert sdk.MAX_DATAGRAM_BYTES == wire.MAX_DATAGRAM_BYTES
+    assert sdk._MAX_IO_BYTES == wire.MAX_IO_BYTES
 
 
 def test_socket_is_created_0660_and_removed_on_stop(tmp_path: Path) -> None:
