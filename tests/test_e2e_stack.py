@@ -44,8 +44,8 @@ from stack_support import (
 
 # Every server binds port 0; the port is read back from our own child's sockets, so two
 # runs on one host never collide and never talk to each other's servers.
-# The built-in scenario stalls GPUs 0-3 on data loading from 180 s to 280 s scenario time;
-# at pace 10 that is 18-28 s after the agent starts.
+# The e2e scenario: job-x computes 60 s, then waits 180 s on a saturated tier (scenario
+# time); at pace 2 the stall starts 30 s after the agent does.
 PACE = "2"
 SCENARIO = REPO_ROOT / "tests" / "fixtures" / "e2e" / "scenario.yaml"
 FOR_OVERRIDE = "3s"

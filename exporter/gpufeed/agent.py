@@ -367,6 +367,8 @@ def _add_parts(args: argparse.Namespace, ctx: CollectorContext, parts: AgentPart
                 interval_seconds=config.interval_seconds,
                 instance=config.instance,
                 simulated=is_simulated(args),
+                # a whole simulated node plays its scenario at this pace (see pacing)
+                pace=args.simulate_pace if args.simulate is not None else 1.0,
             )
         except WindowLogInUse as exc:
             raise UsageError(str(exc)) from exc

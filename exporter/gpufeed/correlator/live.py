@@ -16,6 +16,7 @@ from gpufeed.correlator.engine import NodeCorrelator, WindowParams
 from gpufeed.correlator.features import JOB_READ
 from gpufeed.correlator.loghealth import add_log_health
 from gpufeed.correlator.node import USED_METRIC_SET, NodeSeries
+from gpufeed.correlator.pacing import ScenarioClock
 from gpufeed.correlator.series import Series
 from gpufeed.correlator.view import Timing
 from gpufeed.correlator.window import Window
@@ -56,9 +57,12 @@ class CorrelatorProcessor:
         log: WindowLog | None = None,
         recent: int = 1000,
         simulated: bool = False,
+        pace: float = 1.0,
     ) -> None:
         """`simulated`: a simulated node; its log lines say so, and only its own kind of
         line is read back (a real agent never serves a simulated node's windows).
+        `pace`: a simulated node's `--simulate.pace`; the correlator then runs on the
+        scenario's clock (see `pacing`), and everything it reports is on the wall clock.
 
         Raises WindowLogInUse when another agent holds the windows log."""
         cfg = config or CorrelatorConfig()
@@ -67,9 +71,12 @@ class CorrelatorProcessor:
         )
         # windows in the log and the API name the host (metrics do not: Prometheus adds it)
         self.node = NodeSeries(socket.gethostname() if instance is None else instance)
+        # On the scenario clock, samples lie `pace` intervals apart.
         self._corr = NodeCorrelator(
-            self.node, Timing(interval_seconds), self.params, on_window=self._closed
+            self.node, Timing(interval_seconds * pace), self.params, on_window=self._closed
         )
+        self._pace = pace
+        self._clock: ScenarioClock | None = None  # set by the first snapshot when paced
         self._routes: dict[tuple[str, LabelPairs], Series | None] = {}
         self._seconds: dict[Key, float] = {}
         self._count: dict[Key, int] = {}
@@ -159,6 +166,10 @@ class CorrelatorProcessor:
 
     # ---- Processor -----------------------------------------------------------------------
     def process(self, snapshot: Snapshot) -> list[Family]:
+        if self._pace != 1.0:
+            if self._clock is None:
+                self._clock = ScenarioClock(snapshot.timestamp_seconds, self._pace)
+            snapshot = self._clock.snapshot(snapshot)
         t = snapshot.timestamp_seconds
         routes = self._routes
         node = self.node
@@ -202,7 +213,7 @@ class CorrelatorProcessor:
                 return
             try:
                 record = openwindows.record_path(log.path)
-                open_now = self._corr.open_windows()
+                open_now = self._open_windows()
                 if open_now:
                     self._save_record(log, open_now)
                     logged = {openwindows.window_key(w) for w in self._recent}
@@ -231,7 +242,7 @@ class CorrelatorProcessor:
         )
         if keys != self._saved_keys or (keys and t >= self._next_save):
             self._next_save = t + openwindows.SAVE_EVERY_SECONDS
-            if self._save_record(log, self._corr.open_windows()):
+            if self._save_record(log, self._open_windows()):
                 self._saved_keys = keys
 
     def _save_record(self, log: WindowLog, windows: list[Window]) -> bool:
@@ -280,6 +291,8 @@ class CorrelatorProcessor:
 
     # ---- windows -------------------------------------------------------------------------
     def _closed(self, w: Window) -> None:
+        if self._clock is not None:
+            w = self._clock.window(w)
         key = (w.gpu, w.uuid, w.job_id, w.cause.value)
         self._seconds[key] = self._seconds.get(key, 0.0) + w.duration_seconds
         self._count[key] = self._count.get(key, 0) + 1
@@ -308,7 +321,12 @@ class CorrelatorProcessor:
         """(recent closed windows, newest last; open windows)."""
         with self._lock:
             closed = list(self._recent)[-limit:] if limit > 0 else []
-            return closed, self._corr.open_windows()
+            return closed, self._open_windows()
+
+    def _open_windows(self) -> list[Window]:
+        clock = self._clock
+        windows = self._corr.open_windows()
+        return windows if clock is None else [clock.window(w) for w in windows]
 
     def _families(self) -> list[Family]:
         fb = Families()
@@ -322,7 +340,8 @@ class CorrelatorProcessor:
                 continue
             end = u.last_low_t if u.chal is None else min(u.last_low_t, u.chal.start)
             key = (u.gpu, u.uuid, seg.job_id, seg.cause.value)
-            seconds[key] = seconds.get(key, 0.0) + max(0.0, end - seg.start)
+            # scenario seconds / pace: wall seconds, as closed windows count them
+            seconds[key] = seconds.get(key, 0.0) + max(0.0, end - seg.start) / self._pace
             fb.gauge(CAUSE, "", _labels(key), 1.0)
         for key, v in sorted(seconds.items()):
             fb.counter(SECONDS, "", _labels(key), v)
