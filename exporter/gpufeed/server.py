@@ -15,9 +15,12 @@ from aiohttp.typedefs import Handler
 from gpufeed import __version__
 from gpufeed.exposition import CONTENT_TYPE
 from gpufeed.sampler import Sampler
+from gpufeed.web.compression import GzipMemo, body_response
+from gpufeed.web.headers import response_headers_hook
 
 SAMPLER_KEY = web.AppKey("sampler", Sampler)
 BANNER_KEY = web.AppKey("banner", str)
+GZIP_KEY = web.AppKey("metrics_gzip", GzipMemo)
 
 
 def build_app(
@@ -26,6 +29,8 @@ def build_app(
     app = web.Application(middlewares=[_simulated_header] if banner else [])
     app[SAMPLER_KEY] = sampler
     app[BANNER_KEY] = banner
+    app[GZIP_KEY] = GzipMemo()
+    app.on_response_prepare.append(response_headers_hook())
     app.add_routes(
         [
             web.get("/metrics", _metrics),
@@ -49,9 +54,9 @@ async def _metrics(request: web.Request) -> web.Response:
     latest = request.app[SAMPLER_KEY].latest
     if latest is None:
         return web.Response(status=503, text="no sample taken yet\n")
-    return web.Response(
-        body=latest.text,
-        headers={"Content-Type": CONTENT_TYPE},
+    # One gzip per rendered snapshot, however many scrapers ask for it.
+    return body_response(
+        request, latest.text, content_type=CONTENT_TYPE, source=latest, memo=request.app[GZIP_KEY]
     )
 
 

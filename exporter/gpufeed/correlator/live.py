@@ -96,6 +96,9 @@ class CorrelatorProcessor:
         self._saved_keys: frozenset[openwindows.WindowKey] = frozenset()
         self._next_save = 0.0
         self._last_t: float | None = None
+        # Counts processed snapshots: the windows change only when it does, so /api/windows
+        # renders its JSON once per value instead of once per request.
+        self.generation = 0
         if log is None and cfg.windows_log:
             self._open_log()
         elif log is not None:
@@ -203,6 +206,7 @@ class CorrelatorProcessor:
                 node.trim_before(t - KEEP_SECONDS)
                 self._forget_ended_jobs(t - ENDED_JOB_SECONDS)
             self._keep_log(t)
+            self.generation += 1
             return self._families()
 
     def close(self) -> None:

@@ -18,12 +18,13 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from gpufeed.logonce import RateLimitedLogger
 from gpufeed.web.connections import ConnectionGuard, ConnectionLimits, Slot
+from gpufeed.web.headers import SERVER_NAME
 
 log = logging.getLogger("gpufeed.web")
 
@@ -58,7 +59,9 @@ class _QuietRequestHandler(RequestHandler):
             phrase = HTTPStatus(status).phrase
         except ValueError:
             phrase = "Error"
-        return super().handle_error(request, status, exc, f"{status} {phrase}\n")
+        response = super().handle_error(request, status, exc, f"{status} {phrase}\n")
+        response.headers[hdrs.SERVER] = SERVER_NAME  # this response skips the app's hooks
+        return response
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
         exc = kw.get("exc_info")
