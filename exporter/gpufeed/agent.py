@@ -23,6 +23,7 @@ from gpufeed.collectors import available
 if TYPE_CHECKING:
     from gpufeed.collectors.gpu import GpuCollector
     from gpufeed.web.connections import ConnectionLimits
+    from gpufeed.web.webconfig import WebConfig
 from gpufeed.collectors.base import Collector, CollectorContext, HostPaths
 from gpufeed.config import DEFAULT_SDK_SOCKET, AgentConfig, ConfigError, load_config
 from gpufeed.gpu.select import BACKEND_KINDS
@@ -30,6 +31,7 @@ from gpufeed.sampler import Sampler
 from gpufeed.sdnotify import ServiceNotifier
 from gpufeed.snapshot import Processor, Sink
 from gpufeed.statepaths import RunStateDir, is_production_path, simulated_config
+from gpufeed.web.webconfig import load_web_config
 
 log = logging.getLogger("gpufeed.agent")
 
@@ -207,6 +209,16 @@ def _add_web_flags(p: argparse.ArgumentParser) -> None:
     from gpufeed.web.connections import ConnectionLimits
 
     d = ConnectionLimits()
+    p.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        metavar="FILE",
+        help=(
+            "TLS, client certificates, basic auth, headers and a rate limit for every HTTP "
+            "endpoint, in the Prometheus exporter-toolkit format (docs/security.md); "
+            "plain HTTP without it"
+        ),
+    )
     p.add_argument(
         "--web.max-connections",
         dest="web_max_connections",
@@ -488,6 +500,7 @@ def run(args: argparse.Namespace) -> int:
         host, port = parse_listen_address(args.listen_address)
         limits = connection_limits(args)
         config = load_config(args.config)  # a bad file is reported whatever the port does
+        web_config = load_web_config(args.web_config_file) if args.web_config_file else None
     except (UsageError, ConfigError) as exc:
         print(f"gpufeed agent: error: {exc}", file=sys.stderr)
         return 2
@@ -516,7 +529,7 @@ def run(args: argparse.Namespace) -> int:
         banner=parts.banner,
     )
     try:
-        return asyncio.run(_serve(sampler, parts, listener, limits, args.config))
+        return asyncio.run(_serve(sampler, parts, listener, limits, args.config, web_config))
     finally:
         # Closing removes the SDK socket file and finalizes the recording.
         sampler.stop()
@@ -530,16 +543,18 @@ async def _serve(
     listener: socket.socket,
     limits: ConnectionLimits,
     config_path: str | None,
+    web_config: WebConfig | None,
 ) -> int:
     from gpufeed.server import build_app
     from gpufeed.web.serve import serve
 
     app = build_app(sampler, banner=parts.banner, extra_routes=parts.routes)
-    serving = await serve(app, [listener], limits=limits)
+    serving = await serve(app, [listener], limits=limits, web_config=web_config)
     sampler.start()
     names = ", ".join(c.name for c in parts.collectors) or "none"
     host, port = listener.getsockname()[:2]  # the port the kernel chose for port 0
-    log.info("listening on http://%s:%d/metrics, collectors: %s", host, port, names)
+    scheme = "https" if web_config is not None and web_config.tls is not None else "http"
+    log.info("listening on %s://%s:%d/metrics, collectors: %s", scheme, host, port, names)
     log.info("instance %s (traces, windows, OTLP)", parts.config.instance)
     # Type=notify and WatchdogSec= in the systemd unit; the watchdog's idea of progress is
     # the one /healthz answers with.

@@ -16,7 +16,6 @@ from gpufeed import __version__
 from gpufeed.exposition import CONTENT_TYPE
 from gpufeed.sampler import Sampler
 from gpufeed.web.compression import GzipMemo, body_response
-from gpufeed.web.headers import response_headers_hook
 
 SAMPLER_KEY = web.AppKey("sampler", Sampler)
 BANNER_KEY = web.AppKey("banner", str)
@@ -30,7 +29,6 @@ def build_app(
     app[SAMPLER_KEY] = sampler
     app[BANNER_KEY] = banner
     app[GZIP_KEY] = GzipMemo()
-    app.on_response_prepare.append(response_headers_hook())
     app.add_routes(
         [
             web.get("/metrics", _metrics),

@@ -73,36 +73,58 @@ class _QuietRequestHandler(RequestHandler):
             self._errors.log(logging.ERROR, f"{args[:1]} {kind}", "%s", what, exc_info=exc)
 
 
+# Whether a set-up connection may be served (the web config's client_allowed_sans).
+PeerCheck = Callable[[asyncio.BaseTransport], bool]
+
+
 class _GuardedProtocol(asyncio.Protocol):
-    """Tells the guard what the connection does, and passes everything on to aiohttp."""
+    """Tells the guard what the connection does, and passes everything on to aiohttp
+    (nothing, for a peer the check refuses)."""
 
-    __slots__ = ("_guard", "_inner", "_slot")
+    __slots__ = ("_guard", "_inner", "_peer_check", "_refused", "_slot")
 
-    def __init__(self, inner: RequestHandler, guard: ConnectionGuard, slot: Slot) -> None:
+    def __init__(
+        self,
+        inner: RequestHandler,
+        guard: ConnectionGuard,
+        slot: Slot,
+        peer_check: PeerCheck | None,
+    ) -> None:
         self._inner = inner
         self._guard = guard
         self._slot = slot
+        self._peer_check = peer_check
+        self._refused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._slot.transport = transport
+        if self._peer_check is not None and not self._peer_check(transport):
+            self._refused = True
+            transport.abort()  # type: ignore[attr-defined]
+            return
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        self._guard.received(self._slot, data)
-        self._inner.data_received(data)
+        if not self._refused:
+            self._guard.received(self._slot, data)
+            self._inner.data_received(data)
 
     def eof_received(self) -> None:
-        self._inner.eof_received()
+        if not self._refused:
+            self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._guard.release(self._slot)
-        self._inner.connection_lost(exc)
+        if not self._refused:
+            self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        self._inner.pause_writing()
+        if not self._refused:
+            self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        self._inner.resume_writing()
+        if not self._refused:
+            self._inner.resume_writing()
 
 
 class HttpListener:
@@ -115,6 +137,7 @@ class HttpListener:
         *,
         limits: ConnectionLimits,
         ssl_context: ssl.SSLContext | None = None,
+        peer_check: PeerCheck | None = None,
         errors: RateLimitedLogger | None = None,
     ) -> None:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -132,6 +155,7 @@ class HttpListener:
             sock.listen(LISTEN_BACKLOG)  # a deeper queue than asyncio's: bursts of connects
             sock.setblocking(False)
         self._ssl = ssl_context
+        self._peer_check = peer_check
         self._errors = errors or RateLimitedLogger(log)
         self._loop = asyncio.get_running_loop()
         self._pending: set[asyncio.Task[None]] = set()
@@ -175,7 +199,16 @@ class HttpListener:
                 self._accept_failed(listening, exc)
                 return
             conn.setblocking(False)
+            evicted = self.guard.evicted_total
             slot = self.guard.admit(conn)
+            if self.guard.evicted_total != evicted:  # slow clients, or more than expected
+                self._errors.log(
+                    logging.WARNING,
+                    "connection cap",
+                    "%d connections open, the cap: closed the stalest (%d closed so far)",
+                    self.guard.max_connections,
+                    self.guard.evicted_total,
+                )
             task = self._loop.create_task(self._connect(conn, slot))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
@@ -211,7 +244,7 @@ class HttpListener:
                 keepalive_timeout=self.guard.limits.idle_timeout_seconds,
                 access_log=None,
             )
-            return _GuardedProtocol(handler, self.guard, slot)
+            return _GuardedProtocol(handler, self.guard, slot, self._peer_check)
 
         try:
             await self._loop.connect_accepted_socket(

@@ -1,19 +1,22 @@
-"""Serve an aiohttp application on bound listening sockets with connection limits (and TLS
-when given): the one entry point every gpufeed HTTP endpoint uses."""
+"""Serve an aiohttp application on bound listening sockets with connection limits and the
+web config (TLS, client certificates, basic auth, headers, rate limit): the one entry point
+every gpufeed HTTP endpoint uses, so that none is left unguarded."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import socket
-import ssl
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from gpufeed.logonce import RateLimitedLogger
+from gpufeed.web.auth import access_middleware
 from gpufeed.web.connections import ConnectionLimits
+from gpufeed.web.headers import response_headers_hook
 from gpufeed.web.listener import HttpListener, loop_error_logger
+from gpufeed.web.webconfig import WebConfig, allowed_san, server_ssl_context
 
 log = logging.getLogger("gpufeed.web")
 
@@ -37,9 +40,22 @@ async def serve(
     sockets: list[socket.socket],
     *,
     limits: ConnectionLimits,
-    ssl_context: ssl.SSLContext | None = None,
+    web_config: WebConfig | None = None,
 ) -> Serving:
     """Starts serving on `sockets` (bound and listening; closed by `Serving.close`)."""
+    config = web_config or WebConfig()
+    access = access_middleware(config.basic_auth_users, config.rate_limit)
+    if access is not None:
+        app.middlewares.append(access)  # innermost: the app's own headers still apply
+    app.on_response_prepare.append(response_headers_hook(dict(config.headers)))
+    ssl_context = server_ssl_context(config.tls) if config.tls is not None else None
+    peer_check = None
+    if config.tls is not None and config.tls.client_allowed_sans is not None:
+        sans = config.tls.client_allowed_sans
+
+        def peer_check(transport: asyncio.BaseTransport) -> bool:
+            return allowed_san(transport.get_extra_info("peercert"), sans)
+
     errors = RateLimitedLogger(log)
     # Whatever else the loop reports (accept errors included) is rate-limited too.
     asyncio.get_running_loop().set_exception_handler(loop_error_logger(errors))
@@ -47,7 +63,12 @@ async def serve(
     await runner.setup()
     assert runner.server is not None  # set by setup()
     listener = HttpListener(
-        runner.server, sockets, limits=limits, ssl_context=ssl_context, errors=errors
+        runner.server,
+        sockets,
+        limits=limits,
+        ssl_context=ssl_context,
+        peer_check=peer_check,
+        errors=errors,
     )
     listener.start()
     return Serving(runner, listener)
