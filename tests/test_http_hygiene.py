@@ -4,6 +4,7 @@ per correlator step (4 polling clients used to raise /metrics p50 from 1 to 20 m
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -16,10 +17,12 @@ from typing import Any
 import pytest
 
 from gpufeed.correlator.api import WindowsJson
+from gpufeed.correlator.window import Window
 from gpufeed.web.compression import accepts_gzip
 from http_helpers import agent_process, get, percentile, timed_scrapes, wait_until_serving
 
 HELPERS = Path(__file__).parent / "helpers"
+HUGE = "<1e999>"
 
 
 def _strict_json(body: bytes) -> Any:
@@ -41,6 +44,7 @@ def _window(i: int, **changes: Any) -> dict[str, Any]:
         "confidence": 0.9,
         "mean_utilization": 0.12,
         "evidence": {"summary": "reads from the cold tier", "cold_read_bytes_per_second": 1e9},
+        "simulated": True,  # the test agent is a simulated node: it reads only such windows
     }
     w.update(changes)
     return w
@@ -48,8 +52,10 @@ def _window(i: int, **changes: Any) -> dict[str, Any]:
 
 def _agent_config(tmp_path: Path, windows: list[dict[str, Any]]) -> Path:
     log = tmp_path / "windows.jsonl"
-    # json.dumps writes NaN like the 0.1.0 agent did: the log may hold such lines
-    log.write_text("".join(json.dumps(w) + "\n" for w in windows))
+    # A number too large for a float is valid JSON that Python reads as infinity: the
+    # way a non-finite value still reaches the agent from its log (NaN lines are skipped).
+    text = "".join(json.dumps(w) + "\n" for w in windows)
+    log.write_text(text.replace(f'"{HUGE}"', "1e999"))
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(f"correlator:\n  windows_log: {log}\n")
     return cfg
@@ -79,13 +85,14 @@ def test_accept_encoding(header: str, gzip_ok: bool) -> None:
 class _Processor:
     """The processor's side WindowsJson reads: windows() and a generation counter."""
 
-    def __init__(self) -> None:
+    def __init__(self, closed: list[Window] | None = None) -> None:
         self.generation = 0
         self.calls = 0
+        self.closed = closed or []
 
-    def windows(self, limit: int) -> tuple[list[Any], list[Any]]:
+    def windows(self, limit: int) -> tuple[list[Window], list[Window]]:
         self.calls += 1
-        return [], []
+        return self.closed[-limit:], []
 
 
 def test_windows_json_is_built_once_per_correlator_step_and_limit() -> None:
@@ -103,12 +110,21 @@ def test_windows_json_is_built_once_per_correlator_step_and_limit() -> None:
     assert _strict_json(first) == {"windows": [], "open": [], "simulated": True}
 
 
+def test_windows_json_writes_non_finite_numbers_as_null() -> None:
+    nan = float("nan")
+    window = Window.from_json(_window(0, mean_utilization=nan, confidence=math.inf))
+    window = dataclasses.replace(window, evidence=(("read_bytes_per_second", nan), ("n", 2.0)))
+    doc = _strict_json(WindowsJson(_Processor([window]), simulated=False).body(10))  # type: ignore[arg-type]
+    (got,) = doc["windows"]
+    assert got["mean_utilization"] is None and got["confidence"] is None
+    assert got["evidence"]["read_bytes_per_second"] is None and got["evidence"]["n"] == 2.0
+
+
 @pytest.mark.slow
 def test_headers_error_pages_gzip_and_strict_json(tmp_path: Path) -> None:
-    nan = float("nan")
     windows = [
-        _window(0, mean_utilization=nan),
-        _window(1, evidence={"summary": "x", "read_bytes_per_second": nan, "r": math.inf}),
+        _window(0, mean_utilization=HUGE),
+        _window(1, evidence={"summary": "x", "read_bytes_per_second": HUGE, "r": -1e3}),
         *(_window(i) for i in range(2, 40)),
     ]
     cfg = _agent_config(tmp_path, windows)
@@ -135,7 +151,7 @@ def test_headers_error_pages_gzip_and_strict_json(tmp_path: Path) -> None:
         assert len(doc["windows"]) == 40 and doc["simulated"] is True
         assert doc["windows"][0]["mean_utilization"] is None  # absent, not zero, not NaN
         assert doc["windows"][1]["evidence"]["read_bytes_per_second"] is None
-        assert doc["windows"][1]["evidence"]["r"] is None
+        assert doc["windows"][1]["evidence"]["r"] == -1e3
         assert doc["windows"][2]["mean_utilization"] == 0.12
         _, headers, packed = get(port, "/api/windows", headers={"Accept-Encoding": "gzip"})
         assert headers.get("Content-Encoding") == "gzip"
