@@ -92,8 +92,16 @@ class RulesConfig:
     filling_up_for: str = "1h"
     transmit_wait_ratio: float = 0.1  # a port unable to send 10% of the time
     fabric_congested_for: str = "10m"
+    mount_stuck_for: str = "5m"
+    tier_path_missing_for: str = "10m"
     agent_down_for: str = "5m"
     collector_failing_for: str = "10m"
+    # The page is the sampler's snapshot; older than this (the agent's interval is 1 s by
+    # default, a tick at most 5 intervals) means sampling has stalled.
+    sampler_stale_after_seconds: float = 60.0
+    sampler_stalled_for: str = "2m"
+    sdk_drop_rate_per_second: float = 0.0  # any sustained drop
+    sdk_dropped_for: str = "15m"
     rate_window: str = "5m"
     fatal_xids: tuple[str, ...] = FATAL_XIDS
     throttle_reasons: tuple[str, ...] = THROTTLE_REASONS

@@ -327,6 +327,36 @@ def alert_rules(cfg: RulesConfig) -> list[Rule]:
             },
         },
         {
+            "alert": "StorageMountStuck",
+            "expr": f"gpufeed_storage_mount_stuck{{{s}}} == 1",
+            "for": cfg.mount_stuck_for,
+            # Every process that touches a hung mount hangs with it, unkillable (D state):
+            # the jobs on that node stop, and only the storage side can unblock them.
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "A storage mount has stopped answering; processes that touch it hang.",
+                "description": (
+                    "{{ $labels.mountpoint }} (tier {{ $labels.tier }}) on "
+                    "{{ $labels.instance }} has not answered a statfs within the agent's "
+                    f"time bound for {cfg.mount_stuck_for}; jobs reading or writing it hang."
+                ),
+            },
+        },
+        {
+            "alert": "StorageTierPathMissing",
+            "expr": f"gpufeed_storage_tier_path_missing{{{s}}} == 1",
+            "for": cfg.tier_path_missing_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "A path configured for a storage tier does not exist; the tier is not watched there.",
+                "description": (
+                    "Path {{ $labels.path }} of tier {{ $labels.tier }} on {{ $labels.instance }} "
+                    f"has not existed for {cfg.tier_path_missing_for}: a typo in the agent's "
+                    "config, or a mount that is missing."
+                ),
+            },
+        },
+        {
             "alert": "FabricCongested",
             "expr": (
                 f"rate(gpufeed_network_transmit_wait_seconds_total{{{s}}}[{w}])"
@@ -367,6 +397,43 @@ def alert_rules(cfg: RulesConfig) -> list[Rule]:
                 "description": (
                     "Collector {{ $labels.collector }} of the gpufeed agent on "
                     f"{{{{ $labels.instance }}}} has failed for {cfg.collector_failing_for}."
+                ),
+            },
+        },
+        {
+            "alert": "GpufeedSamplerStalled",
+            # /metrics serves the last snapshot at any age, so `up` stays 1 and every gauge
+            # keeps its old value: only the snapshot's own timestamp shows the stall.
+            "expr": (
+                f"time() - gpufeed_snapshot_timestamp_seconds{{{s}}}"
+                f" > {cfg.sampler_stale_after_seconds:g}"
+            ),
+            "for": cfg.sampler_stalled_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "A gpufeed agent serves an old snapshot; its metrics are frozen.",
+                "description": (
+                    "The gpufeed agent on {{ $labels.instance }} serves a snapshot "
+                    "{{ $value | humanizeDuration }} old: its sampler has stalled, so no GPU "
+                    "or storage alert can fire for that node."
+                ),
+            },
+        },
+        {
+            "alert": "GpufeedSdkMessagesDropped",
+            "expr": (
+                "sum by (instance, reason) (\n"
+                f"  rate(gpufeed_sdk_messages_dropped_total{{{s}}}[{w}])\n"
+                f") > {cfg.sdk_drop_rate_per_second:g}"
+            ),
+            "for": cfg.sdk_dropped_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "A gpufeed agent keeps dropping SDK messages; job phases and steps are incomplete.",
+                "description": (
+                    "The gpufeed agent on {{ $labels.instance }} has dropped SDK messages "
+                    '(reason {{ $labels.reason }}) at {{ printf "%.2f" $value }} per second for '
+                    f"{cfg.sdk_dropped_for}."
                 ),
             },
         },

@@ -7,8 +7,8 @@ The fixture trees of the host, network and storage collectors are laid into one 
 Dropped or masked before the diff, because they are not functions of the fixtures:
 - per-collector durations and the build info (Python version);
 - capacity and free bytes (a real statvfs of the checkout's filesystem);
-- the simulated GPUs' values, which follow the wall clock: their series and labels stay in
-  the diff, their values become `<v>`.
+- the simulated GPUs' values, which follow the wall clock, and the snapshot's timestamp:
+  their series and labels stay in the diff, their values become `<v>`.
 
 Regenerate with GPUFEED_UPDATE_GOLDEN=1 and review the diff.
 """
@@ -41,6 +41,7 @@ DROPPED = (
     "gpufeed_storage_capacity_bytes",
     "gpufeed_storage_free_bytes",
 )
+MASKED = ("gpufeed_snapshot_timestamp_seconds ",)
 SAMPLE = re.compile(r"^(?P<series>[a-z_:]+(?:\{.*\})?) (?P<value>\S+)$")
 
 
@@ -71,7 +72,8 @@ def normalize(body: str) -> list[str]:
         m = SAMPLE.match(line)
         assert m, f"not a sample line: {line!r}"
         series = m["series"]
-        if series.startswith("gpufeed_gpu_") and not series.startswith("gpufeed_gpu_info"):
+        gpu_value = series.startswith("gpufeed_gpu_") and not series.startswith("gpufeed_gpu_info")
+        if gpu_value or line.startswith(MASKED):
             line = f"{series} <v>"
         lines.append(line)
     return sorted(lines)

@@ -1,3 +1,4 @@
+import re
 import threading
 import time
 
@@ -285,3 +286,81 @@ def test_a_time_bound_over_five_intervals_is_capped_and_said(
         sampler.stop()
     assert status.duration_seconds == pytest.approx(0.5)
     assert any("capped at 5 intervals" in r.getMessage() for r in caplog.records)
+
+
+def test_the_page_carries_the_snapshot_timestamp() -> None:
+    sampler = Sampler(
+        [Const("v", 1.0)], interval_seconds=1, timeout_seconds=1, clock=lambda: 1234.5
+    )
+    text = sampler.sample_once().text.decode()
+    sampler.stop()
+    assert "gpufeed_snapshot_timestamp_seconds 1234.5\n" in text
+
+
+def test_a_stalled_sampler_is_visible_in_the_timestamp_it_serves() -> None:
+    """/metrics keeps serving the last snapshot when sampling stalls (here a processor that
+    stops returning); its timestamp stays put while the wall clock moves on, which is the
+    age GpufeedSamplerStalled computes, and moves again once sampling resumes."""
+    import asyncio
+
+    from aiohttp import web
+
+    from gpufeed.server import build_app
+
+    class Stalling:
+        name = "stall"
+
+        def __init__(self) -> None:
+            self.calls = 0
+            self.stalled = threading.Event()
+            self.release = threading.Event()
+
+        def process(self, snapshot):  # type: ignore[no-untyped-def]
+            self.calls += 1
+            if self.calls == 3:
+                self.stalled.set()
+                self.release.wait(30)
+            return []
+
+    stall = Stalling()
+    sampler = Sampler(
+        [Const("v", 1.0)], interval_seconds=0.05, timeout_seconds=0.05, processors=[stall]
+    )
+    pattern = re.compile(r"^gpufeed_snapshot_timestamp_seconds (\S+)$", re.M)
+
+    async def scrape(url: str) -> float:
+        status, body = await asyncio.to_thread(http_get, url)
+        assert status == 200
+        m = pattern.search(body.decode())
+        assert m, body[:300]
+        return float(m.group(1))
+
+    async def run() -> tuple[float, float, float, float, float]:
+        runner = web.AppRunner(build_app(sampler), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        url = f"http://127.0.0.1:{port}/metrics"
+        try:
+            sampler.start()
+            assert await asyncio.to_thread(stall.stalled.wait, 10)
+            first = await scrape(url)
+            await asyncio.sleep(0.6)
+            second, at = await scrape(url), time.time()
+            stall.release.set()
+            await asyncio.sleep(0.5)
+            resumed, resumed_at = await scrape(url), time.time()
+        finally:
+            stall.release.set()
+            await runner.cleanup()
+        return first, second, at, resumed, resumed_at
+
+    try:
+        first, second, at, resumed, resumed_at = asyncio.run(run())
+    finally:
+        stall.release.set()
+        sampler.stop()
+    assert first == second, "a stalled sampler must keep serving the old timestamp"
+    assert at - second >= 0.6
+    assert resumed > second and resumed_at - resumed < 0.5

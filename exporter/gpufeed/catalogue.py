@@ -566,6 +566,17 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         contract=False,
     ),
     MetricSpec(
+        # /metrics serves the last snapshot at any age; this is how a stalled sampler shows.
+        "gpufeed_snapshot_timestamp_seconds",
+        "gauge",
+        "Unix time at which the sampler took the snapshot this page shows.",
+        (),
+        "seconds",
+        "agent",
+        "sampler",
+        contract=False,
+    ),
+    MetricSpec(
         "gpufeed_build_info",
         "gauge",
         "gpufeed version and Python version; always 1.",

@@ -237,7 +237,7 @@ class Sampler:
                 derived.extend(p.process(snapshot))
             except Exception:
                 log.exception("processor %s failed", p.name)
-        own = self._self_metrics(statuses)
+        own = self._self_metrics(statuses, timestamp)
         full = Snapshot(timestamp, (*families, *derived, *own), snapshot.statuses)
         rendered = Rendered(full, self._render(full.families), time.time())
         self._latest = rendered
@@ -273,8 +273,17 @@ class Sampler:
             self._logged_errors[name] = error
             log.warning("collector %s failed: %s", name, error)
 
-    def _self_metrics(self, statuses: list[CollectorStatus]) -> list[Family]:
+    def _self_metrics(self, statuses: list[CollectorStatus], timestamp: float) -> list[Family]:
         f = Families()
+        # /metrics serves the last rendered snapshot however old it is, so a stalled sampler
+        # would look healthy to Prometheus: the snapshot's own time travels with it, and
+        # `time() - gpufeed_snapshot_timestamp_seconds` is its age at evaluation time.
+        f.gauge(
+            "gpufeed_snapshot_timestamp_seconds",
+            "Unix time at which the sampler took the snapshot this page shows.",
+            {},
+            timestamp,
+        )
         for st in statuses:
             f.gauge(
                 "gpufeed_collector_success",
