@@ -77,8 +77,11 @@ bench-correlator: install
 dashboards: install
 	$(PY) dashboards/build.py
 
+# A site's selector, thresholds and runbook URL: make alerts ALERTS_CONFIG=site.yml
+# (see alerts/config.example.yml; ARGS="--out FILE" writes elsewhere).
+ALERTS_CONFIG ?=
 alerts: install
-	$(PY) alerts/build.py
+	$(PY) alerts/build.py $(if $(ALERTS_CONFIG),--config $(ALERTS_CONFIG)) $(ARGS)
 
 # Regenerate docs/metrics.md's tables from the metric catalogue and docs/configuration.md
 # from the config dataclasses (tests fail when they drift).

@@ -73,8 +73,10 @@ THROTTLE_REASONS: tuple[str, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class RulesConfig:
-    # Prometheus scrape job that scrapes the agents; the compose stack names it gpufeed.
-    scrape_job: str = "gpufeed"
+    # Label matchers (PromQL, without braces) that pick the agents' series out of everything
+    # Prometheus scrapes. The compose stack's scrape job is gpufeed; under Kubernetes it is
+    # whatever the scrape config names it (alerts/config.example.yml).
+    selector: str = 'job="gpufeed"'
     utilization_threshold_ratio: float = 0.8  # the correlator's default threshold too
     utilization_low_for: str = "10m"
     fatal_xid_lookback: str = "10m"
@@ -107,11 +109,17 @@ class RulesConfig:
     throttle_reasons: tuple[str, ...] = THROTTLE_REASONS
     cause_hints: dict[str, str] = field(default_factory=lambda: dict(CAUSE_HINTS))
     runbook_base_url: str = RUNBOOK_BASE_URL
+    # Where the Prometheus Operator's PrometheusRule goes and the labels its ruleSelector
+    # matches (kube-prometheus-stack selects on `release: <helm release name>`).
+    kubernetes_namespace: str = "monitoring"
+    prometheus_rule_labels: dict[str, str] = field(
+        default_factory=lambda: {"app.kubernetes.io/name": "gpufeed-agent"}
+    )
 
     @property
     def sel(self) -> str:
-        """The label matcher every query puts on gpufeed series."""
-        return f'job="{self.scrape_job}"'
+        """The label matchers every query puts on gpufeed series."""
+        return self.selector
 
     def with_for_override(self, duration: str) -> RulesConfig:
         """A copy with every `for:` set to `duration` (tests shorten them this way)."""
