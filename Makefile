@@ -39,8 +39,9 @@ run: runtime
 	fi
 
 # The real servers the tests run: Debian's prometheus (promtool), alertmanager (amtool),
-# node_exporter (the benchmark's reference), e2fsprogs for the loop-mounted tiers, and
-# systemd for systemd-analyze (the unit's verify and security checks).
+# node_exporter (the benchmark's reference), e2fsprogs for the loop-mounted tiers,
+# systemd for systemd-analyze (the unit's verify and security checks), and openssl for the
+# certificates of the TLS tests.
 promtool:
 	@missing=""; \
 	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
@@ -48,6 +49,7 @@ promtool:
 	command -v prometheus-node-exporter >/dev/null 2>&1 || missing="$$missing prometheus-node-exporter"; \
 	command -v mkfs.ext4 >/dev/null 2>&1 || missing="$$missing e2fsprogs"; \
 	command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
+	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

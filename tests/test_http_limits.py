@@ -4,6 +4,8 @@ The guard's rules table-driven on a fake clock; the timeouts on a real agent pro
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import logging
 import socket
 import time
@@ -182,3 +184,46 @@ def test_bad_limits_are_one_line_and_exit_2(tmp_path: Path, flag: str, value: st
         assert agent.proc.wait(30) == 2
         lines = agent.log().strip().splitlines()
         assert len(lines) == 1 and flag in lines[0], lines
+
+
+class _OutOfFdsSocket(socket.socket):
+    """A listening socket whose accept() fails as it does when the process has no
+    descriptor left (asyncio logged this ~5,000 times a second in 0.1.0)."""
+
+    def accept(self) -> tuple[socket.socket, object]:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+
+def test_accept_out_of_descriptors_closes_the_stalest_then_pauses_and_logs_rarely(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> tuple[int, bool, bool]:
+        from aiohttp import web
+
+        from gpufeed.web.listener import HttpListener
+
+        app = web.Application()
+        runner = web.AppRunner(app)
+        await runner.setup()
+        assert runner.server is not None
+        listening = _OutOfFdsSocket(socket.AF_INET, socket.SOCK_STREAM)
+        listening.bind(("127.0.0.1", 0))
+        listener = HttpListener(runner.server, [listening], limits=ConnectionLimits())
+        a, b = socket.socketpair()
+        stale = listener.guard.admit(a)
+        listener._accept(listening)  # frees a descriptor: the stalest connection goes
+        evicted = _shut(stale.sock)
+        for _ in range(5000):  # nothing left to close: accepting pauses
+            listener._accept(listening)
+        paused = listening in listener._paused
+        listener.close()
+        await runner.cleanup()
+        b.close()
+        a.close()
+        return listener.guard.evicted_total, evicted, paused
+
+    with caplog.at_level(logging.DEBUG, "gpufeed.web"):
+        evicted_total, evicted, paused = asyncio.run(scenario())
+    assert evicted_total == 1 and evicted and paused
+    lines = [r for r in caplog.records if "cannot accept" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
