@@ -16,6 +16,7 @@ from stack_support import (
     alertmanager_config_for_test,
     prometheus_config_for_test,
     promtool,
+    repo_module,
 )
 
 COMPOSE = REPO_ROOT / "compose"
@@ -51,22 +52,78 @@ def test_alertmanager_config_checks_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize(
-    ("labels", "receiver"),
-    [
-        (["alertname=GpuUtilizationLow", "cause=data_loading"], "storage-owners"),
-        (["alertname=GpuUtilizationLow", "cause=checkpointing"], "storage-owners"),
-        (["alertname=GpuUtilizationLow", "cause=network"], "network-team"),
-        (["alertname=GpuUtilizationLow", "cause=preprocessing"], "job-owners"),
-        (["alertname=GpuUtilizationLow", "cause=throttling"], "oncall"),
-        (["alertname=GpuUtilizationLow", "cause=unknown"], "oncall"),
-        (["alertname=GpuLost", "severity=critical"], "oncall"),
-    ],
-)
-def test_alertmanager_routes_by_cause(labels: list[str], receiver: str) -> None:
+# Where every alert goes: (alertname, cause or None) -> receiver. The severity comes from
+# the generated rules, so a severity changed there is routed as it will be in production.
+ROUTES = {
+    ("GpuLost", None): "oncall-pager",
+    ("GpuFatalXid", None): "oncall-pager",
+    ("StorageMountStuck", None): "storage-pager",
+    ("StorageTierSaturated", None): "storage-owners",
+    ("StorageTierLatencyHigh", None): "storage-owners",
+    ("StorageTierFillingUp", None): "storage-owners",
+    ("StorageTierPathMissing", None): "storage-owners",
+    ("FabricCongested", None): "network-team",
+    ("GpuUtilizationLow", "data_loading"): "storage-owners",
+    ("GpuUtilizationLow", "checkpointing"): "storage-owners",
+    ("GpuUtilizationLow", "network"): "network-team",
+    ("GpuUtilizationLow", "preprocessing"): "job-owners",
+    ("GpuUtilizationLow", "throttling"): "oncall",
+    ("GpuUtilizationLow", "startup"): "oncall",
+    ("GpuUtilizationLow", "idle"): "oncall",
+    ("GpuUtilizationLow", "gpu_error"): "oncall",
+    ("GpuUtilizationLow", "unknown"): "oncall",
+    ("GpuClockThrottled", None): "oncall",
+    ("GpufeedAgentDown", None): "oncall",
+    ("GpufeedCollectorFailing", None): "oncall",
+    ("GpufeedSamplerStalled", None): "oncall",
+    ("GpufeedSdkMessagesDropped", None): "oncall",
+}
+PAGERS = {"oncall-pager", "storage-pager"}
+
+
+def shipped_severities() -> dict[str, str]:
+    doc = load(REPO_ROOT / "alerts" / "gpufeed.rules.yml")
+    return {
+        r["alert"]: r["labels"]["severity"]
+        for g in doc["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+
+
+def test_every_alert_has_a_route_case() -> None:
+    assert {name for name, _ in ROUTES} == set(shipped_severities())
+    causes = set(repo_module("alerts.config").CAUSE_HINTS)
+    assert {c for n, c in ROUTES if n == "GpuUtilizationLow"} == causes
+
+
+@pytest.mark.parametrize(("alert", "receiver"), sorted(ROUTES.items(), key=str))
+def test_alertmanager_routes_by_severity_owner_and_cause(
+    alert: tuple[str, str | None], receiver: str
+) -> None:
+    name, cause = alert
+    labels = [f"alertname={name}", f"severity={shipped_severities()[name]}", "instance=n1:9842"]
+    labels += [f"cause={cause}"] if cause else []
     result = run(amtool(), "config", "routes", "test", f"--config.file={ALERTMANAGER_YML}", *labels)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.split() == [receiver]
+    assert (shipped_severities()[name] == "critical") == (receiver in PAGERS), name
+
+
+def test_critical_alerts_have_receivers_and_groups_of_their_own() -> None:
+    """A GPU loss never waits in, or is batched with, a group of warnings: the critical
+    routes' receivers take nothing else, and they group per GPU or mount, not by cause."""
+    route = load(ALERTMANAGER_YML)["route"]
+    critical = [r for r in route["routes"] if 'severity="critical"' in r["matchers"]]
+    others = [r for r in route["routes"] if r not in critical]
+    assert {r["receiver"] for r in critical} == PAGERS
+    assert not PAGERS & ({r["receiver"] for r in others} | {route["receiver"]})
+    for r in critical:
+        assert "cause" not in r["group_by"] and "instance" in r["group_by"], r
+        assert r["group_by"] != route["group_by"]
+        assert r.get("continue", False) is False
+    gpu = next(r for r in critical if r["receiver"] == "oncall-pager")
+    assert "gpu" in gpu["group_by"]
 
 
 def test_compose_services_are_wired_together() -> None:
@@ -183,9 +240,6 @@ def test_end_to_end_copies_change_only_addresses_paths_and_timings(tmp_path: Pat
     assert am["route"]["routes"] == original["route"]["routes"]
     assert am["inhibit_rules"] == original["inhibit_rules"]
     urls = {r["name"]: r["webhook_configs"][0]["url"] for r in am["receivers"]}
-    assert urls == {
-        "oncall": "http://127.0.0.1:19403/oncall",
-        "storage-owners": "http://127.0.0.1:19403/storage-owners",
-        "network-team": "http://127.0.0.1:19403/network-team",
-        "job-owners": "http://127.0.0.1:19403/job-owners",
-    }
+    receivers = ["oncall", "oncall-pager", "storage-owners", "storage-pager"]
+    receivers += ["network-team", "job-owners"]
+    assert urls == {name: f"http://127.0.0.1:19403/{name}" for name in receivers}
