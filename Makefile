@@ -40,8 +40,9 @@ run: runtime
 
 # The real servers the tests run: Debian's prometheus (promtool), alertmanager (amtool),
 # node_exporter (the benchmark's reference), e2fsprogs for the loop-mounted tiers,
-# systemd for systemd-analyze (the unit's verify and security checks), and openssl for the
-# certificates of the TLS tests.
+# systemd for systemd-analyze (the unit's verify and security checks), python3-seccomp (the
+# agent run under the unit's system-call filter), and openssl for the certificates of the
+# TLS tests.
 promtool:
 	@missing=""; \
 	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
@@ -50,6 +51,7 @@ promtool:
 	command -v mkfs.ext4 >/dev/null 2>&1 || missing="$$missing e2fsprogs"; \
 	command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
 	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
+	/usr/bin/python3 -c 'import seccomp' >/dev/null 2>&1 || missing="$$missing python3-seccomp"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

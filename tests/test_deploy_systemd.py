@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
+import pytest
+
+from conftest import agent_env, gpufeed_cmd, isolated_agent_args
+from gpufeed.sdk import Job
+from procports import wait_listening
 from stack_support import REPO_ROOT
 
 UNIT = REPO_ROOT / "deploy" / "systemd" / "gpufeed-agent.service"
@@ -96,3 +104,112 @@ def test_docs_name_the_unit_the_repository_ships() -> None:
                 if m.group(1).removesuffix(".service") != unit
             ]
     assert wrong == []
+
+
+def expand(group: str) -> set[str]:
+    """The system calls of a systemd syscall group (nested groups expanded) or one call."""
+    if not group.startswith("@"):
+        return {group}
+    out = subprocess.run(
+        [systemd_analyze(), "syscall-filter", group],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    calls: set[str] = set()
+    for line in out.splitlines()[1:]:
+        item = line.strip()
+        if item and not item.startswith("#"):
+            calls |= expand(item)
+    return calls
+
+
+def unit_allowed_syscalls() -> set[str]:
+    """What the unit's SystemCallFilter= lines allow: the first list, minus `~` lists."""
+    allowed: set[str] = set()
+    for entry in directives(UNIT.read_text())["SystemCallFilter"]:
+        if entry.startswith("~"):
+            for item in entry[1:].split():
+                allowed -= expand(item)
+        else:
+            for item in entry.split():
+                allowed |= expand(item)
+    return allowed
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Every sample of the agent's /metrics page, keyed by series."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, _, value = line.rpartition(" ")
+            out[series] = float(value)
+    return out
+
+
+@pytest.mark.slow
+def test_the_agent_works_under_the_units_system_call_filter(tmp_path: Path) -> None:
+    """The real agent on this host's collectors, the SDK socket, the recorder and the
+    correlator, run under the unit's allow-list (EPERM for the rest, as the unit says) and
+    without writable-executable memory (MemoryDenyWriteExecute=), serves what the same
+    agent without them serves, and stops cleanly."""
+    system_python = "/usr/bin/python3"
+    probe = subprocess.run([system_python, "-c", "import seccomp"], capture_output=True)
+    assert probe.returncode == 0, "Debian package python3-seccomp missing (`make test` installs it)"
+    allowed = unit_allowed_syscalls()
+    assert {"read", "sendto", "statfs", "ioctl"} <= allowed and "chown" not in allowed
+    allow_file = tmp_path / "allowed.txt"
+    allow_file.write_text("\n".join(sorted(allowed)))
+    wrapper = REPO_ROOT / "tests" / "helpers" / "seccomp_exec.py"
+
+    agents = {}
+    for name, prefix in (
+        ("plain", []),
+        ("filtered", [system_python, str(wrapper), str(allow_file)]),
+    ):
+        home = tmp_path / name
+        home.mkdir()
+        args = isolated_agent_args(("--record", str(home / "trace.om")), home)
+        proc = subprocess.Popen(
+            [*prefix, *gpufeed_cmd("agent", *args)],
+            env=agent_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        agents[name] = (proc, wait_listening(proc), home)
+    try:
+        for _, (_, _, home) in agents.items():
+            # The HTTP port is bound first, the SDK socket a moment later.
+            deadline = time.monotonic() + 20
+            while not (home / "sdk.sock").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            job = Job("seccomp-check", socket=str(home / "sdk.sock"))
+            for _ in job.track(range(5)):
+                pass
+            job.close()
+            assert job.events_sent > 0 and job.events_dropped == 0
+        time.sleep(3)  # a few samples, so that rates and the SDK job show
+        pages = {name: scrape(port) for name, (_, port, _) in agents.items()}
+        plain, filtered = pages["plain"], pages["filtered"]
+        families = {name: {s.split("{")[0] for s in page} for name, page in pages.items()}
+        assert families["filtered"] == families["plain"]
+        success = {s: v for s, v in filtered.items() if s.startswith("gpufeed_collector_success")}
+        assert success and all(v == 1 for v in success.values()), success
+        assert any(s.startswith("gpufeed_job_steps_total{") for s in filtered), sorted(filtered)
+        assert set(success) == {s for s in plain if s.startswith("gpufeed_collector_success")}
+    finally:
+        errors = {}
+        for name, (proc, _, _) in agents.items():
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(20)
+            assert proc.stderr is not None
+            errors[name] = (code, proc.stderr.read().decode())
+            proc.stderr.close()
+    code, log = errors["filtered"]
+    assert code == 0, log
+    assert "Operation not permitted" not in log and "Traceback" not in log, log
+    # The recorder finalized its trace under the filter too.
+    assert (agents["filtered"][2] / "trace.om").read_text().endswith("# EOF\n")

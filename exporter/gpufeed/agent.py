@@ -68,8 +68,8 @@ def register(subparsers: Any) -> None:
         "--config",
         metavar="FILE",
         help=(
-            "YAML config file (interval_seconds, collector_timeout_seconds, tiers, "
-            "correlator, sdk, jobs; see README); without it, the defaults"
+            "YAML config file (every key, its default and meaning: docs/configuration.md, "
+            "or `python -m gpufeed.config_reference`); without it, the defaults"
         ),
     )
     p.add_argument(
