@@ -76,8 +76,8 @@ bench: install promtool
 bench-correlator: install
 	$(PY) bench/correlator_accuracy.py --simulated
 
-# Regenerate the committed dashboards/json/*.json and alerts/gpufeed.rules.yml from code
-# (tests fail when they drift).
+# Regenerate the committed dashboards/json/*.json, alerts/gpufeed.rules.yml and
+# deploy/kubernetes/prometheusrule.yaml from code (tests fail when they drift).
 dashboards: install
 	$(PY) dashboards/build.py
 
