@@ -26,6 +26,12 @@ from gpufeed.correlator.window import Window
 
 CLASSIFY_EVERY_SECONDS = 5.0
 LOW_FRACTION_TO_OPEN = 0.75
+# A run that has not opened a window keeps its samples (they become the window's evidence
+# if it opens); a GPU that flaps, dipping for less than the minimum window and recovering
+# for less than the merge gap, would keep them for ever. So a run not yet open looks back
+# this far at most (or twice the minimum window, if longer), trimmed every TRIM_SLACK.
+RUN_HISTORY_SECONDS = 600.0
+RUN_TRIM_SLACK_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +224,7 @@ class NodeCorrelator:
             u.pending = m
             u.last_low_t = t
             if u.seg is None:
+                self._bound_run(u, t)
                 elapsed = t - u.run_start
                 if elapsed >= p.min_window_seconds and u.low_time >= LOW_FRACTION_TO_OPEN * elapsed:
                     self._open(u)
@@ -234,6 +241,22 @@ class NodeCorrelator:
             u.prev_t = t
             return
         u.pending = Mark(t, util)
+
+    def _bound_run(self, u: Unit, t: float) -> None:
+        """Forgets the start of a run that has not opened, so that it looks back at most
+        the run history: its low fraction is then that of its recent past."""
+        assert u.run_start is not None
+        keep = max(RUN_HISTORY_SECONDS, 2.0 * self.p.min_window_seconds)
+        if t - u.run_start <= keep + RUN_TRIM_SLACK_SECONDS:
+            return
+        marks = u.marks
+        i = 0
+        # drop what is too old, then any high samples at the front: a run starts low
+        while i < len(marks) and (marks[i].t < t - keep or marks[i].cause is None):
+            i += 1
+        del marks[:i]
+        u.low_time = sum(m.dt for m in marks if m.cause is not None)
+        u.run_start = marks[0].t if marks else t
 
     def _commit(self, u: Unit, m: Mark) -> None:
         if m.cause is None:
