@@ -4,6 +4,7 @@ correlator metrics, logging closed windows durably and keeping recent ones for t
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import threading
 from collections import deque
@@ -35,6 +36,10 @@ TRIM_EVERY_SECONDS = 120.0
 # series, columns and baselines go, so that neither the exported series nor the agent's
 # memory and per-sample work grow with every job the node has ever run.
 ENDED_JOB_SECONDS = KEEP_SECONDS
+# And however fast jobs come and go (a process sending a new job id per message), the
+# correlator keeps at most this many: past it, those whose series stopped longest ago go
+# at once. Four times the SDK's default sdk.max_jobs, plus room for scheduler jobs.
+MAX_JOBS = 256
 # A log that could not be opened (disk full at start, a directory not there yet) is tried
 # again this often, in sample time: it is never off for the agent's lifetime.
 REOPEN_EVERY_SECONDS = 30.0
@@ -197,6 +202,8 @@ class CorrelatorProcessor:
                     if ser is not None:
                         ser.append(t, s.value)
             if new:
+                if len(node.jobs) > MAX_JOBS:
+                    self._forget_ended_jobs(t - ENDED_JOB_SECONDS, t)
                 self._corr.refresh_units()
             if self._last_t is None or t > self._last_t:  # a clock stepping back: skip
                 self._last_t = t
@@ -204,7 +211,7 @@ class CorrelatorProcessor:
             if t >= self._next_trim:
                 self._next_trim = t + TRIM_EVERY_SECONDS
                 node.trim_before(t - KEEP_SECONDS)
-                self._forget_ended_jobs(t - ENDED_JOB_SECONDS)
+                self._forget_ended_jobs(t - ENDED_JOB_SECONDS, t)
             self._keep_log(t)
             self.generation += 1
             return self._families()
@@ -262,27 +269,35 @@ class CorrelatorProcessor:
             return False
         return True
 
-    def _forget_ended_jobs(self, horizon: float) -> None:
-        """Forgets the jobs whose series all ended before `horizon`, unless a window of
-        theirs is still open (the window closes first; the job goes at a later trim)."""
+    def _forget_ended_jobs(self, horizon: float, now: float) -> None:
+        """Forgets the jobs whose series all ended before `horizon`, and past MAX_JOBS the
+        ones whose series stopped longest ago (down to 3/4 of it, so that churn does not
+        make every sample pay for this), unless a window of theirs is still open (the
+        window closes first; the job goes later) or they have a sample at `now`."""
         node, units = self.node, self._corr.units
         busy = {seg.job_id for u in units.values() for seg in (u.seg, u.chal) if seg is not None}
         busy.update(u.cpu_job for u in units.values() if u.cpu_job and u.run_start is not None)
-        ended = set()
+        last_seen: dict[str, float] = {}
+        for (job_id, _), s in node.job_info.items():
+            if s.ts:
+                last_seen[job_id] = max(last_seen.get(job_id, -math.inf), s.ts[-1])
         for job_id, j in node.jobs.items():
-            if job_id in busy:
-                continue
-            series = [s for (jid, _), s in node.job_info.items() if jid == job_id]
-            series += [*j.phases.values(), *j.tier_read.values(), *j.tier_written.values()]
+            series = [*j.phases.values(), *j.tier_read.values(), *j.tier_written.values()]
             series += [s for s in (j.steps, j.checkpoint_bytes) if s is not None]
-            if all(not s.ts or s.ts[-1] < horizon for s in series):
-                ended.add(job_id)
+            last = max((s.ts[-1] for s in series if s.ts), default=-math.inf)
+            last_seen[job_id] = max(last_seen.get(job_id, -math.inf), last)
+        idle = sorted((last_seen.get(j, -math.inf), j) for j in node.jobs if j not in busy)
+        over = len(node.jobs) - MAX_JOBS * 3 // 4
+        ended = {
+            j for i, (last, j) in enumerate(idle) if last < horizon or (i < over and last < now)
+        }
         if not ended:
             return
         for job_id in ended:
             del node.jobs[job_id]
             self._corr.baselines.forget_prefix((JOB_READ, job_id))
             units.pop("job:" + job_id, None)
+        self._corr.c.ever_busy = {k for k in self._corr.c.ever_busy if k[0] not in ended}
         for m in (node.job_info, node.job_uuid, node.first_seen):
             for jk in [jk for jk in m if jk[0] in ended]:
                 del m[jk]
