@@ -25,7 +25,13 @@ if TYPE_CHECKING:
     from gpufeed.web.connections import ConnectionLimits
     from gpufeed.web.webconfig import WebConfig
 from gpufeed.collectors.base import Collector, CollectorContext, HostPaths
-from gpufeed.config import DEFAULT_SDK_SOCKET, AgentConfig, ConfigError, load_config
+from gpufeed.config import (
+    DEFAULT_SDK_SOCKET,
+    AgentConfig,
+    ConfigError,
+    SdkConfig,
+    load_config,
+)
 from gpufeed.gpu.select import BACKEND_KINDS
 from gpufeed.sampler import Sampler
 from gpufeed.sdnotify import ServiceNotifier
@@ -431,6 +437,12 @@ def _add_simulated_node(args: argparse.Namespace, parts: AgentParts) -> None:
     parts.banner = SIMULATED_BANNER
     scenario = args.simulate or "the built-in scenario"
     log.info("simulated node from %s at pace %g", scenario, args.simulate_pace)
+    if args.sdk_socket or parts.config.sdk != SdkConfig():
+        # the simulated node has no real jobs to listen to: say so rather than leave a
+        # user waiting for SDK series that never come
+        log.warning(
+            "--simulate: the SDK socket is not opened; --sdk.socket and the sdk: config are ignored"
+        )
 
 
 def _add_host_collectors(
