@@ -9,7 +9,7 @@ RUN_VENV ?= .venv-run
 RUN_STAMP := $(RUN_VENV)/.installed
 ARGS ?=
 
-.PHONY: install runtime run promtool test lint typecheck unit bench bench-correlator dashboards alerts docs clean
+.PHONY: install runtime run promtool test lint typecheck unit bench bench-correlator soak dashboards alerts docs clean
 
 install: $(STAMP)
 
@@ -75,6 +75,12 @@ bench: install promtool
 
 bench-correlator: install
 	$(PY) bench/correlator_accuracy.py --simulated
+
+# One hour of a real agent under scrapes, /api/windows, SDK jobs and idle connections;
+# fails if RSS grows >= 5 MB/h after warm-up, fds or threads rise, or /metrics p99 >= 10 ms.
+# Not part of `make test`. ARGS="--minutes 10 --warmup-minutes 3" for a short one.
+soak: install
+	$(PY) bench/soak.py $(ARGS)
 
 # Regenerate the committed dashboards/json/*.json, alerts/gpufeed.rules.yml and
 # deploy/kubernetes/prometheusrule.yaml from code (tests fail when they drift).
