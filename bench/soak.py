@@ -33,6 +33,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from procports import owns_port, wait_listening  # noqa: E402
+
 RSS_GROWTH_MB_PER_HOUR = 5.0
 METRICS_P99_SECONDS = 0.010
 FLAT_SLACK = 4  # fds or threads the last tenth may exceed the first tenth's maximum by
@@ -66,12 +70,6 @@ class Probe:
     rss_bytes: int
     fds: int
     threads: int
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(port: int, path: str, timeout: float = 10.0) -> tuple[int, float]:
@@ -213,13 +211,12 @@ def main() -> int:
         sock = str(tmp / "sdk.sock")
         cfg = tmp / "agent.yaml"
         cfg.write_text(f"correlator:\n  windows_log: {tmp / 'windows.jsonl'}\n")
-        port = free_port()
         cmd = [
             sys.executable,
             "-m",
             "gpufeed",
             "agent",
-            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.listen-address=127.0.0.1:0",
             f"--config={cfg}",
             "--gpu.backend=simulated",
             f"--simulate.pace={args.pace:g}",
@@ -229,6 +226,7 @@ def main() -> int:
         env = {**os.environ, "PYTHONPATH": str(ROOT / "exporter")}
         agent = subprocess.Popen(cmd, env=env)
         try:
+            port = wait_listening(agent)
             return soak(agent, port, sock, tmp, args)
         finally:
             agent.terminate()
@@ -285,6 +283,8 @@ def verdict(
     failures: list[str] = []
     if agent.poll() is not None:
         failures.append(f"the agent exited (rc {agent.returncode})")
+    elif not owns_port(agent.pid, load.port):
+        failures.append(f"port {load.port} is no longer the agent's: measured something else")
     if len(after) < 6 or len(lat) < 100:
         failures.append("too little data after the warm-up")
         growth = p99 = 0.0

@@ -75,6 +75,7 @@ def test_sdk_and_agent_share_the_wire_format() -> None:
     assert sdk.DEFAULT_SOCKET == DEFAULT_SDK_SOCKET
     assert sdk.MAX_DATAGRAM_BYTES == wire.MAX_DATAGRAM_BYTES
     assert sdk._MAX_IO_BYTES == wire.MAX_IO_BYTES
+    assert sdk.REFUSED_CATEGORIES == wire.REFUSED_CATEGORIES
 
 
 def test_socket_is_created_0660_and_removed_on_stop(tmp_path: Path) -> None:
@@ -323,21 +324,68 @@ def test_garbage_is_dropped_by_reason(server: SdkServer) -> None:
         "schema": 1,  # no magic
         "phase": 1,
         "name_length": 0,
+        "characters": 0,
         "max_jobs": 0,
         "rate": 0,
     }
     assert value(fams, "gpufeed_job_epoch_seconds_count", job_id="g") == 1
 
 
-def test_rate_and_max_jobs_limits(tmp_path: Path) -> None:
+# Characters that make two job ids look alike or garble a log line: invisible (U+200B,
+# U+FEFF, U+2060), bidirectional (U+202E, U+2066), line and paragraph separators, controls.
+LOOKALIKE = ["\u200b", "\u202e", "\ufeff", "\u2028", "\u2029", "\u2060", "\u2066", "\x1b", "\x85"]
+
+
+@pytest.mark.parametrize("char", LOOKALIKE)
+@pytest.mark.parametrize("field", ["job_id", "name"])
+def test_invisible_and_bidirectional_characters_are_refused(char: str, field: str) -> None:
+    import unicodedata
+
+    assert unicodedata.category(char) in wire.REFUSED_CATEGORIES
+    fields = {"job_id": "train", "name": "resnet"}
+    fields[field] = fields[field][:2] + char + fields[field][2:]
+    msg = wire.Message(wire.KIND_EPOCH, fields["job_id"], fields["name"], seconds=1.0)
+    assert wire.decode_datagram(wire.encode(msg)) == wire.REASON_CHARACTERS
+
+
+def test_other_unicode_in_job_ids_is_kept() -> None:
+    for text in ("résumé-训练", "job 7", "Ωmega\u00a0run", "emoji-\U0001f680"):
+        msg = wire.Message(wire.KIND_EPOCH, text, text[:8], seconds=1.0)
+        (got,) = wire.decode_datagram(wire.encode(msg))  # type: ignore[misc]
+        assert got.job_id == text
+
+
+def test_refused_characters_are_counted_by_reason(server: SdkServer) -> None:
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.connect(server.socket_path)
+    for char in LOOKALIKE:
+        s.send(wire.encode(wire.Message(wire.KIND_EPOCH, "job" + char, "n", seconds=1.0)))
+    s.send(wire.encode(wire.Message(wire.KIND_EPOCH, "job", "n", seconds=1.0)))
+    s.close()
+    wait_received(server, len(LOOKALIKE) + 1)
+    fams = server.families()
+    got = value(fams, "gpufeed_sdk_messages_dropped_total", reason="characters")
+    assert got == len(LOOKALIKE)
+    assert value(fams, "gpufeed_job_epoch_seconds_count", job_id="job") == 1
+
+
+def clocked_server(tmp_path: Path, max_jobs: int, rate: int) -> tuple[SdkServer, list[float]]:
+    """A server not started (tests call handle()) on a clock the test moves: now[0]."""
     now = [100.0]
     srv = SdkServer(
         str(tmp_path / "s"),
-        max_jobs=2,
-        max_messages_per_second=10,
+        max_jobs=max_jobs,
+        max_messages_per_second=rate,
         grace_seconds=60,
         clock=lambda: now[0],
     )
+    return srv, now
+
+
+def test_rate_and_max_jobs_limits(tmp_path: Path) -> None:
+    srv, now = clocked_server(tmp_path, max_jobs=2, rate=10)
     msgs = [wire.encode(wire.Message(wire.KIND_EPOCH, f"job{i}", "n", seconds=1)) for i in range(3)]
     reasons = [srv.handle(m, 0) for m in msgs]
     assert reasons == [None, None, "max_jobs"]
@@ -486,3 +534,48 @@ def test_a_process_reports_its_own_io_when_it_closes(server: SdkServer, tmp_path
     assert 3 << 20 <= got.written_bytes < (3 << 20) + (1 << 20)
     fams = server.families()
     assert value(fams, "gpufeed_sdk_messages_dropped_total", reason="schema") == 0
+
+
+def test_rate_is_shared_fairly_between_senders(tmp_path: Path) -> None:
+    """A flooding sender beside a real job: the job keeps every message while it sends
+    less than its share (before 0.2.0 one bucket for all: the job lost 73%)."""
+    srv, now = clocked_server(tmp_path, max_jobs=8, rate=1000)
+    flood = wire.encode(wire.Message(wire.KIND_EPOCH, "flood", "f", seconds=1))
+    real = wire.encode(wire.Message(wire.KIND_EPOCH, "real", "r", seconds=1))
+    real_ok = flood_ok = 0
+    for tick in range(10_000):  # 10 s: the flood sends 900 a tick, the job 1 in 25
+        now[0] = 100.0 + tick / 1000
+        flood_ok += sum(srv.handle(flood, 0, uid=1001) is None for _ in range(9))
+        if tick % 25 == 0:
+            real_ok += srv.handle(real, 0, uid=1000) is None
+    assert real_ok == 400  # all of them
+    # the flood gets its share, half the agent's rate (plus a first second's burst)
+    assert 500 * 10 - 100 <= flood_ok <= 500 * 10 + 1000
+    assert srv.senders_active() == 2
+
+
+def test_a_sender_cannot_keep_every_job_slot(tmp_path: Path) -> None:
+    """One sender may fill the table while alone, but gives slots back when another comes:
+    each keeps at least max_jobs / senders."""
+    srv, now = clocked_server(tmp_path, max_jobs=8, rate=100_000)
+
+    def epoch(job: str, uid: int) -> str | None:
+        now[0] += 0.001
+        return srv.handle(
+            wire.encode(wire.Message(wire.KIND_EPOCH, job, "n", seconds=1)), 0, uid=uid
+        )
+
+    assert [epoch(f"hog-{i}", 1001) for i in range(8)] == [None] * 8
+    assert epoch("hog-8", 1001) == "max_jobs"  # alone, it still cannot exceed the table
+    for i in range(8):  # keeps all its jobs busy
+        epoch(f"hog-{i}", 1001)
+    assert [epoch(f"real-{i}", 1000) for i in range(5)] == [None] * 4 + ["max_jobs"]
+    assert epoch("hog-new", 1001) == "max_jobs"  # it cannot take them back
+    fams = srv.families()
+    jobs = {
+        s.label("job_id") for s in iter_samples(fams) if s.name == "gpufeed_job_epoch_seconds_count"
+    }
+    assert {j for j in jobs if j.startswith("real")} == {f"real-{i}" for i in range(4)}
+    assert len({j for j in jobs if j.startswith("hog")}) == 4
+    # the hog lost its least recently updated jobs, not the ones it just used
+    assert value(fams, "gpufeed_sdk_messages_dropped_total", reason="max_jobs") == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import unicodedata
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,7 +13,7 @@ from gpufeed.jobs import wire
 from gpufeed.jobs.aggregate import JobTable
 
 label = st.text(
-    alphabet=st.characters(min_codepoint=0x20, exclude_categories=("Cs", "Cc")),
+    alphabet=st.characters(min_codepoint=0x20, exclude_categories=("Cs", "Cc", "Cf", "Zl", "Zp")),
     min_size=1,
     max_size=16,  # at most 4 bytes a character: within the 64-byte name limit
 ).filter(lambda s: s.strip() != "")
@@ -61,6 +62,8 @@ def _check(result: wire.Message | str) -> None:
     for x in (result.seconds, result.compute_seconds):
         assert math.isfinite(x) and 0 <= x <= wire.MAX_EVENT_SECONDS
     assert result.phase == "" or result.phase in wire.PHASES
+    for text in (result.job_id, result.name):
+        assert not {unicodedata.category(c) for c in text} & wire.REFUSED_CATEGORIES
     # whatever decodes must also be safe to add into the job table
     table = JobTable(max_jobs=2, grace_seconds=1, pid_alive=lambda p: False)
     assert table.apply(result, 0, 0.0) is None

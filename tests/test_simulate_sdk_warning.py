@@ -18,7 +18,7 @@ def _sdk_warnings(caplog: pytest.LogCaptureFixture, *argv: str) -> list[str]:
     args = build_parser().parse_args(["agent", *argv])
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="gpufeed.agent"):
-        parts = build_parts(args)
+        parts = build_parts(args, port=0)
     close_parts(parts)
     return [r.getMessage() for r in caplog.records if "SDK socket" in r.getMessage()]
 

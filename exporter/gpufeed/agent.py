@@ -437,7 +437,9 @@ def _add_simulated_node(args: argparse.Namespace, parts: AgentParts) -> None:
     parts.banner = SIMULATED_BANNER
     scenario = args.simulate or "the built-in scenario"
     log.info("simulated node from %s at pace %g", scenario, args.simulate_pace)
-    if args.sdk_socket or parts.config.sdk != SdkConfig():
+    # the config as written (a simulated node's own socket path is not the user's setting)
+    written = parts.loaded or parts.config
+    if args.sdk_socket or written.sdk != SdkConfig():
         # the simulated node has no real jobs to listen to: say so rather than leave a
         # user waiting for SDK series that never come
         log.warning(

@@ -56,6 +56,8 @@ HEADER = struct.Struct("<2sBBBBBBddq")
 MAX_JOB_ID_BYTES = 128
 MAX_NAME_BYTES = 64
 MAX_DATAGRAM_BYTES = 8192
+# Unicode categories the agent refuses in a job id or name (gpufeed.jobs.wire has the same).
+REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
 # Same value as gpufeed.config.DEFAULT_SDK_SOCKET (not imported: this file stands alone).
 DEFAULT_SOCKET = "/run/gpufeed/sdk.sock"
 SOCKET_ENV = "GPUFEED_SOCKET"
@@ -423,8 +425,11 @@ def path_bytes(path: str) -> int:
 
 
 def _truncate_utf8(text: str, limit: int) -> bytes:
-    """UTF-8 of at most `limit` bytes, control characters replaced (the agent refuses them)."""
-    text = "".join("_" if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 else c for c in text)
+    """UTF-8 of at most `limit` bytes; control, invisible and bidirectional characters and
+    line separators replaced by "_" (the agent refuses them: REFUSED_CATEGORIES)."""
+    import unicodedata  # only here: called once per Job
+
+    text = "".join("_" if unicodedata.category(c) in REFUSED_CATEGORIES else c for c in text)
     data = text.encode("utf-8", errors="replace")
     if len(data) <= limit:
         return data

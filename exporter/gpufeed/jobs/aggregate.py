@@ -4,12 +4,19 @@ Every process of a job (ranks, DataLoader workers, a relaunched rank) sends delt
 job's series are plain sums over whatever arrives. A job ends when every process that spoke
 for it has closed its `Job` or exited; its series stay for the grace period (so that the
 last increments get scraped) and then go. Not thread-safe: the SDK server serialises calls.
+
+The `max_jobs` slots are shared fairly between senders (see gpufeed.jobs.senders): a job
+belongs to the sender that started it, and when the table is full (and no job has ended)
+a sender holding less than its share (max_jobs / senders holding jobs) takes the slot of
+the least recently updated job of the sender holding the most, if that one holds more than
+its share. One process can thus fill the table while it is alone, but not keep it.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from gpufeed.jobs import wire
@@ -65,6 +72,8 @@ class JobState:
     # pid -> (its parent's pid or 0, the /proc/self/io it reported at close)
     final_io: dict[int, tuple[int, DeviceBytes]] = field(default_factory=dict)
     ended_at: float | None = None
+    owner: Hashable = None  # the sender that started the job
+    updated_at: float = 0.0  # monotonic time of its last message
 
 
 class JobTable:
@@ -81,14 +90,21 @@ class JobTable:
         self._pid_alive = pid_alive
         self._jobs: dict[str, JobState] = {}
 
-    def apply(self, msg: wire.Message, pid: int, now: float, ppid: int = 0) -> str | None:
+    def apply(
+        self, msg: wire.Message, pid: int, now: float, ppid: int = 0, owner: Hashable = None
+    ) -> str | None:
         """Adds one message from process `pid` (0 = unknown; `ppid` its parent, 0 = unknown,
-        used for IO reports); returns a drop reason or None."""
+        used for IO reports) of sender `owner`; returns a drop reason or None."""
         job = self._jobs.get(msg.job_id)
         if job is None:
-            if len(self._jobs) >= self.max_jobs and not self._evict_one_ended():
+            if (
+                len(self._jobs) >= self.max_jobs
+                and not self._evict_one_ended()
+                and not self._evict_for(owner)
+            ):
                 return wire.REASON_MAX_JOBS
-            job = self._jobs[msg.job_id] = JobState(msg.job_id, msg.name)
+            job = self._jobs[msg.job_id] = JobState(msg.job_id, msg.name, owner=owner)
+        job.updated_at = now
         if pid > 0 and pid not in job.processes and len(job.processes) >= 4096:
             # a job of thousands of processes on one node: forget the closed ones first
             for p, (closed, _) in list(job.processes.items()):
@@ -203,6 +219,20 @@ class JobTable:
             if pid > 0 or now - last_seen < UNSEEN_PROCESS_TIMEOUT_SECONDS:
                 return True
         return False
+
+    def _evict_for(self, owner: Hashable) -> bool:
+        """Frees a slot for `owner` from the sender holding the most, when that is fair."""
+        held = Counter(j.owner for j in self._jobs.values())
+        if not held:
+            return False
+        holders = len(held) + (owner not in held)
+        share = max(1, self.max_jobs // holders)
+        hog, most = held.most_common(1)[0]
+        if hog == owner or held[owner] >= share or most <= share:
+            return False
+        oldest = min((j.updated_at, k) for k, j in self._jobs.items() if j.owner == hog)
+        del self._jobs[oldest[1]]
+        return True
 
     def _evict_one_ended(self) -> bool:
         ended = [(j.ended_at, k) for k, j in self._jobs.items() if j.ended_at is not None]

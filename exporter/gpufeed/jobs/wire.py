@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import struct
+import unicodedata
 from dataclasses import dataclass
 from typing import Final
 
@@ -37,13 +38,19 @@ MAX_STEPS_PER_EVENT: Final = 1_000_000
 MAX_CHECKPOINT_BYTES: Final = 1 << 50  # 1 PiB
 MAX_IO_BYTES: Final = 1 << 50  # an IO report's counters, carried exactly in f64 (< 2**53)
 
-# Reasons for dropping a datagram, as exported; decode returns the first four, the server
+# Unicode categories refused in a job id or name: control (Cc), format (Cf: the invisible
+# U+200B and U+FEFF, the bidirectional overrides U+202E...), line and paragraph separators
+# (Zl, Zp). They garble logs and label values, and make two different jobs look alike.
+REFUSED_CATEGORIES: Final = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+# Reasons for dropping a datagram, as exported; decode returns the first five, the server
 # the other three.
 REASON_SIZE: Final = "size"
 REASON_VERSION: Final = "version"
 REASON_SCHEMA: Final = "schema"
 REASON_PHASE: Final = "phase"
 REASON_NAME_LENGTH: Final = "name_length"
+REASON_CHARACTERS: Final = "characters"
 REASON_MAX_JOBS: Final = "max_jobs"
 REASON_RATE: Final = "rate"
 DROP_REASONS: Final = (
@@ -52,6 +59,7 @@ DROP_REASONS: Final = (
     REASON_SCHEMA,
     REASON_PHASE,
     REASON_NAME_LENGTH,
+    REASON_CHARACTERS,
     REASON_MAX_JOBS,
     REASON_RATE,
 )
@@ -77,8 +85,10 @@ def decode_datagram(data: bytes) -> list[Message] | str:
         return REASON_SIZE
     out: list[Message] = []
     offset = 0
+    # a packed datagram repeats the same id and name: check each distinct one once
+    texts: dict[bytes, str | None] = {}
     while offset < len(data):
-        got = _decode_one(data, offset)
+        got = _decode_one(data, offset, texts)
         if isinstance(got, str):
             return got
         msg, offset = got
@@ -86,7 +96,9 @@ def decode_datagram(data: bytes) -> list[Message] | str:
     return out
 
 
-def _decode_one(data: bytes, offset: int) -> tuple[Message, int] | str:
+def _decode_one(
+    data: bytes, offset: int, texts: dict[bytes, str | None]
+) -> tuple[Message, int] | str:
     if len(data) - offset < HEADER.size:
         return REASON_SIZE
     head = HEADER.unpack_from(data, offset)
@@ -103,17 +115,19 @@ def _decode_one(data: bytes, offset: int) -> tuple[Message, int] | str:
     end = start + id_len + name_len
     if end > len(data):
         return REASON_SIZE
-    msg = _message(kind, phase, a, b, n, data[start : start + id_len], data[start + id_len : end])
+    job_id = _cached_text(data[start : start + id_len], texts)
+    name = _cached_text(data[start + id_len : end], texts)
+    if job_id is None or name is None:
+        return REASON_SCHEMA
+    if not job_id or not name:
+        return REASON_CHARACTERS
+    msg = _message(kind, phase, a, b, n, job_id, name)
     return msg if isinstance(msg, str) else (msg, end)
 
 
 def _message(
-    kind: int, phase: int, a: float, b: float, n: int, raw_id: bytes, raw_name: bytes
+    kind: int, phase: int, a: float, b: float, n: int, job_id: str, name: str
 ) -> Message | str:
-    job_id = _label_text(raw_id)
-    name = _label_text(raw_name)
-    if job_id is None or name is None:
-        return REASON_SCHEMA
     if kind == KIND_IO:
         if phase != 0:
             return REASON_PHASE
@@ -171,12 +185,22 @@ def _byte_count_ok(x: float) -> bool:
     return math.isfinite(x) and x.is_integer() and 0.0 <= x <= MAX_IO_BYTES
 
 
-def _label_text(raw: bytes) -> str | None:
-    """UTF-8 without control characters (they would garble logs and label values)."""
+def _cached_text(raw: bytes, texts: dict[bytes, str | None]) -> str | None:
+    if raw not in texts:
+        texts[raw] = label_text(raw)
+    return texts[raw]
+
+
+def label_text(raw: bytes) -> str | None:
+    """The text of a job id or name: None if it is not UTF-8 or is blank (schema), "" if
+    it holds a character of REFUSED_CATEGORIES (reason `characters`)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    if not text.strip() or any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in text):
-        return None
-    return text
+    if text.isascii():
+        if not text.isprintable():  # ASCII controls (Cc); no per-character lookup
+            return ""
+    elif any(unicodedata.category(c) in REFUSED_CATEGORIES for c in text):
+        return ""
+    return text if text.strip() else None
