@@ -4,9 +4,11 @@ per correlator step (4 polling clients used to raise /metrics p50 from 1 to 20 m
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gzip
 import json
+import logging
 import math
 import socket
 import subprocess
@@ -209,3 +211,31 @@ def test_polling_windows_clients_do_not_slow_metrics(tmp_path: Path) -> None:
         assert not errors, figures
         # Generous: the pollers share the CPU with the agent; 0.1.0 was 20x.
         assert loaded_p50 < 4 * idle_p50 + 0.002, figures
+
+
+def test_error_pages_never_quote_the_parsers_message() -> None:
+    """Older aiohttp versions (and parsers) put the offending bytes into the exception's
+    message, which aiohttp's page for a 400 repeats: the page must be fixed text."""
+    from types import SimpleNamespace
+
+    from aiohttp import web
+    from aiohttp.http_exceptions import BadHttpMessage
+
+    from gpufeed.logonce import RateLimitedLogger
+    from gpufeed.web.listener import _QuietRequestHandler
+
+    async def page() -> tuple[bytes, str]:
+        server = web.Server(lambda request: None)  # type: ignore[arg-type, return-value]
+        handler = _QuietRequestHandler(
+            server,
+            loop=asyncio.get_running_loop(),
+            errors=RateLimitedLogger(logging.getLogger("test.quiet")),
+        )
+        request = SimpleNamespace(writer=SimpleNamespace(output_size=0), headers={}, remote="x")
+        exc = BadHttpMessage("Invalid method encountered:\n\n  b'<script>alert(1)</script>'")
+        response = handler.handle_error(request, 400, exc, exc.message)
+        assert isinstance(response, web.Response) and response.body is not None
+        return bytes(response.body), response.headers["Server"]  # type: ignore[arg-type]
+
+    body, server_header = asyncio.run(page())
+    assert body == b"400 Bad Request\n" and server_header == "gpufeed"

@@ -39,8 +39,9 @@ ACCEPT_PAUSE_SECONDS = 0.1
 
 class _QuietRequestHandler(RequestHandler):
     """aiohttp's request handler without its two leaks: its error page for a malformed
-    request quotes the request's bytes back to the client, and it logs a traceback for
-    every bad request (a flood of garbage would fill the disk)."""
+    request can quote the request's bytes back to the client (the message of the parser's
+    exception, which depends on the aiohttp version and parser), and it logs a traceback
+    for every bad request (a flood of garbage would fill the disk)."""
 
     __slots__ = ("_errors",)
 
@@ -65,12 +66,12 @@ class _QuietRequestHandler(RequestHandler):
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
         exc = kw.get("exc_info")
-        what = str(args[0]) % args[1:] if args else "error"
+        msg, msg_args = (str(args[0]), args[1:]) if args else ("error", ())
         kind = type(exc).__name__ if isinstance(exc, BaseException) else "error"
         if isinstance(exc, HttpProcessingError):  # the client's fault: no traceback
-            self._errors.log(logging.WARNING, f"bad request {kind}", "%s: %s", what, kind)
+            self._errors.log(logging.WARNING, f"bad request {kind}", f"{msg}: %s", *msg_args, kind)
         else:
-            self._errors.log(logging.ERROR, f"{args[:1]} {kind}", "%s", what, exc_info=exc)
+            self._errors.log(logging.ERROR, f"{msg} {kind}", msg, *msg_args, exc_info=exc)
 
 
 # Whether a set-up connection may be served (the web config's client_allowed_sans).
