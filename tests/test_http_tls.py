@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import ssl
 import time
@@ -195,3 +196,28 @@ def test_prometheus_scrapes_the_agent_over_tls_with_basic_auth(tmp_path: Path, p
             query = urllib.parse.urlencode({"query": 'gpufeed_build_info{job="gpufeed"}'})
             with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as resp:
                 assert json.load(resp)["data"]["result"], "no gpufeed series scraped"
+
+
+@pytest.mark.slow
+def test_a_rotated_certificate_is_served_without_a_restart(tmp_path: Path, pki: Pki) -> None:
+    live = tmp_path / "live"
+    live.mkdir()
+    shutil.copy(pki.server_cert, live / "server.crt")
+    shutil.copy(pki.server_key, live / "server.key")
+    config = live / "web.yml"
+    config.write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
+    new = make_pki(tmp_path / "new-pki")
+    with agent_process(tmp_path, "--web.config.file", str(config)) as agent:
+        _serving(agent, _client(pki), {})
+        for name, source in (("server.key", new.server_key), ("server.crt", new.server_cert)):
+            staged = live / f".{name}"
+            shutil.copy(source, staged)
+            os.replace(staged, live / name)  # as a renewal tool or a Kubernetes secret does
+        _serving(agent, _client(new), {})  # the new certificate, same process
+        with pytest.raises(ssl.SSLError):
+            get(agent.port, context=_client(pki), timeout=3)
+        (live / "server.crt").write_text("not a certificate\n")  # a broken renewal
+        time.sleep(1.5)
+        assert get(agent.port, context=_client(new))[0] == 200  # the last good one stays
+        assert "keeping the previous certificate" in agent.log()
+        assert agent.proc.poll() is None

@@ -137,7 +137,7 @@ class HttpListener:
         sockets: list[socket.socket],
         *,
         limits: ConnectionLimits,
-        ssl_context: ssl.SSLContext | None = None,
+        tls: Callable[[], ssl.SSLContext] | None = None,
         peer_check: PeerCheck | None = None,
         errors: RateLimitedLogger | None = None,
     ) -> None:
@@ -155,7 +155,7 @@ class HttpListener:
         for sock in sockets:
             sock.listen(LISTEN_BACKLOG)  # a deeper queue than asyncio's: bursts of connects
             sock.setblocking(False)
-        self._ssl = ssl_context
+        self._tls = tls
         self._peer_check = peer_check
         self._errors = errors or RateLimitedLogger(log)
         self._loop = asyncio.get_running_loop()
@@ -247,13 +247,14 @@ class HttpListener:
             )
             return _GuardedProtocol(handler, self.guard, slot, self._peer_check)
 
+        context = self._tls() if self._tls is not None else None
         try:
             await self._loop.connect_accepted_socket(
                 protocol,
                 conn,
-                ssl=self._ssl,
+                ssl=context,
                 ssl_handshake_timeout=(
-                    self.guard.limits.header_timeout_seconds if self._ssl else None
+                    self.guard.limits.header_timeout_seconds if context is not None else None
                 ),
             )
         except (TimeoutError, OSError, ssl.SSLError) as exc:

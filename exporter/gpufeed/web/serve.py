@@ -16,7 +16,8 @@ from gpufeed.web.auth import access_middleware
 from gpufeed.web.connections import ConnectionLimits
 from gpufeed.web.headers import response_headers_hook
 from gpufeed.web.listener import HttpListener, loop_error_logger
-from gpufeed.web.webconfig import WebConfig, allowed_san, server_ssl_context
+from gpufeed.web.tlsreload import ReloadingTls
+from gpufeed.web.webconfig import WebConfig, allowed_san
 
 log = logging.getLogger("gpufeed.web")
 
@@ -48,7 +49,6 @@ async def serve(
     if access is not None:
         app.middlewares.append(access)  # innermost: the app's own headers still apply
     app.on_response_prepare.append(response_headers_hook(dict(config.headers)))
-    ssl_context = server_ssl_context(config.tls) if config.tls is not None else None
     peer_check = None
     if config.tls is not None and config.tls.client_allowed_sans is not None:
         sans = config.tls.client_allowed_sans
@@ -57,6 +57,7 @@ async def serve(
             return allowed_san(transport.get_extra_info("peercert"), sans)
 
     errors = RateLimitedLogger(log)
+    tls = ReloadingTls(config, config.tls, errors).context if config.tls is not None else None
     # Whatever else the loop reports (accept errors included) is rate-limited too.
     asyncio.get_running_loop().set_exception_handler(loop_error_logger(errors))
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -66,7 +67,7 @@ async def serve(
         runner.server,
         sockets,
         limits=limits,
-        ssl_context=ssl_context,
+        tls=tls,
         peer_check=peer_check,
         errors=errors,
     )

@@ -9,11 +9,13 @@ security headers may be set. Where Python's TLS cannot do what Go's does, the fi
 refused with the reason rather than served differently: `RequestClientCert` and
 `RequireAnyClientCert` (asking for a certificate without verifying it), and more than one
 entry in `curve_preferences`. HTTP/2 is not served (`http2` is accepted and has no effect).
-Files are read once, at start.
+The certificate, key and client CA are read again when the file or one of them changes
+(see `tlsreload`); users, headers and the rate limit are read at start.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import re
@@ -116,6 +118,7 @@ class TlsSettings:
     prefer_server_cipher_suites: bool
     curve: str | None
     client_allowed_sans: tuple[str, ...] | None
+    files: tuple[str, ...] = ()  # the certificate, key and CA files read, for reloading
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,7 @@ class RateLimit:
 
 @dataclass(frozen=True, slots=True)
 class WebConfig:
+    path: str = ""  # the file it was read from
     tls: TlsSettings | None = None
     # user -> bcrypt hash; empty: no authentication
     basic_auth_users: Mapping[str, bytes] = field(default_factory=dict, repr=False)
@@ -135,7 +139,9 @@ class WebConfig:
 
 def load_web_config(path: str | Path) -> WebConfig:
     text, source = read_yaml_text(path, "web config file", WebConfigError)
-    return parse_web_config(text, source, base_dir=Path(path).parent)
+    return dataclasses.replace(
+        parse_web_config(text, source, base_dir=Path(path).parent), path=str(path)
+    )
 
 
 def parse_web_config(text: str, source: str, *, base_dir: Path) -> WebConfig:
@@ -164,6 +170,7 @@ class _Reader:
     def __init__(self, source: str, base_dir: Path) -> None:
         self.source = source
         self.base_dir = base_dir
+        self.files: list[str] = []
 
     def fail(self, node: yaml.Node, key: str, msg: str) -> WebConfigError:
         return WebConfigError(f"{self.source}: line {node.start_mark.line + 1}: {key}: {msg}")
@@ -227,6 +234,7 @@ class _Reader:
             )
         if path:
             full = self.base_dir / str(path)
+            self.files.append(str(full))
             try:
                 return full.read_bytes()
             except OSError as exc:
@@ -342,6 +350,7 @@ class _Reader:
             prefer_server_cipher_suites=True if prefer is None else prefer,
             curve=CURVES[curves[0][1]] if curves else None,
             client_allowed_sans=tuple(s for _, s in sans) if sans is not None else None,
+            files=tuple(self.files),
         )
         try:
             server_ssl_context(settings)
