@@ -579,3 +579,26 @@ def test_a_sender_cannot_keep_every_job_slot(tmp_path: Path) -> None:
     assert len({j for j in jobs if j.startswith("hog")}) == 4
     # the hog lost its least recently updated jobs, not the ones it just used
     assert value(fams, "gpufeed_sdk_messages_dropped_total", reason="max_jobs") == 3
+
+
+def test_a_sender_back_from_silence_does_not_reset_the_shares() -> None:
+    """The senders active are counted by their last message: one coming back after a
+    silence is counted with the others, not alone."""
+    from gpufeed.jobs.senders import ACTIVE_SECONDS, Senders
+
+    s = Senders(1000.0, now=0.0)
+    a, b, c = (1000, "process", "a"), (1001, "process", "b"), (1002, "process", "c")
+    assert s.take(a, 0.0) and s.take(b, 0.0)
+    assert s.active() == 2
+    t = 0.0
+    while t < ACTIVE_SECONDS + 5:  # a and b keep sending; c has not been heard yet
+        t += 0.5
+        s.take(a, t)
+        s.take(b, t)
+    s.take(c, t)
+    assert s.active() == 3
+    t += ACTIVE_SECONDS + 5  # everyone silent, then a alone comes back: it has it all
+    s.take(a, t)
+    t += 2.0
+    s.take(b, t)  # b comes back after a silence: two active, not one
+    assert s.active() == 2 and s.share_per_second == 500.0

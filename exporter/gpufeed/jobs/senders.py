@@ -73,13 +73,14 @@ class Senders:
                 self._buckets.popitem(last=False)
             self._recount(now)  # a newcomer gets its share at once
             b.tokens = self.share_per_second  # and a full second of burst
-        else:
-            self._buckets.move_to_end(key)
-            if now >= self._recount_at:
-                self._recount(now)
+            return b
+        elapsed = max(0.0, now - b.last_seconds)
+        b.last_seconds = now  # before a recount: the order below is by last message
+        self._buckets.move_to_end(key)
+        if now >= self._recount_at:
+            self._recount(now)
         rate = self.share_per_second
-        b.tokens = min(rate, b.tokens + max(0.0, now - b.last_seconds) * rate)
-        b.last_seconds = now
+        b.tokens = min(rate, b.tokens + elapsed * rate)
         return b
 
     def _recount(self, now: float) -> None:
