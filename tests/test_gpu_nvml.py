@@ -223,7 +223,7 @@ def test_a_summed_link_that_stops_answering_keeps_its_last_value(
     fake.gpus[0].link_errors[2] = pynvml.NVML_ERROR_TIMEOUT
     (g,) = backend.sample()
     assert g.nvlink_transmit_bytes_total == (3 * 1_750 + 750) * 1024
-    assert g.pcie_transmit_bytes_total is not None
+    assert g.up and g.nvlink_receive_bytes_total is not None
     del fake.gpus[0].link_errors[2]
     (g,) = backend.sample()
     assert g.nvlink_transmit_bytes_total == 7_000 * 1024
@@ -564,6 +564,15 @@ def test_pcie_field_wider_than_32_bits_is_not_taken_for_a_wrap(
     assert backend.sample()[0].pcie_transmit_bytes_total == 5 * 2**32
     gpu.pcie_tx += 2**32 + 7  # more than a 32-bit turn in one interval: only 64 bits can say
     assert backend.sample()[0].pcie_transmit_bytes_total == 6 * 2**32 + 7
+
+
+def test_pcie_source_waits_for_gpms_first_reading(nvml: Any, open_backend: Any) -> None:
+    # The agent's first sample comes right after start-up, before GPM's first 100 ms: the
+    # source must not fall to the (wrapping) fields for that reason.
+    nvml([FakeGpu(UUID0)])
+    backend = open_backend()
+    (g,) = backend.sample()
+    assert backend.pcie_source(0) is None and g.pcie_receive_bytes_total is None
 
 
 def test_hopper_pcie_counters_come_from_gpm_rates_immune_to_the_wrap(

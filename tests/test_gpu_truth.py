@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,7 @@ def test_agent_page_parser_reads_what_the_collector_renders(fake: Any) -> None:
     backend = NvmlBackend(watch_xid=False)
     try:
         backend.sample()
+        time.sleep(0.12)  # GPM's first interval (>= 100 ms), which the PCIe counters wait for
         page = render_text(gpu_families(backend.sample(), "nvml")).decode()
     finally:
         backend.close()

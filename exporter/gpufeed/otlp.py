@@ -7,6 +7,11 @@ unit is already in the name. The host is the resource attribute `host.name`; the
 `instance` is `service.instance.id`, which a Prometheus OTLP receiver turns into the
 `instance` label, so OTLP series join the agent's traces and windows on it.
 
+GPU families that the OpenTelemetry hardware semantic conventions name (hw.gpu.utilization,
+hw.gpu.memory.*, hw.gpu.io, hw.energy, hw.power, hw.errors, hw.status) are sent under those
+names, with the convention's units and hw.* attributes (gpufeed.otlp_hw has the table); the
+rest keep gpufeed's names.
+
 Export runs on its own thread: a slow or absent collector endpoint never delays sampling;
 snapshots arriving while an export is in flight are skipped, not queued.
 """
@@ -22,6 +27,7 @@ from typing import Any
 
 from gpufeed import __version__
 from gpufeed.model import Family, Sample
+from gpufeed.otlp_hw import REPLACED, hw_metrics
 from gpufeed.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -121,8 +127,28 @@ def to_metrics_data(
 
     ts = int(snapshot.timestamp_seconds * 1e9)
     metrics: list[Any] = []
+    for hw in hw_metrics(snapshot.families):
+        points = [
+            NumberDataPoint(
+                attributes=dict(p.attributes),
+                start_time_unix_nano=start_ns,
+                time_unix_nano=ts,
+                value=p.value,
+            )
+            for p in hw.points
+        ]
+        hw_data: Any
+        if hw.instrument == "gauge":
+            hw_data = Gauge(data_points=points)
+        else:
+            hw_data = Sum(
+                data_points=points,
+                aggregation_temporality=AggregationTemporality.CUMULATIVE,
+                is_monotonic=hw.instrument == "counter",
+            )
+        metrics.append(Metric(name=hw.name, description=hw.description, unit=hw.unit, data=hw_data))
     for fam in snapshot.families:
-        if not fam.samples:
+        if not fam.samples or fam.name in REPLACED:
             continue
         data: Any
         name = fam.name

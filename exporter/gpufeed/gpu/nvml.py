@@ -681,6 +681,8 @@ class NvmlBackend:
                 counter.update(int(raw), dev.pcie_bits.get(attr))
                 read_now.append(attr)
         if dev.pcie_source is None:
+            if gpm is None and dev.gpm is not None:
+                return  # GPM has not had its first 100 ms yet: wait for it before choosing
             if gpm is not None and gpm.pcie_transmit_bytes is not None:
                 dev.pcie_source = "gpm"
             elif read_now:
