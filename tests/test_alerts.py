@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpufeed.jobs import wire
 from stack_support import (
     EXTRA_METRICS,
     REPO_ROOT,
@@ -173,3 +174,12 @@ def test_fatal_xid_alert_uses_exactly_the_vocabularys_list(shipped: dict[str, An
     assert all(sorted(x.split("|")) == sorted(FATAL_XIDS) for x in lists), rule["expr"]
     assert frozenset(FATAL_XIDS) == CORRELATOR_XIDS
     assert all(code.isdigit() and FATAL_XID_MEANINGS[code] for code in FATAL_XIDS)
+
+
+def test_the_sdk_runbook_covers_every_drop_reason() -> None:
+    """GpufeedSdkMessagesDropped is labelled by reason: its runbook says what to do for
+    each reason the agent can export."""
+    text = RUNBOOKS.read_text(encoding="utf-8")
+    section = text.split("## GpufeedSdkMessagesDropped", 1)[1].split("\n## ", 1)[0]
+    missing = [r for r in wire.DROP_REASONS if f"`{r}`" not in section]
+    assert not missing, f"docs/runbooks.md#gpufeedsdkmessagesdropped: no advice for {missing}"
