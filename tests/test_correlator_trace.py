@@ -148,7 +148,7 @@ def test_millisecond_timestamps_are_refused(tmp_path: Path) -> None:
     [
         (("--jobs", "0"), "--jobs must be at least 1"),
         (("--threshold", "1.5"), "--threshold must be in (0, 1]"),
-        (("--min-window", "0"), "--min-window must be positive"),
+        (("--min-window", "0"), "--min-window must be a positive number of seconds"),
     ],
 )
 def test_bad_flags_are_usage_errors(

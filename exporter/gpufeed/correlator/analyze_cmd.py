@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import Any
@@ -97,14 +98,9 @@ def run(args: argparse.Namespace) -> int:
     from gpufeed.correlator.analyze import analyze_nodes
     from gpufeed.correlator.output import write_result
 
-    if not 0.0 < args.threshold <= 1.0:
-        print("gpufeed analyze: --threshold must be in (0, 1]", file=sys.stderr)
-        return 2
-    if args.min_window <= 0:
-        print("gpufeed analyze: --min-window must be positive", file=sys.stderr)
-        return 2
-    if args.jobs < 1:
-        print("gpufeed analyze: --jobs must be at least 1", file=sys.stderr)
+    problem = _usage_problem(args)
+    if problem:
+        print(f"gpufeed analyze: {problem}", file=sys.stderr)
         return 2
     params = WindowParams(args.threshold, args.min_window, args.merge_gap)
     if args.prometheus:
@@ -136,5 +132,32 @@ def run(args: argparse.Namespace) -> int:
         for node in nodes.values():
             warn_incomplete(args.trace, node)
     windows = analyze_nodes(nodes.values(), params, jobs=args.jobs)
-    write_result(windows, args.format, args.output)
+    try:
+        write_result(windows, args.format, args.output)
+    except OSError as e:
+        print(f"gpufeed analyze: --output {args.output}: {e.strerror or e}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _usage_problem(args: argparse.Namespace) -> str:
+    """What is wrong with the flags, in one line; "" when nothing is. NaN fails every
+    comparison, so each check is written to fail on it."""
+    if not 0.0 < args.threshold <= 1.0:
+        return "--threshold must be in (0, 1]"
+    if not (math.isfinite(args.min_window) and args.min_window > 0):
+        return "--min-window must be a positive number of seconds"
+    if not (math.isfinite(args.merge_gap) and args.merge_gap >= 0):
+        return "--merge-gap must be zero or a positive number of seconds"
+    if not (math.isfinite(args.step) and args.step > 0):
+        return "--step must be a positive number of seconds"
+    if args.jobs < 1:
+        return "--jobs must be at least 1"
+    if args.output and args.output != "-":
+        # checked before the analysis, which can take minutes
+        d = os.path.dirname(os.path.abspath(args.output))
+        if not os.path.isdir(d):
+            return f"--output {args.output}: directory {d} does not exist"
+        if not os.access(d, os.W_OK):
+            return f"--output {args.output}: directory {d} is not writable"
+    return ""

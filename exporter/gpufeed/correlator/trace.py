@@ -14,18 +14,27 @@ never a quietly shorter analysis.
 
 from __future__ import annotations
 
+import math
 import os
 from array import array
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from gpufeed.correlator.labels import SeriesSyntaxError, parse_series
 from gpufeed.correlator.node import USED_METRIC_SET, NodeSeries
 from gpufeed.correlator.series import Series
 
 CHUNK_BYTES = 8 * 1024 * 1024
-MAX_SECONDS = 1e11  # later than the year 5000: a millisecond timestamp
+# A sample line is well under a kilobyte; one this long is not a trace, and reading it
+# whole would take memory in proportion (a 200 MB line took 3 GB).
+MAX_LINE_BYTES = 1024 * 1024
+# Unix seconds of a recording: from 2000 to 2100. Anything else is a unit or clock error
+# (0, negative, NaN, milliseconds), and analysing it would silently give no windows.
+MIN_SECONDS = 946_684_800.0  # 2000-01-01
+MAX_SECONDS = 4_102_444_800.0  # 2100-01-01
+MILLISECONDS_FROM = 1e11  # later than the year 5000 in seconds: milliseconds
 
 
 class TraceError(ValueError):
@@ -445,6 +454,7 @@ def _locate(lines: list[str], head: str) -> tuple[int, str]:
 
 
 def _chunk_bounds(path: str, parts: int) -> list[tuple[int, int]]:
+    """Chunks of whole lines; a line longer than MAX_LINE_BYTES is a TraceError."""
     size = os.path.getsize(path)
     if size == 0:
         return []
@@ -457,11 +467,52 @@ def _chunk_bounds(path: str, parts: int) -> list[tuple[int, int]]:
             end = min(start + step, size)
             if end < size:
                 f.seek(end)
-                rest = f.readline()
+                rest = f.readline(MAX_LINE_BYTES)
+                if len(rest) == MAX_LINE_BYTES and not rest.endswith(b"\n"):
+                    raise TraceError(
+                        f"{path}:{_line_at(f, end)}: a line longer than {MAX_LINE_BYTES} "
+                        "bytes: not a trace"
+                    )
                 end += len(rest)
             bounds.append((start, end))
             start = end
     return bounds
+
+
+def _line_at(f: BinaryIO, offset: int) -> int:
+    """The 1-based line holding byte `offset`, counted in bounded pieces."""
+    f.seek(0)
+    lines, pos = 1, 0
+    while pos < offset:
+        block = f.read(min(CHUNK_BYTES, offset - pos))
+        if not block:
+            break
+        lines += block.count(b"\n")
+        pos += len(block)
+    return lines
+
+
+def _bad_timestamp(path: str) -> str:
+    """`path:line: why` for the first sample whose timestamp is not unix seconds 2000-2100."""
+    with open(path, "rb") as f:
+        n = 0
+        while line := f.readline(MAX_LINE_BYTES):
+            n += 1
+            if line.startswith(b"#") or not line.strip():
+                continue
+            tok = line.rsplit(None, 1)[-1].decode("utf-8", "replace")
+            try:
+                t = float(tok)
+            except ValueError:
+                continue
+            if not MIN_SECONDS <= t < MAX_SECONDS:  # NaN fails this too
+                ms = math.isfinite(t) and t >= MILLISECONDS_FROM
+                hint = " (milliseconds? traces carry seconds)" if ms else ""
+                return (
+                    f"{path}:{n}: timestamp {tok[:40]!r} is not unix seconds between 2000 and "
+                    f"2100{hint}"
+                )
+    return f"{path}: a timestamp is not unix seconds between 2000 and 2100"
 
 
 def _read_and_parse(args: tuple[str, int, int, bool]) -> ChunkResult:
@@ -535,10 +586,8 @@ def read_trace(path: str, jobs: int = 1, validate_all: bool = False) -> Trace:
         where = f"{path}:{max(last_line, 1)}"
         raise TraceError(f"{where}: the trace ends without '# EOF' (truncated?)")
     for s, ts, vs in pending.values():
-        if ts and ts[0] > MAX_SECONDS:
-            raise TraceError(
-                f"{path}: timestamps like {ts[0]:.0f} are not unix seconds (milliseconds?);"
-                " OpenMetrics traces carry seconds"
-            )
+        # sum() is not finite if any timestamp is NaN or infinite
+        if ts and (not math.isfinite(sum(ts)) or min(ts) < MIN_SECONDS or max(ts) >= MAX_SECONDS):
+            raise TraceError(_bad_timestamp(path))
         s.extend_sorted(ts, vs)
     return Trace(nodes, samples, line0)
