@@ -10,7 +10,8 @@ byte and frees it again at random. Then:
 - windows handed to the log but not yet durable may be missing only if the kill came
   while they were not yet written (in flight, or held back by the full disk).
 
-GPUFEED_CHAOS_SECONDS sets the duration (default 30 s; the bounded run of `make test`).
+GPUFEED_CHAOS_SECONDS and GPUFEED_CHAOS_WINDOWS bound the run (default 30 s or 1200
+windows, whichever comes first: the bounded run of `make test`).
 """
 
 from __future__ import annotations
@@ -31,13 +32,17 @@ from windowlog_helpers import fill, small_tmpfs
 
 REPO = Path(__file__).resolve().parent.parent
 WRITER = REPO / "tests" / "helpers" / "windowlog_writer.py"
-MAX_WINDOWS = 1200  # stays within the retention (150 x 4 KiB), so nothing rotates out
+# Windows per run (GPUFEED_CHAOS_WINDOWS); the filesystem and the rotation size scale with
+# it so that nothing rotates out of the retention (150 backups) and the disk still fills.
+WINDOWS = int(os.environ.get("GPUFEED_CHAOS_WINDOWS", "1200"))
+FS_KIB = max(512, WINDOWS * 600 // 1024)
+MAX_BYTES = max(4096, FS_KIB * 1024 // 120)
 
 
 class Writer:
     def __init__(self, log: Path, start: int, seed: int, count: int = 0) -> None:
         cmd = [sys.executable, str(WRITER), "--log", str(log), "--start", str(start)]
-        cmd += ["--seed", str(seed), "--count", str(count)]
+        cmd += ["--seed", str(seed), "--count", str(count), "--max-bytes", str(MAX_BYTES)]
         env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
         self.up = threading.Event()
@@ -88,7 +93,7 @@ def _all_lines(log: Path) -> tuple[list[int], int]:
 def test_no_durable_window_is_lost_duplicated_or_corrupted(tmp_path: Path) -> None:
     seconds = float(os.environ.get("GPUFEED_CHAOS_SECONDS", "30"))
     rng = random.Random(int(os.environ.get("GPUFEED_CHAOS_SEED", str(time.time_ns()))))
-    with small_tmpfs(tmp_path, 512) as mnt:
+    with small_tmpfs(tmp_path, FS_KIB) as mnt:
         log = mnt / "windows.jsonl"
         filler = mnt / "filler"
         durable: set[int] = set()
@@ -96,7 +101,7 @@ def test_no_durable_window_is_lost_duplicated_or_corrupted(tmp_path: Path) -> No
         kills = fills = starts = 0
         seq = 0
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and seq < MAX_WINDOWS:
+        while time.monotonic() < deadline and seq < WINDOWS:
             w = Writer(log, seq, rng.randrange(1 << 30))
             starts += 1
             assert w.up.wait(30), "the writer did not start"
