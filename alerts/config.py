@@ -104,6 +104,8 @@ class RulesConfig:
     sampler_stalled_for: str = "2m"
     sdk_drop_rate_per_second: float = 0.0  # any sustained drop
     sdk_dropped_for: str = "15m"
+    windows_log_failing_for: str = "10m"  # windows waiting for the disk, or write errors
+    windows_log_skipped_for: str = "5m"  # unreadable lines found at the agent's start
     rate_window: str = "5m"
     fatal_xids: tuple[str, ...] = FATAL_XIDS
     throttle_reasons: tuple[str, ...] = THROTTLE_REASONS

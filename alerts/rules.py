@@ -437,6 +437,46 @@ def alert_rules(cfg: RulesConfig) -> list[Rule]:
                 ),
             },
         },
+        {
+            "alert": "GpufeedWindowsLogFailing",
+            "expr": (
+                f"max by (instance) (gpufeed_windows_log_pending_windows{{{s}}}) > 0\n"
+                "or\n"
+                "sum by (instance) (\n"
+                f"  increase(gpufeed_windows_log_write_errors_total{{{s}}}[{w}])\n"
+                ") > 0"
+            ),
+            "for": cfg.windows_log_failing_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "A gpufeed agent cannot write its windows log; closed windows wait in memory.",
+                "description": (
+                    "The windows log of the gpufeed agent on {{ $labels.instance }} has failed "
+                    f"writes or windows waiting for the disk for {cfg.windows_log_failing_for} "
+                    "(disk full or I/O errors); the waiting windows are lost if the agent "
+                    "stops before the disk takes them."
+                ),
+            },
+        },
+        {
+            "alert": "GpufeedWindowsLogLinesSkipped",
+            "expr": (
+                "sum by (instance) (\n"
+                f'  gpufeed_windows_log_skipped_lines_total{{{s}, reason!="not_simulated"}}\n'
+                ") > 0"
+            ),
+            "for": cfg.windows_log_skipped_for,
+            "labels": {"severity": "info"},
+            "annotations": {
+                "summary": "A gpufeed agent skipped unreadable lines of its windows log at start.",
+                "description": (
+                    "The gpufeed agent on {{ $labels.instance }} skipped {{ $value }} lines of "
+                    "its windows log when it started (torn, corrupt, or written by a "
+                    "simulated node); the windows on them are not shown. The count stays "
+                    "until the agent restarts."
+                ),
+            },
+        },
     ]
 
 

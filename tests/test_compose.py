@@ -77,6 +77,8 @@ ROUTES = {
     ("GpufeedCollectorFailing", None): "oncall",
     ("GpufeedSamplerStalled", None): "oncall",
     ("GpufeedSdkMessagesDropped", None): "oncall",
+    ("GpufeedWindowsLogFailing", None): "oncall",
+    ("GpufeedWindowsLogLinesSkipped", None): "oncall",
 }
 PAGERS = {"oncall-pager", "storage-pager"}
 
