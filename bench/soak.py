@@ -7,12 +7,14 @@ all the time; the real host collectors; a real SDK socket) is loaded with:
 - SDK jobs starting and ending: a child process every few seconds runs a job with the
   real SDK for a while (steps, phases, an epoch), then closes it or just exits,
 - idle connections held open (reopened when the agent closes them).
+Each scrape is followed by one of a reference: Python's http.server serving a static copy
+of the agent's page, to show what latency the machine allows meanwhile (reported only).
 Every 10 s it records the agent's RSS, open fds and threads. After the warm-up it reports
 RSS growth (least-squares slope, MB/h), fds and threads (first vs last tenth), and the
 /metrics p99, and exits 1 if a target is missed (or the agent died):
     RSS growth < 5 MB/h, fds and threads flat, /metrics p99 < 10 ms.
 
-Usage: python bench/soak.py [--minutes 60] [--warmup-minutes 10] [--json FILE]
+Usage: python bench/soak.py [--minutes 60] [--warmup-minutes 20] [--json FILE]
 """
 
 from __future__ import annotations
@@ -107,8 +109,10 @@ def slope_per_hour(xs: list[float], ys: list[float]) -> float:
 class Load:
     """The load generators, each a thread, stopped together."""
 
-    def __init__(self, port: int, sock: str, tmp: Path) -> None:
+    def __init__(self, port: int, sock: str, tmp: Path, reference_port: int) -> None:
         self.port = port
+        self.reference_port = reference_port
+        self.reference_latencies: list[tuple[float, float]] = []
         self.sock = sock
         self.tmp = tmp
         self.stop = threading.Event()
@@ -146,6 +150,11 @@ class Load:
             if status != 200:
                 raise OSError(f"/metrics answered {status}")
             self.metrics_latencies.append((time.monotonic(), seconds))
+            # the reference, right after and the same way: what this machine allows now
+            status, seconds = get(self.reference_port, "/metrics")
+            if status != 200:
+                raise OSError(f"the reference server answered {status}")
+            self.reference_latencies.append((time.monotonic(), seconds))
 
         self._every(0.2, one)
 
@@ -200,7 +209,7 @@ class Load:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--minutes", type=float, default=60.0)
-    ap.add_argument("--warmup-minutes", type=float, default=10.0)
+    ap.add_argument("--warmup-minutes", type=float, default=20.0)
     ap.add_argument("--pace", type=float, default=10.0, help="--simulate.pace of the agent")
     ap.add_argument("--json", help="also write every probe and the verdict here")
     args = ap.parse_args()
@@ -225,19 +234,51 @@ def main() -> int:
         ]
         env = {**os.environ, "PYTHONPATH": str(ROOT / "exporter")}
         agent = subprocess.Popen(cmd, env=env)
+        reference: subprocess.Popen[bytes] | None = None
         try:
             port = wait_listening(agent)
-            return soak(agent, port, sock, tmp, args)
+            reference = start_reference(port, tmp)
+            return soak(agent, port, sock, tmp, wait_listening(reference), args)
         finally:
-            agent.terminate()
-            try:
-                agent.wait(15)
-            except subprocess.TimeoutExpired:
-                agent.kill()
+            for p in (agent, reference):
+                if p is None:
+                    continue
+                p.terminate()
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+def start_reference(agent_port: int, tmp: Path) -> subprocess.Popen[bytes]:
+    """Python's http.server serving a copy of the agent's page as a static file: scraped
+    the same way, it shows what latency this machine allows while the soak runs."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", agent_port, timeout=10)
+            conn.request("GET", "/metrics")
+            body = conn.getresponse().read()
+            conn.close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    page = tmp / "reference"
+    page.mkdir()
+    (page / "metrics").write_bytes(body)
+    cmd = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "0"]
+    return subprocess.Popen(cmd, cwd=page, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def soak(
-    agent: subprocess.Popen[bytes], port: int, sock: str, tmp: Path, args: argparse.Namespace
+    agent: subprocess.Popen[bytes],
+    port: int,
+    sock: str,
+    tmp: Path,
+    reference_port: int,
+    args: argparse.Namespace,
 ) -> int:
     deadline = time.monotonic() + 30
     while True:
@@ -249,7 +290,7 @@ def soak(
             return 1
         time.sleep(0.2)
     start = time.monotonic()
-    load = Load(port, sock, tmp)
+    load = Load(port, sock, tmp, reference_port)
     load.start()
     probes: list[Probe] = []
     end = start + args.minutes * 60
@@ -280,6 +321,8 @@ def verdict(
     warm_s = args.warmup_minutes * 60
     after = [p for p in probes if p.elapsed_seconds >= warm_s]
     lat = sorted(s for t, s in load.metrics_latencies if t - start >= warm_s)
+    ref = sorted(s for t, s in load.reference_latencies if t - start >= warm_s) or [0.0]
+    ref_p99 = ref[min(len(ref) - 1, int(0.99 * len(ref)))]
     failures: list[str] = []
     if agent.poll() is not None:
         failures.append(f"the agent exited (rc {agent.returncode})")
@@ -319,6 +362,10 @@ def verdict(
         f"{threads[1]}; /metrics p50 {statistics.median(lat or [0]) * 1e3:.2f} ms "
         f"p99 {p99 * 1e3:.2f} ms"
     )
+    print(
+        f"soak: reference (a static copy of the page from http.server, same client, same "
+        f"time): p50 {statistics.median(ref) * 1e3:.2f} ms p99 {ref_p99 * 1e3:.2f} ms"
+    )
     for f in failures:
         print(f"soak: FAILED: {f}")
     if args.json:
@@ -329,6 +376,7 @@ def verdict(
                     "warmup_minutes": args.warmup_minutes,
                     "rss_growth_mb_per_hour": growth,
                     "metrics_p99_seconds": p99,
+                    "reference_p99_seconds": ref_p99,
                     "fds_first_last": fds,
                     "threads_first_last": threads,
                     "failures": failures,
