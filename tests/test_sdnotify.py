@@ -137,29 +137,29 @@ def test_watchdog_pings_while_sampling_progresses_and_stops_when_it_stalls(
     staller = _StallingProcessor()
     sampler = Sampler([], interval_seconds=0.05, timeout_seconds=0.05, processors=[staller])
     sampler.start()
-    env = {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000", "WATCHDOG_PID": str(os.getpid())}
+    env = {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000", "WATCHDOG_PID": str(os.getpid())}
     service = ServiceNotifier.ready(lambda: not sampler.stall_reason(time.time()), env=env)
     try:
-        first = receive(sock, 1.5)
+        first = receive(sock, 3.0)
         assert first[0][1] == "READY=1"
         pings = [t for t, m in first if m == "WATCHDOG=1"]
-        # Every half interval (0.2 s) while sampling progresses.
-        assert len(pings) >= 5, first
-        assert max(b - a for a, b in itertools.pairwise(pings)) < 0.4
+        # Every half interval (0.5 s) while sampling progresses; slack for a loaded host.
+        assert len(pings) >= 4, first
+        assert max(b - a for a, b in itertools.pairwise(pings)) < 1.0
 
         staller.stall.set()
         stalled_at = time.monotonic()
-        during = receive(sock, sampler.stale_after_seconds + 2.0)
+        during = receive(sock, sampler.stale_after_seconds + 4.0)
         last_ping = max((t for t, m in during if m == "WATCHDOG=1"), default=stalled_at)
         # The pings stop once the last sample is older than the /healthz limit, and stay
         # stopped: systemd would kill the agent WatchdogSec later.
-        assert last_ping - stalled_at <= sampler.stale_after_seconds + 0.5
-        assert time.monotonic() - last_ping >= 1.5
+        assert last_ping - stalled_at <= sampler.stale_after_seconds + 1.5
+        assert time.monotonic() - last_ping >= 2.5  # five periods without a ping
         assert sampler.stall_reason(time.time()).startswith("last sample is")
 
         staller.release.set()  # the stuck call returns: sampling and pings resume
         staller.stall.clear()
-        resumed = receive(sock, 1.0)
+        resumed = receive(sock, 2.0)
         assert [m for _, m in resumed].count("WATCHDOG=1") >= 2
     finally:
         staller.release.set()
