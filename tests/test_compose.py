@@ -212,13 +212,14 @@ def test_nvidia_variant_uses_the_nvidia_runtime_and_real_gpus() -> None:
 
 
 def test_end_to_end_copies_change_only_addresses_paths_and_timings(tmp_path: Path) -> None:
-    """The e2e test's copies of the compose configs stay valid and keep everything else."""
+    """The e2e test's copies of the compose configs stay valid and keep everything else.
+    The addresses are only written into configs, never contacted (`.invalid` names)."""
     rules = tmp_path / "rules.yml"
     rules.write_text((REPO_ROOT / "alerts" / "gpufeed.rules.yml").read_text(encoding="utf-8"))
     prom = prometheus_config_for_test(
         PROMETHEUS_YML,
-        agent="127.0.0.1:19400",
-        alertmanager="127.0.0.1:19402",
+        agent="agent.invalid:9842",
+        alertmanager="alertmanager.invalid:9093",
         rule_files=[str(rules)],
         interval="1s",
     )
@@ -228,11 +229,11 @@ def test_end_to_end_copies_change_only_addresses_paths_and_timings(tmp_path: Pat
     assert result.returncode == 0, result.stdout + result.stderr
     shipped = load(PROMETHEUS_YML)
     assert [c["job_name"] for c in prom["scrape_configs"]] == ["gpufeed"]
-    assert prom["scrape_configs"][0]["static_configs"] == [{"targets": ["127.0.0.1:19400"]}]
+    assert prom["scrape_configs"][0]["static_configs"] == [{"targets": ["agent.invalid:9842"]}]
     assert set(prom) == set(shipped)
 
     am = alertmanager_config_for_test(
-        ALERTMANAGER_YML, webhook_base="http://127.0.0.1:19403", group_wait="1s"
+        ALERTMANAGER_YML, webhook_base="http://webhook.invalid:8080", group_wait="1s"
     )
     am_path = tmp_path / "alertmanager.yml"
     am_path.write_text(yaml.safe_dump(am))
@@ -244,4 +245,4 @@ def test_end_to_end_copies_change_only_addresses_paths_and_timings(tmp_path: Pat
     urls = {r["name"]: r["webhook_configs"][0]["url"] for r in am["receivers"]}
     receivers = ["oncall", "oncall-pager", "storage-owners", "storage-pager"]
     receivers += ["network-team", "job-owners"]
-    assert urls == {name: f"http://127.0.0.1:19403/{name}" for name in receivers}
+    assert urls == {name: f"http://webhook.invalid:8080/{name}" for name in receivers}
