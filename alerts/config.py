@@ -61,14 +61,9 @@ CAUSE_HINTS: dict[str, str] = {
 # The fatal XIDs, shared with the correlator: gpufeed.vocabulary says which and why.
 FATAL_XIDS: tuple[str, ...] = vocabulary.FATAL_XIDS
 
-# Clock event reasons that mean heat or power is holding the GPU back. sw_power_cap is
-# left out on purpose: a GPU working at its power limit is a busy GPU, not an incident.
-THROTTLE_REASONS: tuple[str, ...] = (
-    "hw_slowdown",
-    "hw_thermal_slowdown",
-    "sw_thermal_slowdown",
-    "hw_power_brake_slowdown",
-)
+# Clock event reasons that mean heat or power is holding the GPU back (gpufeed.vocabulary
+# says why sw_power_cap is left out).
+THROTTLE_REASONS: tuple[str, ...] = vocabulary.ALERTING_THROTTLE_REASONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +72,7 @@ class RulesConfig:
     # Prometheus scrapes. The compose stack's scrape job is gpufeed; under Kubernetes it is
     # whatever the scrape config names it (alerts/config.example.yml).
     selector: str = 'job="gpufeed"'
-    utilization_threshold_ratio: float = 0.8  # the correlator's default threshold too
+    utilization_threshold_ratio: float = vocabulary.DEFAULT_THRESHOLD_RATIO  # the correlator's
     utilization_low_for: str = "10m"
     fatal_xid_lookback: str = "10m"
     gpu_lost_for: str = "1m"

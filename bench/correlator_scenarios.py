@@ -22,17 +22,9 @@ import random
 import zlib
 from dataclasses import dataclass, field
 
-CAUSES = (
-    "data_loading",
-    "preprocessing",
-    "checkpointing",
-    "network",
-    "throttling",
-    "startup",
-    "idle",
-    "gpu_error",
-    "unknown",
-)
+from gpufeed.vocabulary import Cause
+
+CAUSES = tuple(c.value for c in Cause)
 GUISES: dict[str, tuple[str, ...]] = {
     "data_loading": ("saturated", "contended"),
     "preprocessing": ("cpu_bound", "cpu_stolen"),

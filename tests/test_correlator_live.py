@@ -126,17 +126,18 @@ def test_an_ended_job_is_forgotten(tmp_path: Path) -> None:
 
 def test_forgetting_a_job_keeps_other_baselines_with_the_same_name() -> None:
     """A job called "0" goes with its own read baselines only, not GPU 0's clock baseline."""
-    from gpufeed.correlator.baseline import Baselines
-    from gpufeed.correlator.features import JOB_READ
+    from gpufeed.correlator.baseline import Baselines, Kind
+
+    JOB_READ = Kind.JOB_READ
 
     b = Baselines()
     for v in (1.0, 2.0, 3.0, 4.0):
         b.observe((JOB_READ, "0", "hot"), v)
-        b.observe(("clock", "0"), v)
+        b.observe((Kind.SM_CLOCK, "0"), v)
         b.observe((JOB_READ, "00", "hot"), v)
     b.forget_prefix((JOB_READ, "0"))
     assert b.median((JOB_READ, "0", "hot")) is None
-    assert b.median(("clock", "0")) == 2.5 and b.median((JOB_READ, "00", "hot")) == 2.5
+    assert b.median((Kind.SM_CLOCK, "0")) == 2.5 and b.median((JOB_READ, "00", "hot")) == 2.5
 
 
 def _window(i: int) -> Window:

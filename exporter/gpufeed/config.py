@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from gpufeed import vocabulary
+
 DEFAULT_SDK_SOCKET = "/run/gpufeed/sdk.sock"
 DEFAULT_WINDOWS_LOG = "/var/lib/gpufeed/windows.jsonl"
 # NVIDIA Quantum-generation hardware advances port_xmit_wait once per 8 bytes of port time
@@ -37,9 +39,9 @@ class TierConfig:
 
 @dataclass(frozen=True, slots=True)
 class CorrelatorConfig:
-    threshold_ratio: float = 0.8
-    min_window_seconds: float = 60.0
-    merge_gap_seconds: float = 30.0
+    threshold_ratio: float = vocabulary.DEFAULT_THRESHOLD_RATIO
+    min_window_seconds: float = vocabulary.DEFAULT_MIN_WINDOW_SECONDS
+    merge_gap_seconds: float = vocabulary.DEFAULT_MERGE_GAP_SECONDS
     windows_log: str = DEFAULT_WINDOWS_LOG
     windows_log_max_bytes: int = 16 * 1024 * 1024
     windows_log_backups: int = 3

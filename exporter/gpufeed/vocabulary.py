@@ -1,7 +1,17 @@
 """Domain facts, each stated once: everything else imports them or is tested against them.
 
-Today this holds the fatal XIDs; the correlator's causes and the throttle reasons are to
-move here as well (issue 10).
+The causes a window can be tagged with, the fatal XIDs, the clock event (throttle) reasons
+and the correlator's window defaults. The correlator, the simulator, the alerts, the
+dashboards and the docs' tables import these or are tested against them
+(tests/test_vocabulary.py; tests/test_cause_checklist.py names what a new cause still lacks).
+
+## Causes
+
+`Cause` values are the stable `cause` label values of the live metrics, the windows log,
+`gpufeed analyze` and the alerts. Adding one: the enum here, its rules
+(correlator/rules.py) and its runbook (docs/runbooks.md); the checklist test names every
+other piece that is still missing (summary headline, dashboard colour, alert hint,
+Alertmanager route, docs table, simulator phase).
 
 ## Fatal XIDs
 
@@ -20,8 +30,28 @@ of corrected single-bit errors: a trend to watch, nothing has failed).
 
 from __future__ import annotations
 
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
+
+
+class Cause(StrEnum):
+    DATA_LOADING = "data_loading"
+    PREPROCESSING = "preprocessing"
+    CHECKPOINTING = "checkpointing"
+    NETWORK = "network"
+    THROTTLING = "throttling"
+    STARTUP = "startup"
+    IDLE = "idle"
+    GPU_ERROR = "gpu_error"
+    UNKNOWN = "unknown"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# The causes that evidence can decide; `unknown` is what is left when none does.
+DECIDABLE_CAUSES: Final[tuple[Cause, ...]] = tuple(c for c in Cause if c is not Cause.UNKNOWN)
 
 # XID code (as the `xid` label carries it) -> what it means.
 FATAL_XID_MEANINGS: Final = MappingProxyType(
@@ -51,3 +81,54 @@ FATAL_XID_MEANINGS: Final = MappingProxyType(
     }
 )
 FATAL_XIDS: Final[tuple[str, ...]] = tuple(FATAL_XID_MEANINGS)
+
+
+# ## Clock event reasons
+#
+# nvml.h's bit for each reason, the same for the "ClocksEventReasons" call and its
+# deprecated "ClocksThrottleReasons" predecessor. The names are the `reason` label values
+# of gpufeed_gpu_clock_event_active (lower snake case of NVML's names).
+CLOCK_EVENT_REASON_BITS: Final[tuple[tuple[str, int], ...]] = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+    # newer drivers (R550+); exported only where the GPU's supported mask has them
+    ("board_limit", 0x200),
+    ("reliability", 0x400),
+)
+CLOCK_EVENT_REASONS: Final[tuple[str, ...]] = tuple(r for r, _ in CLOCK_EVENT_REASON_BITS)
+# The reasons a simulated GPU reports: NVML's first eight bits (up to the power brake).
+# The simulated node's layout keeps one slot per reason, in this order, so a change here
+# changes its traces.
+SIMULATED_CLOCK_EVENT_REASONS: Final[tuple[str, ...]] = tuple(
+    r for r, bit in CLOCK_EVENT_REASON_BITS if bit <= 0x80
+)
+# Reasons that slow a busy GPU down (the correlator's `throttling`): heat, power, a
+# hardware slowdown. sync_boost, gpu_idle and the clock settings do not.
+SLOWDOWN_REASONS: Final[tuple[str, ...]] = (
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "sw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "sw_power_cap",
+)
+# The ones worth an alert (GpuClockThrottled): sw_power_cap is left out on purpose, a GPU
+# working at its power limit is a busy GPU, not an incident.
+ALERTING_THROTTLE_REASONS: Final[tuple[str, ...]] = tuple(
+    r for r in SLOWDOWN_REASONS if r != "sw_power_cap"
+)
+
+# ## Correlator window defaults
+#
+# The agent's `correlator:` settings, `gpufeed analyze`'s flags and the engine share these;
+# the GpuUtilizationLow alert's threshold defaults to the same ratio.
+DEFAULT_THRESHOLD_RATIO: Final = 0.8  # a GPU below this utilization is underutilized
+DEFAULT_MIN_WINDOW_SECONDS: Final = 60.0  # underutilized this long before a window opens
+DEFAULT_MERGE_GAP_SECONDS: Final = 30.0  # shorter recoveries stay inside the window
+DEFAULT_SPLIT_SECONDS: Final = 30.0  # another cause holds this long: the window splits

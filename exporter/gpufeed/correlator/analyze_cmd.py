@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+from gpufeed import vocabulary
 from gpufeed.correlator.engine import WindowParams
 from gpufeed.correlator.node import NodeSeries
 
@@ -51,20 +52,21 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--threshold",
         type=float,
-        default=0.8,
-        help="a GPU below this utilization (0..1) is underutilized (default 0.8)",
+        default=vocabulary.DEFAULT_THRESHOLD_RATIO,
+        help="a GPU below this utilization (0..1) is underutilized (default %(default)g)",
     )
     p.add_argument(
         "--min-window",
         type=float,
-        default=60.0,
-        help="seconds a GPU must stay underutilized before a window opens (default 60)",
+        default=vocabulary.DEFAULT_MIN_WINDOW_SECONDS,
+        help="seconds a GPU must stay underutilized before a window opens (default %(default)g)",
     )
     p.add_argument(
         "--merge-gap",
         type=float,
-        default=30.0,
-        help="recoveries shorter than this many seconds stay inside the window (default 30)",
+        default=vocabulary.DEFAULT_MERGE_GAP_SECONDS,
+        help="recoveries shorter than this many seconds stay inside the window "
+        "(default %(default)g)",
     )
     p.add_argument(
         "--output", "-o", metavar="FILE", help="write here (atomically) instead of stdout"

@@ -10,10 +10,34 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable
 from statistics import median
+from typing import Final
 
 BUCKET_SECONDS = 30.0
 HOUR_BUCKETS = 120
 MIN_POINTS = 4  # fewer healthy buckets than this: no baseline yet (two minutes)
+
+
+class Kind:
+    """What a baseline is of: the first element of its key, e.g. (Kind.READ_LATENCY, tier).
+    The correlator learns them (features.observe_healthy, the engine's per-GPU ones) and
+    reads them (features.py, classify.py) by these names only."""
+
+    READ_LATENCY: Final = "lat"  # (kind, tier)
+    BUSY: Final = "busy"  # (kind, tier)
+    QUEUE_DEPTH: Final = "qd"  # (kind, tier)
+    READ_BYTES: Final = "rd"  # (kind, tier); its peak too
+    WRITE_BYTES: Final = "wr"  # (kind, tier)
+    TRANSMIT_WAIT: Final = "txw"  # (kind, network device)
+    NETWORK_BYTES: Final = "nbps"  # (kind, network device)
+    NETWORK_UTILIZATION: Final = "nutil"  # (kind, network device)
+    CPU_BUSY: Final = "cpu"  # (kind,)
+    IOWAIT: Final = "iowait"  # (kind,)
+    PRESSURE: Final = "psi"  # (kind, resource)
+    SM_CLOCK: Final = "clock"  # (kind, gpu)
+    NVLINK: Final = "nvl"  # (kind, gpu); its peak too
+    # A job's read rate per tier: (kind, job_id, tier). An ended job's are forgotten by
+    # the prefix (kind, job_id).
+    JOB_READ: Final = "jrd"
 
 
 class Baselines:

@@ -1,20 +1,7 @@
-"""The causes a window can be tagged with; the enum values are the stable `cause` label values."""
+"""The causes a window can be tagged with: defined in gpufeed.vocabulary, importable here."""
 
 from __future__ import annotations
 
-from enum import StrEnum
+from gpufeed.vocabulary import Cause
 
-
-class Cause(StrEnum):
-    DATA_LOADING = "data_loading"
-    PREPROCESSING = "preprocessing"
-    CHECKPOINTING = "checkpointing"
-    NETWORK = "network"
-    THROTTLING = "throttling"
-    STARTUP = "startup"
-    IDLE = "idle"
-    GPU_ERROR = "gpu_error"
-    UNKNOWN = "unknown"
-
-    def __str__(self) -> str:
-        return self.value
+__all__ = ["Cause"]

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import math
 
-from gpufeed.correlator.baseline import Baselines
+from gpufeed.correlator.baseline import Baselines, Kind
 from gpufeed.correlator.features import FATAL_XIDS, THROTTLE_REASONS, Evidence, job_features
+from gpufeed.correlator.names import Context as Ctx
+from gpufeed.correlator.names import Feature as F
 from gpufeed.correlator.node import GpuColumns, NodeSeries
 from gpufeed.correlator.rules import decide
 from gpufeed.correlator.series import Series
-from gpufeed.correlator.state import Mark, Unit
+from gpufeed.correlator.state import Mark, Unit, Watch
 from gpufeed.correlator.view import NodeView, Timing, compute_view
 
 STARTUP_MAX_SECONDS = 1800.0
@@ -23,15 +25,18 @@ class Classifier:
     """Per-sample causes for the units of one node."""
 
     def __init__(
-        self, node: NodeSeries, timing: Timing, baselines: Baselines, units: dict[str, Unit]
+        self,
+        node: NodeSeries,
+        timing: Timing,
+        baselines: Baselines,
+        units: dict[str, Unit],
+        watch: Watch,
     ) -> None:
         self.node = node
         self.timing = timing
         self.baselines = baselines
         self.units = units
-        self.low_now: set[str] = set()  # GPUs (or unit keys) below the threshold right now
-        self.ever_busy: set[tuple[str, str]] = set()  # (job, gpu) seen computing
-        self.start: float | None = None  # first instant seen
+        self.watch = watch  # the engine's; read only here
         self._view_t: float | None = None
         self._view: NodeView | None = None
         self._jobev: dict[str, Evidence] = {}
@@ -90,99 +95,134 @@ class Classifier:
         return got
 
     def classify(self, u: Unit, t: float, util: float, lost: bool) -> Mark:
-        node = self.node
-        stale = self.timing.stale_seconds
-        b = self.baselines
+        """The rules' decision for one low sample of `u`, with the evidence behind it."""
         job = self.gpu_jobs(t).get(u.gpu, "") if u.cols is not None else u.cpu_job
-        if not job and u.cols is not None and node.job_info and not lost and not u.cols.xids:
+        if not job and u.cols is not None and self.node.job_info and not lost and not u.cols.xids:
             # no job holds the GPU: idle unless it failed; the node's signals do not matter
-            d = decide({"no_job": 1.0})
-            return Mark(t, util, d.cause, "", d.confidence, {"no_job": 1.0}, {})
+            d = decide({F.NO_JOB: 1.0})
+            return Mark(t, util, d.cause, "", d.confidence, {F.NO_JOB: 1.0}, {})
+        ev = self.evidence(u, job, t, util, lost)
+        d = decide(ev.features)
+        m = Mark(t, util, d.cause, job, d.confidence, ev.features, ev.context)
+        m.lost = lost
+        return m
+
+    # ---- evidence: the node's and the job's (features.py), then this GPU's --------------------
+    def evidence(self, u: Unit, job: str, t: float, util: float, lost: bool) -> Evidence:
+        """Every feature and context of one sample of `u`: the one path the rules read."""
+        ev = self._job_evidence(job, t).copy()
+        g = u.cols
+        if g is None:
+            if job:
+                ev.features[F.JOB_NOT_YET_BUSY] = self._not_yet_busy(job, "", t)
+            return ev
+        ev.features[F.GPU_LOST] = 1.0 if lost else 0.0
+        if g.xids:
+            self._xid_evidence(u, g, t, ev)
+        self._memory_evidence(u, g, job, t, util, ev)
+        if g.clock_events:
+            self._throttle_evidence(u, g, job, t, ev)
+        self._clock_evidence(u, g, t, ev)
+        self._nvlink_evidence(u, g, t, ev)
+        if job:
+            self._job_gpus_evidence(u, job, t, ev)
+        return ev
+
+    def _job_evidence(self, job: str, t: float) -> Evidence:
+        """Node- and job-level features, computed once per job and instant."""
         view = self.view_at(t)
         ev = self._jobev.get(job)
         if ev is None:
             ev = self._jobev[job] = Evidence()
-            job_features(b, view, job, ev)
-        f = dict(ev.features)
-        ctx = dict(ev.context)
-        if u.cols is not None:
-            g = u.cols
-            f["gpu_lost"] = 1.0 if lost else 0.0
-            if g.xids:
-                n = 0.0
-                for x, s in g.xids.items():
-                    if x in FATAL_XIDS:
-                        inc = _increase(s, t, XID_LOOKBACK_SECONDS, self._appeared_after())
-                        if inc > 0:
-                            n += inc
-                            u.fatal_xids.add(x)
-                # a fatal XID explains the stall for the rest of this run
-                f["xid_fatal_events"] = max(n, float(len(u.fatal_xids)))
-                if u.fatal_xids:
-                    ctx["xids"] = ",".join(sorted(u.fatal_xids))
-            mem_ratio = None
-            used, total = g.fields.get("mem_used"), g.fields.get("mem_total")
-            if used is not None and total is not None:
-                uv, tv = used.value_at(t, stale), total.value_at(t, stale)
-                if uv is not None and tv:
-                    mem_ratio = uv / tv
-            if node.job_info:
-                f["no_job"] = 0.0 if job else 1.0
-            elif mem_ratio is not None:
-                f["gpu_memory_idle"] = 1.0 if mem_ratio < 0.03 and util < 0.05 else 0.0
-            fresh = job and mem_ratio is not None and mem_ratio < FRESH_MEMORY_RATIO
-            if fresh and u.fresh_at is None:
-                u.fresh_at = t  # the job's process has (next to) nothing on the GPU: a (re)start
-            if g.clock_events:
-                mine = self._throttled(g, t)
-                f["clock_events_active"] = 1.0 if mine else 0.0
-                reasons = set(mine)
-                if job:
-                    peers = []
-                    for other in self._jobgpus.get(job, ()):
-                        og = node.gpus.get(other)
-                        if other != u.gpu and og is not None:
-                            th = self._throttled(og, t)
-                            if th:
-                                peers.append(other)
-                                reasons.update(th)
-                    f["job_peer_clock_events_active"] = 1.0 if peers else 0.0
-                    if peers:
-                        ctx["throttled_peers"] = ",".join(peers)
-                if reasons:
-                    ctx["throttle_reasons"] = ",".join(sorted(reasons))
-            clk = g.fields.get("sm_clock")
-            base = b.median(("clock", u.gpu))
-            if clk is not None and base:
-                c = clk.value_at(t, stale)
-                if c is not None:
-                    f["sm_clock_drop_ratio"] = max(0.0, 1.0 - c / base)
-            nv = self.nvlink(g, t)
-            if nv is not None:
-                peak = b.peak(("nvl", u.gpu), nv)
-                nbase = b.median(("nvl", u.gpu))
-                if peak and peak > 1e8 and nbase is not None and nv > 1.3 * nbase:
-                    f["nvlink_peak_ratio"] = nv / peak
-            if job:
-                gpus = self._jobgpus.get(job, [])
-                failed = [x for x in gpus if x != u.gpu and self._gpu_failed(x, t)]
-                f["job_peer_gpu_error"] = 1.0 if failed else 0.0
-                if failed:
-                    ctx["failed_peers"] = ",".join(failed)
-                if gpus:
-                    f["job_gpus_stalled_ratio"] = sum(
-                        1 for x in gpus if x in self.low_now or x == u.gpu
-                    ) / len(gpus)
-                f["job_not_yet_busy"] = self._not_yet_busy(job, u.gpu, t, u.fresh_at)
-        elif job:
-            f["job_not_yet_busy"] = self._not_yet_busy(job, "", t)
-        d = decide(f)
-        m = Mark(t, util, d.cause, job, d.confidence, f, ctx)
-        m.lost = lost
-        return m
+            job_features(self.baselines, view, job, ev)
+        return ev
+
+    def _xid_evidence(self, u: Unit, g: GpuColumns, t: float, ev: Evidence) -> None:
+        n = 0.0
+        for x, s in g.xids.items():
+            if x in FATAL_XIDS:
+                inc = _increase(s, t, XID_LOOKBACK_SECONDS, self._appeared_after())
+                if inc > 0:
+                    n += inc
+                    u.fatal_xids.add(x)
+        # a fatal XID explains the stall for the rest of this run
+        ev.features[F.XID_FATAL_EVENTS] = max(n, float(len(u.fatal_xids)))
+        if u.fatal_xids:
+            ev.context[Ctx.XIDS] = ",".join(sorted(u.fatal_xids))
+
+    def _memory_evidence(
+        self, u: Unit, g: GpuColumns, job: str, t: float, util: float, ev: Evidence
+    ) -> None:
+        """Whether a job holds the GPU (or, without job data, whether anything is resident
+        on it), and whether the job's process has loaded yet."""
+        stale = self.timing.stale_seconds
+        mem_ratio = None
+        used, total = g.fields.get("mem_used"), g.fields.get("mem_total")
+        if used is not None and total is not None:
+            uv, tv = used.value_at(t, stale), total.value_at(t, stale)
+            if uv is not None and tv:
+                mem_ratio = uv / tv
+        if self.node.job_info:
+            ev.features[F.NO_JOB] = 0.0 if job else 1.0
+        elif mem_ratio is not None:
+            ev.features[F.GPU_MEMORY_IDLE] = 1.0 if mem_ratio < 0.03 and util < 0.05 else 0.0
+        fresh = job and mem_ratio is not None and mem_ratio < FRESH_MEMORY_RATIO
+        if fresh and u.fresh_at is None:
+            u.fresh_at = t  # the job's process has (next to) nothing on the GPU: a (re)start
+
+    def _throttle_evidence(self, u: Unit, g: GpuColumns, job: str, t: float, ev: Evidence) -> None:
+        """Clock event reasons on this GPU, or on another GPU of its job that it waits for."""
+        mine = self._throttled(g, t)
+        ev.features[F.CLOCK_EVENTS_ACTIVE] = 1.0 if mine else 0.0
+        reasons = set(mine)
+        if job:
+            peers = []
+            for other in self._jobgpus.get(job, ()):
+                og = self.node.gpus.get(other)
+                if other != u.gpu and og is not None:
+                    th = self._throttled(og, t)
+                    if th:
+                        peers.append(other)
+                        reasons.update(th)
+            ev.features[F.JOB_PEER_CLOCK_EVENTS_ACTIVE] = 1.0 if peers else 0.0
+            if peers:
+                ev.context[Ctx.THROTTLED_PEERS] = ",".join(peers)
+        if reasons:
+            ev.context[Ctx.THROTTLE_REASONS] = ",".join(sorted(reasons))
+
+    def _clock_evidence(self, u: Unit, g: GpuColumns, t: float, ev: Evidence) -> None:
+        clk = g.fields.get("sm_clock")
+        base = self.baselines.median((Kind.SM_CLOCK, u.gpu))
+        if clk is not None and base:
+            c = clk.value_at(t, self.timing.stale_seconds)
+            if c is not None:
+                ev.features[F.SM_CLOCK_DROP_RATIO] = max(0.0, 1.0 - c / base)
+
+    def _nvlink_evidence(self, u: Unit, g: GpuColumns, t: float, ev: Evidence) -> None:
+        nv = self.nvlink(g, t)
+        if nv is not None:
+            peak = self.baselines.peak((Kind.NVLINK, u.gpu), nv)
+            nbase = self.baselines.median((Kind.NVLINK, u.gpu))
+            if peak and peak > 1e8 and nbase is not None and nv > 1.3 * nbase:
+                ev.features[F.NVLINK_PEAK_RATIO] = nv / peak
+
+    def _job_gpus_evidence(self, u: Unit, job: str, t: float, ev: Evidence) -> None:
+        """The job's other GPUs: failed ones it waits for, how many stalled together, and
+        whether the job has computed yet."""
+        gpus = self._jobgpus.get(job, [])
+        failed = [x for x in gpus if x != u.gpu and self._gpu_failed(x, t)]
+        ev.features[F.JOB_PEER_GPU_ERROR] = 1.0 if failed else 0.0
+        if failed:
+            ev.context[Ctx.FAILED_PEERS] = ",".join(failed)
+        if gpus:
+            low_now = self.watch.low_now
+            ev.features[F.JOB_GPUS_STALLED_RATIO] = sum(
+                1 for x in gpus if x in low_now or x == u.gpu
+            ) / len(gpus)
+        ev.features[F.JOB_NOT_YET_BUSY] = self._not_yet_busy(job, u.gpu, t, u.fresh_at)
 
     def _appeared_after(self) -> float:
-        start = self.start if self.start is not None else math.inf
+        start = self.watch.start if self.watch.start is not None else math.inf
         return start + 2 * self.timing.interval_seconds
 
     def _gpu_failed(self, gpu: str, t: float) -> bool:
@@ -207,7 +247,7 @@ class Classifier:
             and (j is None or j.steps is None or _increase(j.steps, t, t - fresh_at) <= 0)
         ):
             return 1.0
-        if (job, gpu) in self.ever_busy:
+        if (job, gpu) in self.watch.ever_busy:
             return 0.0
         first = node.first_seen.get((job, gpu))
         if first is None:
@@ -216,7 +256,7 @@ class Classifier:
                 j = node.jobs.get(job)
                 s = next(iter(j.phases.values()), None) if j is not None else None
             first = s.first_time() if s is not None else None
-        start = self.start
+        start = self.watch.start
         if first is None or start is None or first <= start + 2 * self.timing.interval_seconds:
             return 0.0  # the job was already there when we started watching: we cannot tell
         if t - first > STARTUP_MAX_SECONDS:

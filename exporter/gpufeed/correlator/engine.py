@@ -15,12 +15,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpufeed.correlator.baseline import BUCKET_SECONDS, Baselines
+from gpufeed import vocabulary
+from gpufeed.correlator.baseline import BUCKET_SECONDS, Baselines, Kind
 from gpufeed.correlator.causes import Cause
 from gpufeed.correlator.classify import Classifier
 from gpufeed.correlator.features import observe_healthy
 from gpufeed.correlator.node import NodeSeries
-from gpufeed.correlator.state import Mark, Segment, Unit, segment_window
+from gpufeed.correlator.state import Mark, Segment, Unit, Watch, segment_window
 from gpufeed.correlator.view import Timing
 from gpufeed.correlator.window import Window
 
@@ -36,13 +37,14 @@ RUN_TRIM_SLACK_SECONDS = 60.0
 
 @dataclass(frozen=True, slots=True)
 class WindowParams:
-    threshold_ratio: float = 0.8
-    min_window_seconds: float = 60.0
-    merge_gap_seconds: float = 30.0
-    split_seconds: float = 30.0
+    threshold_ratio: float = vocabulary.DEFAULT_THRESHOLD_RATIO
+    min_window_seconds: float = vocabulary.DEFAULT_MIN_WINDOW_SECONDS
+    merge_gap_seconds: float = vocabulary.DEFAULT_MERGE_GAP_SECONDS
+    split_seconds: float = vocabulary.DEFAULT_SPLIT_SECONDS
 
 
 WindowSink = Callable[[Window], None]
+OpenKey = tuple[str, str, str, str]  # (gpu, uuid, job_id, cause) of an open window
 
 
 class NodeCorrelator:
@@ -64,8 +66,8 @@ class NodeCorrelator:
         self._sink = on_window or self.windows.append
         self.units: dict[str, Unit] = {}
         self._next_bucket = -math.inf
-        self.c = Classifier(node, timing, self.baselines, self.units)
-        self.c.start = start_seconds
+        self.watch = Watch(start_seconds)
+        self.c = Classifier(node, timing, self.baselines, self.units, self.watch)
 
     # ---- units -------------------------------------------------------------------------
     def refresh_units(self) -> None:
@@ -129,10 +131,10 @@ class NodeCorrelator:
 
     # ---- the main step -------------------------------------------------------------------
     def step(self, t: float) -> None:
-        if self.c.start is None:
-            self.c.start = t
+        if self.watch.start is None:
+            self.watch.start = t
         thr = self.p.threshold_ratio
-        low_now = self.c.low_now
+        low_now = self.watch.low_now
         low_now.clear()
         any_busy = False
         todo: list[tuple[Unit, float, bool, bool]] = []
@@ -160,7 +162,7 @@ class NodeCorrelator:
 
     def _healthy(self) -> bool:
         for u in self.units.values():
-            if (u.gpu or u.key) not in self.c.low_now:
+            if (u.gpu or u.key) not in self.watch.low_now:
                 continue
             if u.seg is not None and u.seg.cause in (Cause.IDLE, Cause.GPU_ERROR):
                 continue
@@ -171,18 +173,18 @@ class NodeCorrelator:
         stale = self.timing.stale_seconds
         gj = self.c.gpu_jobs(t)
         for u in self.units.values():
-            if u.cols is None or u.gpu in self.c.low_now:
+            if u.cols is None or u.gpu in self.watch.low_now:
                 continue
             clk = u.cols.fields.get("sm_clock")
             if clk is not None:
-                self.baselines.observe(("clock", u.gpu), clk.value_at(t, stale))
+                self.baselines.observe((Kind.SM_CLOCK, u.gpu), clk.value_at(t, stale))
             nv = self.c.nvlink(u.cols, t)
             if nv is not None:
-                self.baselines.observe(("nvl", u.gpu), nv)
-                self.baselines.peak(("nvl", u.gpu), nv)
+                self.baselines.observe((Kind.NVLINK, u.gpu), nv)
+                self.baselines.peak((Kind.NVLINK, u.gpu), nv)
             job = gj.get(u.gpu, "")
             if job:
-                self.c.ever_busy.add((job, u.gpu))
+                self.watch.ever_busy.add((job, u.gpu))
 
     def _no_data(self, u: Unit, t: float) -> None:
         if (
@@ -237,7 +239,7 @@ class NodeCorrelator:
             if u.cols is not None:
                 job = self.c.gpu_jobs(t).get(u.gpu, "")
                 if job:
-                    self.c.ever_busy.add((job, u.gpu))
+                    self.watch.ever_busy.add((job, u.gpu))
             u.prev_t = t
             return
         u.pending = Mark(t, util)
@@ -368,4 +370,38 @@ class NodeCorrelator:
                 out.append(segment_window(self.node.instance, u, u.seg, u.last_low_t, open_=True))
         return out
 
-    # ---- classification ---------------------------------------------------------------------
+    # ---- what a live feed needs to know and to forget ---------------------------------------
+    def open_window_keys(self) -> frozenset[tuple[str, str, str, float]]:
+        """(gpu, uuid, job, start) of every open window: changes when one opens or splits."""
+        return frozenset(
+            (u.gpu, u.uuid, u.seg.job_id, round(u.seg.start, 3))
+            for u in self.units.values()
+            if u.seg is not None
+        )
+
+    def open_window_seconds(self) -> list[tuple[OpenKey, float]]:
+        """Per open window, ((gpu, uuid, job, cause), seconds of it so far): up to its last
+        low sample, or to where a challenger that may still split it off began."""
+        out = []
+        for u in self.units.values():
+            seg = u.seg
+            if seg is None:
+                continue
+            end = u.last_low_t if u.chal is None else min(u.last_low_t, u.chal.start)
+            out.append(((u.gpu, u.uuid, seg.job_id, seg.cause.value), max(0.0, end - seg.start)))
+        return out
+
+    def jobs_in_runs(self) -> set[str]:
+        """Jobs a window (or its challenger) or a CPU-only job's run still refers to."""
+        units = self.units.values()
+        busy = {seg.job_id for u in units for seg in (u.seg, u.chal) if seg is not None}
+        busy.update(u.cpu_job for u in units if u.cpu_job and u.run_start is not None)
+        return busy
+
+    def forget_jobs(self, ended: set[str]) -> None:
+        """Drops what the engine keeps per job for jobs that have ended: their baselines,
+        CPU-only units and busy marks. The caller drops their series from the node."""
+        for job_id in ended:
+            self.baselines.forget_prefix((Kind.JOB_READ, job_id))
+            self.units.pop("job:" + job_id, None)
+        self.watch.ever_busy = {k for k in self.watch.ever_busy if k[0] not in ended}

@@ -14,7 +14,6 @@ from typing import Final
 from gpufeed.config import CorrelatorConfig
 from gpufeed.correlator import openwindows
 from gpufeed.correlator.engine import NodeCorrelator, WindowParams
-from gpufeed.correlator.features import JOB_READ
 from gpufeed.correlator.loghealth import add_log_health
 from gpufeed.correlator.node import USED_METRIC_SET, NodeSeries
 from gpufeed.correlator.pacing import ScenarioClock
@@ -247,10 +246,7 @@ class CorrelatorProcessor:
         if t >= self._next_retry and log.health().pending_windows:
             self._next_retry = t + RETRY_EVERY_SECONDS
             self._log_error(log.retry())
-        units = self._corr.units.values()
-        keys = frozenset(
-            (u.gpu, u.uuid, u.seg.job_id, round(u.seg.start, 3)) for u in units if u.seg is not None
-        )
+        keys = self._corr.open_window_keys()
         if keys != self._saved_keys or (keys and t >= self._next_save):
             self._next_save = t + openwindows.SAVE_EVERY_SECONDS
             if self._save_record(log, self._open_windows()):
@@ -274,9 +270,8 @@ class CorrelatorProcessor:
         ones whose series stopped longest ago (down to 3/4 of it, so that churn does not
         make every sample pay for this), unless a window of theirs is still open (the
         window closes first; the job goes later) or they have a sample at `now`."""
-        node, units = self.node, self._corr.units
-        busy = {seg.job_id for u in units.values() for seg in (u.seg, u.chal) if seg is not None}
-        busy.update(u.cpu_job for u in units.values() if u.cpu_job and u.run_start is not None)
+        node = self.node
+        busy = self._corr.jobs_in_runs()
         last_seen: dict[str, float] = {}
         for (job_id, _), s in node.job_info.items():
             if s.ts:
@@ -295,9 +290,7 @@ class CorrelatorProcessor:
             return
         for job_id in ended:
             del node.jobs[job_id]
-            self._corr.baselines.forget_prefix((JOB_READ, job_id))
-            units.pop("job:" + job_id, None)
-        self._corr.c.ever_busy = {k for k in self._corr.c.ever_busy if k[0] not in ended}
+        self._corr.forget_jobs(ended)
         for m in (node.job_info, node.job_uuid, node.first_seen):
             for jk in [jk for jk in m if jk[0] in ended]:
                 del m[jk]
@@ -353,14 +346,9 @@ class CorrelatorProcessor:
         fb.declare(CAUSE, "gauge", "1 while an underutilization window is open, with its cause.")
         fb.declare(WINDOWS, "counter", "Closed underutilization windows per cause.")
         seconds = dict(self._seconds)
-        for u in self._corr.units.values():
-            seg = u.seg
-            if seg is None:
-                continue
-            end = u.last_low_t if u.chal is None else min(u.last_low_t, u.chal.start)
-            key = (u.gpu, u.uuid, seg.job_id, seg.cause.value)
+        for key, so_far in self._corr.open_window_seconds():
             # scenario seconds / pace: wall seconds, as closed windows count them
-            seconds[key] = seconds.get(key, 0.0) + max(0.0, end - seg.start) / self._pace
+            seconds[key] = seconds.get(key, 0.0) + so_far / self._pace
             fb.gauge(CAUSE, "", _labels(key), 1.0)
         for key, v in sorted(seconds.items()):
             fb.counter(SECONDS, "", _labels(key), v)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufeed.correlator.causes import Cause
+from gpufeed.correlator.names import DATA_TIER_FEATURES
+from gpufeed.correlator.names import Feature as F
 
 DECIDE_SCORE = 0.5
 SUPPORT_ONLY_CAP = 0.45
@@ -51,46 +53,46 @@ class Inhibit:
 C = Cause
 RULES: tuple[Rule, ...] = (
     # a lost GPU or a fatal XID
-    Rule(C.GPU_ERROR, "gpu_lost", 0.5, 1.0, 1.0),
-    Rule(C.GPU_ERROR, "xid_fatal_events", 0.5, 1.0, 0.95),
+    Rule(C.GPU_ERROR, F.GPU_LOST, 0.5, 1.0, 1.0),
+    Rule(C.GPU_ERROR, F.XID_FATAL_EVENTS, 0.5, 1.0, 0.95),
     # another GPU of the same job is lost or failed: the job's collectives stall on it
-    Rule(C.GPU_ERROR, "job_peer_gpu_error", 0.5, 1.0, 0.9),
+    Rule(C.GPU_ERROR, F.JOB_PEER_GPU_ERROR, 0.5, 1.0, 0.9),
     # no job holds the GPU (or, without job data, nothing is resident on it)
-    Rule(C.IDLE, "no_job", 0.5, 1.0, 0.95),
-    Rule(C.IDLE, "gpu_memory_idle", 0.5, 1.0, 0.85),
+    Rule(C.IDLE, F.NO_JOB, 0.5, 1.0, 0.95),
+    Rule(C.IDLE, F.GPU_MEMORY_IDLE, 0.5, 1.0, 0.85),
     # a job before its first steps
-    Rule(C.STARTUP, "job_not_yet_busy", 0.5, 1.0, 0.9),
-    Rule(C.STARTUP, "sdk_startup_share", 0.25, 0.55, 0.9),
+    Rule(C.STARTUP, F.JOB_NOT_YET_BUSY, 0.5, 1.0, 0.9),
+    Rule(C.STARTUP, F.SDK_STARTUP_SHARE, 0.25, 0.55, 0.9),
     # clock event reasons on this GPU, or on a GPU of the same job that the others wait for
-    Rule(C.THROTTLING, "clock_events_active", 0.5, 1.0, 0.9),
-    Rule(C.THROTTLING, "job_peer_clock_events_active", 0.5, 1.0, 0.85),
-    Rule(C.THROTTLING, "sm_clock_drop_ratio", 0.15, 0.4, 0.4, primary=False),
+    Rule(C.THROTTLING, F.CLOCK_EVENTS_ACTIVE, 0.5, 1.0, 0.9),
+    Rule(C.THROTTLING, F.JOB_PEER_CLOCK_EVENTS_ACTIVE, 0.5, 1.0, 0.85),
+    Rule(C.THROTTLING, F.SM_CLOCK_DROP_RATIO, 0.15, 0.4, 0.4, primary=False),
     # a write burst, the SDK's checkpoint phase; GPUs of the job stalled together
-    Rule(C.CHECKPOINTING, "write_burst_x_baseline", 3.0, 8.0, 0.85),
-    Rule(C.CHECKPOINTING, "job_checkpoint_write_bytes_per_second", 1e6, 5e7, 0.85),
-    Rule(C.CHECKPOINTING, "sdk_checkpoint_share", 0.25, 0.55, 0.9),
-    Rule(C.CHECKPOINTING, "job_gpus_stalled_ratio", 0.7, 1.0, 0.3, primary=False),
+    Rule(C.CHECKPOINTING, F.WRITE_BURST_X_BASELINE, 3.0, 8.0, 0.85),
+    Rule(C.CHECKPOINTING, F.JOB_CHECKPOINT_WRITE_BYTES_PER_SECOND, 1e6, 5e7, 0.85),
+    Rule(C.CHECKPOINTING, F.SDK_CHECKPOINT_SHARE, 0.25, 0.55, 0.9),
+    Rule(C.CHECKPOINTING, F.JOB_GPUS_STALLED_RATIO, 0.7, 1.0, 0.3, primary=False),
     # the data tier saturated (busy, queue deep) or slow (latency far above normal)
-    Rule(C.DATA_LOADING, "data_tier_read_latency_x_baseline", 2.5, 6.0, 0.9),
-    Rule(C.DATA_LOADING, "data_tier_busy_ratio", 0.85, 0.97, 0.8),
-    Rule(C.DATA_LOADING, "data_tier_queue_x_baseline", 3.0, 8.0, 0.8),
-    Rule(C.DATA_LOADING, "data_tier_read_peak_ratio", 0.85, 0.97, 0.4, primary=False),
-    Rule(C.DATA_LOADING, "io_pressure_ratio", 0.08, 0.35, 0.6, primary=False),
-    Rule(C.DATA_LOADING, "iowait_ratio", 0.05, 0.2, 0.4, primary=False),
-    Rule(C.DATA_LOADING, "sdk_data_wait_share", 0.2, 0.5, 0.6, primary=False),
+    Rule(C.DATA_LOADING, F.DATA_TIER_READ_LATENCY_X_BASELINE, 2.5, 6.0, 0.9),
+    Rule(C.DATA_LOADING, F.DATA_TIER_BUSY_RATIO, 0.85, 0.97, 0.8),
+    Rule(C.DATA_LOADING, F.DATA_TIER_QUEUE_X_BASELINE, 3.0, 8.0, 0.8),
+    Rule(C.DATA_LOADING, F.DATA_TIER_READ_PEAK_RATIO, 0.85, 0.97, 0.4, primary=False),
+    Rule(C.DATA_LOADING, F.IO_PRESSURE_RATIO, 0.08, 0.35, 0.6, primary=False),
+    Rule(C.DATA_LOADING, F.IOWAIT_RATIO, 0.05, 0.2, 0.4, primary=False),
+    Rule(C.DATA_LOADING, F.SDK_DATA_WAIT_SHARE, 0.2, 0.5, 0.6, primary=False),
     # the job says it waits for input while the node is stalled on I/O: storage is why,
     # even where the tier's own counters say little (no latency or busy time for it)
-    Rule(C.DATA_LOADING, "io_pressure_while_waiting_for_input", 0.1, 0.3, 0.75),
+    Rule(C.DATA_LOADING, F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT, 0.1, 0.3, 0.75),
     # input is late but storage is fine: the CPUs are saturated
-    Rule(C.PREPROCESSING, "cpu_busy_ratio", 0.85, 0.95, 0.85),
-    Rule(C.PREPROCESSING, "cpu_pressure_ratio", 0.15, 0.45, 0.75),
-    Rule(C.PREPROCESSING, "sdk_data_wait_share", 0.2, 0.5, 0.6, primary=False),
+    Rule(C.PREPROCESSING, F.CPU_BUSY_RATIO, 0.85, 0.95, 0.85),
+    Rule(C.PREPROCESSING, F.CPU_PRESSURE_RATIO, 0.15, 0.45, 0.75),
+    Rule(C.PREPROCESSING, F.SDK_DATA_WAIT_SHARE, 0.2, 0.5, 0.6, primary=False),
     # the fabric saturated (near link speed) or congested (transmit-wait up, throughput down)
-    Rule(C.NETWORK, "network_utilization_ratio", 0.8, 0.93, 0.85),
-    Rule(C.NETWORK, "network_transmit_wait_x_baseline", 3.0, 8.0, 0.85),
-    Rule(C.NETWORK, "network_throughput_drop_ratio", 0.25, 0.6, 0.4, primary=False),
-    Rule(C.NETWORK, "nvlink_peak_ratio", 0.9, 0.98, 0.6),
-    Rule(C.NETWORK, "sdk_communication_share", 0.25, 0.55, 0.6, primary=False),
+    Rule(C.NETWORK, F.NETWORK_UTILIZATION_RATIO, 0.8, 0.93, 0.85),
+    Rule(C.NETWORK, F.NETWORK_TRANSMIT_WAIT_X_BASELINE, 3.0, 8.0, 0.85),
+    Rule(C.NETWORK, F.NETWORK_THROUGHPUT_DROP_RATIO, 0.25, 0.6, 0.4, primary=False),
+    Rule(C.NETWORK, F.NVLINK_PEAK_RATIO, 0.9, 0.98, 0.6),
+    Rule(C.NETWORK, F.SDK_COMMUNICATION_SHARE, 0.25, 0.55, 0.6, primary=False),
 )
 
 INHIBITS: tuple[Inhibit, ...] = (
@@ -117,7 +119,7 @@ RULES_BY_CAUSE: dict[Cause, tuple[Rule, ...]] = {
     c: tuple(r for r in RULES if r.cause is c) for c in Cause
 }
 DATA_TIER_RULES = tuple(
-    r for r in RULES_BY_CAUSE[C.DATA_LOADING] if r.primary and r.feature.startswith("data_tier")
+    r for r in RULES_BY_CAUSE[C.DATA_LOADING] if r.primary and r.feature in DATA_TIER_FEATURES
 )
 
 

@@ -7,10 +7,21 @@ import math
 from dataclasses import dataclass, field
 
 from gpufeed.correlator.causes import Cause
+from gpufeed.correlator.names import Context as Ctx
 from gpufeed.correlator.node import GpuColumns
 from gpufeed.correlator.rules import RULES_BY_CAUSE
 from gpufeed.correlator.summary import summarize
 from gpufeed.correlator.window import Window
+
+
+@dataclass(slots=True)
+class Watch:
+    """The node-wide state of a run of the engine that classification reads: the engine
+    writes it, once per instant, before it classifies anything."""
+
+    start: float | None = None  # the first instant seen (what was there before is unknown)
+    low_now: set[str] = field(default_factory=set)  # GPUs (or unit keys) below the threshold
+    ever_busy: set[tuple[str, str]] = field(default_factory=set)  # (job, gpu) seen computing
 
 
 @dataclass(slots=True)
@@ -113,7 +124,7 @@ def segment_window(instance: str, u: Unit, seg: Segment, end: float, open_: bool
         if w > best.get(k, -1.0):
             best[k] = w
             ctx[k] = v
-    relevant = _CONTEXT_FOR.get(cause, ())
+    relevant = CONTEXT_FOR.get(cause, ())
     ctx = {k: v for k, v in ctx.items() if k in relevant}
     summary = summarize(cause, u.gpu, seg.job_id, ev, ctx)
     evidence: tuple[tuple[str, float | str], ...] = (*ev.items(), *ctx.items())
@@ -133,10 +144,10 @@ def segment_window(instance: str, u: Unit, seg: Segment, end: float, open_: bool
     )
 
 
-_CONTEXT_FOR: dict[Cause, tuple[str, ...]] = {
-    Cause.DATA_LOADING: ("data_tier",),
-    Cause.CHECKPOINTING: ("checkpoint_tier",),
-    Cause.NETWORK: ("network_device",),
-    Cause.THROTTLING: ("throttle_reasons", "throttled_peers"),
-    Cause.GPU_ERROR: ("xids", "failed_peers"),
+CONTEXT_FOR: dict[Cause, tuple[str, ...]] = {
+    Cause.DATA_LOADING: (Ctx.DATA_TIER,),
+    Cause.CHECKPOINTING: (Ctx.CHECKPOINT_TIER,),
+    Cause.NETWORK: (Ctx.NETWORK_DEVICE,),
+    Cause.THROTTLING: (Ctx.THROTTLE_REASONS, Ctx.THROTTLED_PEERS),
+    Cause.GPU_ERROR: (Ctx.XIDS, Ctx.FAILED_PEERS),
 }

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpufeed.correlator.causes import Cause
+from gpufeed.correlator.names import Context as Ctx
+from gpufeed.correlator.names import Feature as F
 
 HEADLINES = {
     Cause.DATA_LOADING: "waits for data from storage",
@@ -34,42 +36,43 @@ def _rate(x: float) -> str:
     return f"{x:.0f} B/s"
 
 
-def _phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
-    tier = ctx.get("data_tier", "data")
-    dev = ctx.get("network_device", "the fabric")
+def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
+    """The summary's words for feature `name` at value `v` (None: a name it does not know)."""
+    tier = ctx.get(Ctx.DATA_TIER, "data")
+    dev = ctx.get(Ctx.NETWORK_DEVICE, "the fabric")
     table = {
-        "data_tier_read_latency_x_baseline": f"{tier} tier read latency {_x(v)} its 1-hour median",
-        "data_tier_busy_ratio": f"{tier} tier {_pct(v)} busy",
-        "data_tier_queue_x_baseline": f"{tier} tier queue depth {_x(v)} normal",
-        "data_tier_read_peak_ratio": f"{tier} tier reads at {_pct(v)} of their peak",
-        "io_pressure_ratio": f"I/O pressure {_pct(v)}",
-        "iowait_ratio": f"iowait {_pct(v)}",
-        "sdk_data_wait_share": f"job waits for input {_pct(v)} of the time",
-        "io_pressure_while_waiting_for_input": f"I/O pressure {_pct(v)} while the job waits for input",
-        "cpu_busy_ratio": f"CPUs {_pct(v)} busy",
-        "cpu_pressure_ratio": f"CPU pressure {_pct(v)}",
-        "write_burst_x_baseline": f"write burst to the {ctx.get('checkpoint_tier', '?')} tier {_x(v)} normal",
-        "job_checkpoint_write_bytes_per_second": f"checkpoint writes {_rate(v)}",
-        "sdk_checkpoint_share": f"job in checkpoint {_pct(v)} of the time",
-        "job_gpus_stalled_ratio": f"{_pct(v)} of the job's GPUs stalled together",
-        "network_utilization_ratio": f"{dev} at {_pct(v)} of link speed",
-        "network_transmit_wait_x_baseline": f"{dev} transmit-wait {_x(v)} normal",
-        "network_throughput_drop_ratio": f"throughput down {_pct(v)}",
-        "nvlink_peak_ratio": f"NVLink at {_pct(v)} of its peak",
-        "sdk_communication_share": f"job in communication {_pct(v)} of the time",
-        "clock_events_active": f"clock event reasons active ({ctx.get('throttle_reasons', '?')})",
-        "job_peer_clock_events_active": (
-            f"waiting for throttled GPU {ctx.get('throttled_peers', '?')} of the same job"
-            f" ({ctx.get('throttle_reasons', '?')})"
+        F.DATA_TIER_READ_LATENCY_X_BASELINE: f"{tier} tier read latency {_x(v)} its 1-hour median",
+        F.DATA_TIER_BUSY_RATIO: f"{tier} tier {_pct(v)} busy",
+        F.DATA_TIER_QUEUE_X_BASELINE: f"{tier} tier queue depth {_x(v)} normal",
+        F.DATA_TIER_READ_PEAK_RATIO: f"{tier} tier reads at {_pct(v)} of their peak",
+        F.IO_PRESSURE_RATIO: f"I/O pressure {_pct(v)}",
+        F.IOWAIT_RATIO: f"iowait {_pct(v)}",
+        F.SDK_DATA_WAIT_SHARE: f"job waits for input {_pct(v)} of the time",
+        F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT: f"I/O pressure {_pct(v)} while the job waits for input",
+        F.CPU_BUSY_RATIO: f"CPUs {_pct(v)} busy",
+        F.CPU_PRESSURE_RATIO: f"CPU pressure {_pct(v)}",
+        F.WRITE_BURST_X_BASELINE: f"write burst to the {ctx.get(Ctx.CHECKPOINT_TIER, '?')} tier {_x(v)} normal",
+        F.JOB_CHECKPOINT_WRITE_BYTES_PER_SECOND: f"checkpoint writes {_rate(v)}",
+        F.SDK_CHECKPOINT_SHARE: f"job in checkpoint {_pct(v)} of the time",
+        F.JOB_GPUS_STALLED_RATIO: f"{_pct(v)} of the job's GPUs stalled together",
+        F.NETWORK_UTILIZATION_RATIO: f"{dev} at {_pct(v)} of link speed",
+        F.NETWORK_TRANSMIT_WAIT_X_BASELINE: f"{dev} transmit-wait {_x(v)} normal",
+        F.NETWORK_THROUGHPUT_DROP_RATIO: f"throughput down {_pct(v)}",
+        F.NVLINK_PEAK_RATIO: f"NVLink at {_pct(v)} of its peak",
+        F.SDK_COMMUNICATION_SHARE: f"job in communication {_pct(v)} of the time",
+        F.CLOCK_EVENTS_ACTIVE: f"clock event reasons active ({ctx.get(Ctx.THROTTLE_REASONS, '?')})",
+        F.JOB_PEER_CLOCK_EVENTS_ACTIVE: (
+            f"waiting for throttled GPU {ctx.get(Ctx.THROTTLED_PEERS, '?')} of the same job"
+            f" ({ctx.get(Ctx.THROTTLE_REASONS, '?')})"
         ),
-        "sm_clock_drop_ratio": f"SM clock down {_pct(v)}",
-        "job_not_yet_busy": "the job has not computed since it (re)started",
-        "sdk_startup_share": f"job reports start-up {_pct(v)} of the time",
-        "no_job": "no job holds the GPU",
-        "gpu_memory_idle": "nothing is resident on the GPU",
-        "gpu_lost": "the GPU is lost (gpufeed_gpu_up 0)",
-        "xid_fatal_events": f"fatal XID {ctx.get('xids', '?')}",
-        "job_peer_gpu_error": f"GPU {ctx.get('failed_peers', '?')} of the same job has failed",
+        F.SM_CLOCK_DROP_RATIO: f"SM clock down {_pct(v)}",
+        F.JOB_NOT_YET_BUSY: "the job has not computed since it (re)started",
+        F.SDK_STARTUP_SHARE: f"job reports start-up {_pct(v)} of the time",
+        F.NO_JOB: "no job holds the GPU",
+        F.GPU_MEMORY_IDLE: "nothing is resident on the GPU",
+        F.GPU_LOST: "the GPU is lost (gpufeed_gpu_up 0)",
+        F.XID_FATAL_EVENTS: f"fatal XID {ctx.get(Ctx.XIDS, '?')}",
+        F.JOB_PEER_GPU_ERROR: f"GPU {ctx.get(Ctx.FAILED_PEERS, '?')} of the same job has failed",
     }
     return table.get(name)
 
@@ -85,7 +88,7 @@ def summarize(
     who = f"GPU {gpu}" if gpu else "CPU job"
     if job_id:
         who += f" (job {job_id})"
-    phrases = [p for name, v in evidence.items() if (p := _phrase(name, v, context))]
+    phrases = [p for name, v in evidence.items() if (p := phrase(name, v, context))]
     line = f"{who} {HEADLINES[cause]}"
     if phrases:
         line += ": " + ", ".join(phrases[:limit])

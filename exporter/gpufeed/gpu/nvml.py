@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufeed import vocabulary
 from gpufeed.gpu.backend import BackendName, GpuIdentity, GpuProcess, GpuSample
 from gpufeed.gpu.counters import Integral, WrappingCounter
 from gpufeed.gpu.nvml_gpm import GpmError, GpmReading, GpmSession
@@ -42,23 +43,9 @@ class NvmlUnavailable(RuntimeError):
     """NVML cannot be used on this host: no driver, no library, or no GPU. One-line message."""
 
 
-# Clock event reasons: bit values from nvml.h, the same for the "ClocksEventReasons" call and
-# its deprecated "ClocksThrottleReasons" predecessor. The names are the `reason` label values.
+# Clock event reasons (name, nvml.h bit): the one list is gpufeed.vocabulary's.
 # Only the bits the GPU reports as supported are exported (nvmlDeviceGetSupportedClocks...).
-CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
-    ("gpu_idle", 0x1),
-    ("applications_clocks_setting", 0x2),
-    ("sw_power_cap", 0x4),
-    ("hw_slowdown", 0x8),
-    ("sync_boost", 0x10),
-    ("sw_thermal_slowdown", 0x20),
-    ("hw_thermal_slowdown", 0x40),
-    ("hw_power_brake_slowdown", 0x80),
-    ("display_clock_setting", 0x100),
-    # newer drivers (R550+); exported only where the GPU's supported mask has them
-    ("board_limit", 0x200),
-    ("reliability", 0x400),
-)
+CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = vocabulary.CLOCK_EVENT_REASON_BITS
 # Where the supported mask cannot be read: the bits every driver since R535 knows.
 _CLASSIC_REASON_BITS = 0x1FF
 

@@ -24,20 +24,20 @@ from dataclasses import dataclass
 
 from gpufeed.simulate import layout as L
 from gpufeed.simulate.phases import JobContext, JobLoad, Noise, job_load
-from gpufeed.simulate.scenario import CLOCK_EVENT_REASONS, JobSpec, PhaseSpec, Scenario
+from gpufeed.simulate.scenario import (
+    CLOCK_EVENT_REASONS,
+    PHASES,
+    JobSpec,
+    PhaseSpec,
+    Scenario,
+)
+from gpufeed.vocabulary import Cause
 
 _MASK = (1 << 64) - 1
 _REASON_INDEX = {r: i for i, r in enumerate(CLOCK_EVENT_REASONS)}
-CAUSE_OF_PHASE = {
-    "compute": None,
-    "startup": "startup",
-    "data_loading": "data_loading",
-    "preprocessing": "preprocessing",
-    "checkpointing": "checkpointing",
-    "network": "network",
-    "throttling": "throttling",
-    "gpu_error": "gpu_error",
-    "idle": "idle",
+# The ground truth of a phase: its cause (phases are named after them); compute is healthy.
+CAUSE_OF_PHASE: dict[str, str | None] = {
+    p: None if p == "compute" else Cause(p).value for p in PHASES
 }
 
 

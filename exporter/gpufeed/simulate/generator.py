@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from gpufeed.simulate.engine import mix
 from gpufeed.simulate.scenario import (
+    PHASES,
     THROTTLE_REASONS,
     EventSpec,
     JobSpec,
@@ -26,15 +27,8 @@ from gpufeed.simulate.scenario import (
     default_tiers,
 )
 
-STALL_CAUSES = (
-    "data_loading",
-    "preprocessing",
-    "checkpointing",
-    "network",
-    "throttling",
-    "gpu_error",
-    "idle",  # the job ends; it comes back through `startup`
-)
+# Every phase but compute and startup (idle: the job ends; it comes back through `startup`).
+STALL_CAUSES = tuple(p for p in PHASES if p not in ("compute", "startup"))
 CONFOUNDERS = ("busy_tier", "dip", "thermal")
 
 

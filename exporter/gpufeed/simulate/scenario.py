@@ -19,37 +19,38 @@ from typing import Any
 
 import yaml
 
+from gpufeed import vocabulary
 from gpufeed.config import ConfigError, _Reader, _show, compose_yaml, read_yaml_text
 
-# Phase names are the correlator's causes where the phase is a cause; `compute` is healthy.
-PHASES = (
+# Phase names are the correlator's causes (every cause evidence can decide); `compute` is
+# healthy. The order is the simulator's (its generator draws from it at fixed seeds).
+_C = vocabulary.Cause
+PHASES: tuple[str, ...] = (
     "compute",
-    "startup",
-    "data_loading",
-    "preprocessing",
-    "checkpointing",
-    "network",
-    "throttling",
-    "gpu_error",
-    "idle",
+    *(
+        c.value
+        for c in (
+            _C.STARTUP,
+            _C.DATA_LOADING,
+            _C.PREPROCESSING,
+            _C.CHECKPOINTING,
+            _C.NETWORK,
+            _C.THROTTLING,
+            _C.GPU_ERROR,
+            _C.IDLE,
+        )
+    ),
 )
 GUISES: dict[str, tuple[str, ...]] = {
     "data_loading": ("saturated", "contended"),
     "network": ("saturated", "congested"),
 }
+# The reasons a throttling phase and a thermal event pick from: all of them slowdown
+# reasons (gpufeed.vocabulary.SLOWDOWN_REASONS), so the correlator sees them as throttling.
 THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_power_cap")
 THERMAL_REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown")
 # Every clock event reason the simulated GPUs report (NVML's names, lower snake case).
-CLOCK_EVENT_REASONS = (
-    "gpu_idle",
-    "applications_clocks_setting",
-    "sw_power_cap",
-    "hw_slowdown",
-    "sync_boost",
-    "sw_thermal_slowdown",
-    "hw_thermal_slowdown",
-    "hw_power_brake_slowdown",
-)
+CLOCK_EVENT_REASONS = vocabulary.SIMULATED_CLOCK_EVENT_REASONS
 EVENT_KINDS = ("busy_tier", "dip", "thermal")
 FABRICS = ("ethernet", "infiniband", "roce")
 SCHEDULERS = ("slurm", "kubernetes", "process")

@@ -1,0 +1,79 @@
+"""The names the correlator's parts share: evidence features and context keys.
+
+Features (numbers) are what the rules score (rules.py), what features.py and classify.py
+compute, what a window's evidence lists (state.py) and what its summary phrases
+(summary.py); context keys (strings: which tier, which device) travel beside them. Each
+name is written once, here; tests/test_correlator_names.py checks that every rule's
+feature is one of these, that every feature has a rule and a summary phrase, and that the
+engine computes every feature a rule reads.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+
+class Feature:
+    """Evidence feature names (the keys of a window's `evidence`)."""
+
+    # gpu_error
+    GPU_LOST: Final = "gpu_lost"
+    XID_FATAL_EVENTS: Final = "xid_fatal_events"
+    JOB_PEER_GPU_ERROR: Final = "job_peer_gpu_error"
+    # idle
+    NO_JOB: Final = "no_job"
+    GPU_MEMORY_IDLE: Final = "gpu_memory_idle"
+    # startup
+    JOB_NOT_YET_BUSY: Final = "job_not_yet_busy"
+    SDK_STARTUP_SHARE: Final = "sdk_startup_share"
+    # throttling
+    CLOCK_EVENTS_ACTIVE: Final = "clock_events_active"
+    JOB_PEER_CLOCK_EVENTS_ACTIVE: Final = "job_peer_clock_events_active"
+    SM_CLOCK_DROP_RATIO: Final = "sm_clock_drop_ratio"
+    # checkpointing
+    WRITE_BURST_X_BASELINE: Final = "write_burst_x_baseline"
+    JOB_CHECKPOINT_WRITE_BYTES_PER_SECOND: Final = "job_checkpoint_write_bytes_per_second"
+    SDK_CHECKPOINT_SHARE: Final = "sdk_checkpoint_share"
+    JOB_GPUS_STALLED_RATIO: Final = "job_gpus_stalled_ratio"
+    # data_loading (the data tier's own features first)
+    DATA_TIER_READ_LATENCY_X_BASELINE: Final = "data_tier_read_latency_x_baseline"
+    DATA_TIER_BUSY_RATIO: Final = "data_tier_busy_ratio"
+    DATA_TIER_QUEUE_X_BASELINE: Final = "data_tier_queue_x_baseline"
+    DATA_TIER_READ_PEAK_RATIO: Final = "data_tier_read_peak_ratio"
+    IO_PRESSURE_RATIO: Final = "io_pressure_ratio"
+    IOWAIT_RATIO: Final = "iowait_ratio"
+    SDK_DATA_WAIT_SHARE: Final = "sdk_data_wait_share"
+    IO_PRESSURE_WHILE_WAITING_FOR_INPUT: Final = "io_pressure_while_waiting_for_input"
+    # preprocessing
+    CPU_BUSY_RATIO: Final = "cpu_busy_ratio"
+    CPU_PRESSURE_RATIO: Final = "cpu_pressure_ratio"
+    # network
+    NETWORK_UTILIZATION_RATIO: Final = "network_utilization_ratio"
+    NETWORK_TRANSMIT_WAIT_X_BASELINE: Final = "network_transmit_wait_x_baseline"
+    NETWORK_THROUGHPUT_DROP_RATIO: Final = "network_throughput_drop_ratio"
+    NVLINK_PEAK_RATIO: Final = "nvlink_peak_ratio"
+    SDK_COMMUNICATION_SHARE: Final = "sdk_communication_share"
+
+
+class Context:
+    """Context keys: strings beside the features (the window's evidence lists them too)."""
+
+    DATA_TIER: Final = "data_tier"
+    CHECKPOINT_TIER: Final = "checkpoint_tier"
+    NETWORK_DEVICE: Final = "network_device"
+    THROTTLE_REASONS: Final = "throttle_reasons"
+    THROTTLED_PEERS: Final = "throttled_peers"
+    XIDS: Final = "xids"
+    FAILED_PEERS: Final = "failed_peers"
+
+
+def _values(namespace: type) -> frozenset[str]:
+    return frozenset(v for k, v in vars(namespace).items() if k.isupper())
+
+
+FEATURES: Final[frozenset[str]] = _values(Feature)
+CONTEXT_KEYS: Final[frozenset[str]] = _values(Context)
+# The data tier's own features: the ones that pick which tier feeds a job (features.py).
+DATA_TIER_FEATURES: Final[frozenset[str]] = frozenset(
+    f for f in FEATURES if f.startswith("data_tier_")
+)
