@@ -295,3 +295,20 @@ def test_windows_open_at_kill_9_are_logged_at_the_next_start_once(tmp_path: Path
         assert [[w.gpu, str(w.start_seconds)] for w in closed] == opened
         assert all(dict(w.evidence)["interrupted"] == "agent stopped" for w in closed)
     assert len(list(read_log(str(path)))) == len(opened)
+
+
+def test_rotation_with_a_relative_path_keeps_its_backups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    log = WindowLog("w.jsonl", max_bytes=4096, backups=3)
+    for i in range(80):
+        log.append(seq_window(i))
+    log.close()
+    assert sorted(p.name for p in tmp_path.glob("w.jsonl.[0-9]")) == [
+        "w.jsonl.1",
+        "w.jsonl.2",
+        "w.jsonl.3",
+    ]
+    jobs = _jobs(tmp_path / "w.jsonl")
+    assert jobs[-1] == "job-79" and len(jobs) > 40

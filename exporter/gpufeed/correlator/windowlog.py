@@ -153,9 +153,9 @@ class WindowLog:
                     os.replace(src, f"{self.path}.{i + 1}")
             os.replace(self.path, f"{self.path}.1")
             # a kill mid-rotation may have left files beyond the kept number: drop the oldest
-            keep = {f"{self.path}.{i}" for i in range(1, self.backups + 1)}
+            keep = {os.path.abspath(f"{self.path}.{i}") for i in range(1, self.backups + 1)}
             for name in log_files(self.path)[:-1]:
-                if name not in keep:
+                if os.path.abspath(name) not in keep:
                     with contextlib.suppress(OSError):
                         os.unlink(name)
         else:
