@@ -312,3 +312,42 @@ def test_rotation_with_a_relative_path_keeps_its_backups(
     ]
     jobs = _jobs(tmp_path / "w.jsonl")
     assert jobs[-1] == "job-79" and len(jobs) > 40
+
+
+def test_a_log_that_opens_late_gets_the_windows_closed_before(tmp_path: Path) -> None:
+    """At start the log's directory cannot be made (a file is in the way); later another
+    process holds it; when it is free, the windows closed meanwhile are written, in order."""
+    blocker = tmp_path / "state"
+    blocker.write_text("not a directory")
+    path = blocker / "w.jsonl"
+    proc = CorrelatorProcessor(CorrelatorConfig(windows_log=str(path)), interval_seconds=5)
+    proc._closed(seq_window(0))  # the engine's on_window callback
+    blocker.unlink()
+    blocker.mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from gpufeed.correlator.windowlog import WindowLog; "
+            f"log = WindowLog({str(path)!r}); print('held', flush=True); sys.stdin.read()",
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO / "exporter")},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == b"held"
+    text, _ = scenarios.single("idle", "job_ended", seed=1, minutes=3)
+    snaps = snapshots_of(text)
+    try:
+        for snap in snaps[: len(snaps) // 2]:
+            fams = proc.process(snap)  # type: ignore[arg-type]  # never raises
+    finally:
+        holder.kill()
+        holder.wait()
+    assert _value(fams, WRITE_ERRORS) >= 2 and _value(fams, PENDING) == 1
+    proc._closed(seq_window(1))
+    for snap in snaps[len(snaps) // 2 :]:
+        fams = proc.process(snap)  # type: ignore[arg-type]
+    proc.close()
+    assert _jobs(path) == ["job-0", "job-1"]
+    assert _value(fams, PENDING) == 0

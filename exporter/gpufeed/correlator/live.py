@@ -20,7 +20,7 @@ from gpufeed.correlator.pacing import ScenarioClock
 from gpufeed.correlator.series import Series
 from gpufeed.correlator.view import Timing
 from gpufeed.correlator.window import Window
-from gpufeed.correlator.windowlog import MAX_PENDING, LogHealth, WindowLog
+from gpufeed.correlator.windowlog import MAX_PENDING, LogHealth, WindowLog, WindowLogInUse
 from gpufeed.correlator.windowlog_read import OPEN_RECORD, scan_log
 from gpufeed.model import Families, Family, LabelPairs
 from gpufeed.snapshot import Snapshot
@@ -109,7 +109,10 @@ class CorrelatorProcessor:
             self._load(log)
 
     def _open_log(self) -> None:
+        """Opens the log; at start another agent holding it is the caller's error
+        (WindowLogInUse), later it is one more failed attempt."""
         cfg = self._cfg
+        at_start = self._log is None and self._open_errors == 0
         try:
             log = WindowLog(
                 cfg.windows_log,
@@ -117,7 +120,9 @@ class CorrelatorProcessor:
                 cfg.windows_log_backups,
                 simulated=self._simulated,
             )
-        except OSError as e:
+        except (OSError, WindowLogInUse) as e:
+            if at_start and isinstance(e, WindowLogInUse):
+                raise
             # the correlator still runs and exports its metrics; the log is tried again
             self._open_errors += 1
             if self._open_errors == 1:
