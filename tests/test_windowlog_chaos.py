@@ -46,7 +46,7 @@ class Writer:
         env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
         self.up = threading.Event()
-        self.closed = -1
+        self.closing = -1  # the last window number handed over (maybe written)
         self.durable = -1
         self.done = False
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -58,8 +58,8 @@ class Writer:
             word, _, n = line.strip().partition(" ")
             if word == "up":
                 self.up.set()
-            elif word == "closed":
-                self.closed = int(n)
+            elif word == "closing":
+                self.closing = int(n)
             elif word == "durable":
                 self.durable = int(n)
             elif word == "done":
@@ -117,8 +117,8 @@ def test_no_durable_window_is_lost_duplicated_or_corrupted(tmp_path: Path) -> No
             w.kill()
             kills += 1
             durable.update(range(seq, w.durable + 1))
-            maybe_lost.update(range(max(seq, w.durable + 1), w.closed + 1))
-            seq = max(seq, w.closed + 1)
+            maybe_lost.update(range(max(seq, w.durable + 1), w.closing + 1))
+            seq = max(seq, w.closing + 1)
             if filler.exists() and rng.random() < 0.5:
                 filler.unlink()
         if filler.exists():

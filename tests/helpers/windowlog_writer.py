@@ -2,7 +2,8 @@
 agent's start path: lock, read back, open-windows record), then closes windows numbered
 from `start` through the engine's callback, and reports on stdout:
   up            the correlator started (the log was read back)
-  closed N      window N was handed to the log
+  closing N     window N is being handed to the log (said before, so that a kill right
+                after the write cannot make the test hand the same number out again)
   durable N     every window up to N is on disk (nothing pending)
 It runs until killed, or for `count` windows and then stops cleanly (`done`).
 """
@@ -41,8 +42,8 @@ def main() -> int:
     print("up", flush=True)
     seq = args.start
     while not args.count or seq < args.start + args.count:
+        print(f"closing {seq}", flush=True)
         proc._closed(seq_window(seq, pad=rng.randrange(200)))  # the engine's on_window
-        print(f"closed {seq}", flush=True)
         if proc._log is None:
             proc._open_log()  # what the agent does every REOPEN_EVERY_SECONDS
         elif proc._log.health().pending_windows:
