@@ -2,19 +2,23 @@
 
 The fixture trees of the host, network and storage collectors are laid into one node
 (procfs, sysfs, rootfs), the agent runs on it with `--gpu.backend=simulated`, and its
-/metrics page is linted with promtool and diffed against tests/fixtures/golden/agent.prom.
+/metrics page is linted with promtool and diffed, line for line (HELP, TYPE, series, values
+and their order), against tests/fixtures/golden/agent.prom.
 
-Dropped or masked before the diff, because they are not functions of the fixtures:
-- per-collector durations and the build info (Python version);
+Masked before the diff (the series stays, its value becomes `<v>`), because they are not
+functions of the fixtures:
+- per-collector durations, and the snapshot's timestamp (the wall clock);
 - capacity and free bytes (a real statvfs of the checkout's filesystem);
-- the simulated GPUs' values, which follow the wall clock, and the snapshot's timestamp:
-  their series and labels stay in the diff, their values become `<v>`.
+- the simulated GPUs' values that follow the simulation's clock (utilization, power,
+  counters...); what a GPU is (info, up, memory total and reserved) is diffed exactly;
+- the Python version label of the build info.
 
 Regenerate with GPUFEED_UPDATE_GOLDEN=1 and review the diff.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shutil
@@ -35,14 +39,35 @@ tiers:
   warm: [/mnt/datasets/imagenet, /mnt/typo]
   cold: [/mnt/raid, /data/archive]
 """
-DROPPED = (
-    "gpufeed_collector_duration_seconds",
-    "gpufeed_build_info",
-    "gpufeed_storage_capacity_bytes",
-    "gpufeed_storage_free_bytes",
+# Families whose values are not functions of the fixtures (see the module docstring).
+MASKED_VALUES = frozenset(
+    {
+        "gpufeed_collector_duration_seconds",
+        "gpufeed_snapshot_timestamp_seconds",
+        "gpufeed_storage_capacity_bytes",
+        "gpufeed_storage_free_bytes",
+        # the simulated GPUs, on the simulation's clock
+        "gpufeed_gpu_busy_seconds_total",
+        "gpufeed_gpu_clock_event_active",
+        "gpufeed_gpu_dram_bandwidth_utilization_ratio",
+        "gpufeed_gpu_energy_joules_total",
+        "gpufeed_gpu_memory_bandwidth_utilization_ratio",
+        "gpufeed_gpu_memory_used_bytes",
+        "gpufeed_gpu_nvlink_receive_bytes_total",
+        "gpufeed_gpu_nvlink_transmit_bytes_total",
+        "gpufeed_gpu_pcie_receive_bytes_total",
+        "gpufeed_gpu_pcie_transmit_bytes_total",
+        "gpufeed_gpu_power_watts",
+        "gpufeed_gpu_sm_active_ratio",
+        "gpufeed_gpu_sm_clock_hertz",
+        "gpufeed_gpu_sm_occupancy_ratio",
+        "gpufeed_gpu_temperature_celsius",
+        "gpufeed_gpu_tensor_active_ratio",
+        "gpufeed_gpu_utilization_ratio",
+    }
 )
-MASKED = ("gpufeed_snapshot_timestamp_seconds ",)
-SAMPLE = re.compile(r"^(?P<series>[a-z_:]+(?:\{.*\})?) (?P<value>\S+)$")
+SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?P<labels>\{.*\})? (?P<value>\S+)$")
+PYTHON_VERSION = re.compile(r'python_version="[^"]*"')
 
 
 def lay_node(dest: Path) -> dict[str, Path]:
@@ -65,18 +90,18 @@ def lay_node(dest: Path) -> dict[str, Path]:
 
 
 def normalize(body: str) -> list[str]:
+    """The page's lines, in order, with what must vary masked."""
     lines = []
     for line in body.splitlines():
-        if line.startswith("#") or line.startswith(DROPPED):
-            continue
-        m = SAMPLE.match(line)
-        assert m, f"not a sample line: {line!r}"
-        series = m["series"]
-        gpu_value = series.startswith("gpufeed_gpu_") and not series.startswith("gpufeed_gpu_info")
-        if gpu_value or line.startswith(MASKED):
-            line = f"{series} <v>"
+        if not line.startswith("#"):
+            m = SAMPLE.match(line)
+            assert m, f"not a sample line: {line!r}"
+            if m["name"] in MASKED_VALUES:
+                line = f"{m['name']}{m['labels'] or ''} <v>"
+            elif m["name"] == "gpufeed_build_info":
+                line = PYTHON_VERSION.sub('python_version="<v>"', line)
         lines.append(line)
-    return sorted(lines)
+    return lines
 
 
 @pytest.mark.slow
@@ -117,8 +142,10 @@ def test_agent_on_fixtures_and_simulated_gpus_matches_golden(
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
         GOLDEN.write_text("\n".join(got) + "\n")
     want = GOLDEN.read_text().splitlines()
-    missing = sorted(set(want) - set(got))
-    extra = sorted(set(got) - set(want))
-    assert not missing and not extra, (
-        f"missing from /metrics: {missing[:20]}\nunexpected: {extra[:20]}"
+    diff = "\n".join(
+        difflib.unified_diff(want, got, "golden/agent.prom", "/metrics", n=2, lineterm="")
+    )
+    assert not diff, (
+        "/metrics differs from the golden page (GPUFEED_UPDATE_GOLDEN=1 regenerates it; "
+        f"review the diff):\n{diff}"
     )
