@@ -6,7 +6,7 @@ Backends:
               microseconds); real NVML adds the driver's time on top (see bench/gpu-smoke.sh).
   nvml        NvmlBackend on the real driver (a GPU host).
   MOD:FACTORY any other backend, built by calling FACTORY() from module MOD, for example
-              the simulated node: gpufeed.gpu.simulated:<factory>.
+              the simulated node: gpufeed.simulate.gpu_backend:<factory>.
 
 Figures are medians over --samples calls of GpuCollector.collect() (backend sample plus
 family building), given in milliseconds and as ratios against references measured in the

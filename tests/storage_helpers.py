@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufeed.collectors.base import HostPaths
+from gpufeed.hostpaths import HostPaths
 from gpufeed.model import Family
 
 FIXTURES = Path(__file__).parent / "fixtures" / "storage"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.collectors.base import HostPaths
+from gpufeed.hostpaths import HostPaths
 from gpufeed.procfs.netdev import NetDevCounters, parse_netdev
 from gpufeed.sysfs.infiniband import (
     parse_counter,

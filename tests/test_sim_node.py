@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from gpufeed.catalogue import CATALOGUE
-from gpufeed.gpu.simulated import SimulatedGpuBackend
 from gpufeed.model import Family
 from gpufeed.simulate import build_simulated_node
+from gpufeed.simulate.gpu_backend import SimulatedGpuBackend
 from gpufeed.simulate.node import SimulatedNode
 from gpufeed.simulate.scenario import default_scenario, load_scenario, parse_scenario
 from sim_helpers import rate, sample_value

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.collectors.base import CollectorContext, HostPaths, PartialCollectionError
+from gpufeed.collectors.base import CollectorContext, PartialCollectionError
 from gpufeed.collectors.storage import StorageCollector
 from gpufeed.config import AgentConfig, TierConfig, parse_config
+from gpufeed.hostpaths import HostPaths
 from storage_helpers import NODE1, by_mount, labels_of, node_paths
 
 ROOT = NODE1 / "root"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from gpufeed.collectors.base import HostPaths
+from gpufeed.hostpaths import HostPaths
 from gpufeed.procfs.diskstats import parse_diskstats
 from gpufeed.procfs.mountinfo import parse_mountinfo
 from gpufeed.storage.devices import DeviceResolver

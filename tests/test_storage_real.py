@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.collectors.base import CollectorContext, HostPaths
+from gpufeed.collectors.base import CollectorContext
 from gpufeed.collectors.storage import StorageCollector
 from gpufeed.config import AgentConfig, TierConfig
+from gpufeed.hostpaths import HostPaths
 from gpufeed.model import Family
 from storage_helpers import labels_of
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from gpufeed.collectors.gpu import GpuCollector
     from gpufeed.web.connections import ConnectionLimits
     from gpufeed.web.webconfig import WebConfig
-from gpufeed.collectors.base import Collector, CollectorContext, HostPaths
+from gpufeed.collectors.base import Collector, CollectorContext
 from gpufeed.config import (
     DEFAULT_SDK_SOCKET,
     AgentConfig,
@@ -33,6 +33,7 @@ from gpufeed.config import (
     load_config,
 )
 from gpufeed.gpu.select import BACKEND_KINDS
+from gpufeed.hostpaths import HostPaths
 from gpufeed.sampler import Sampler
 from gpufeed.sdnotify import ServiceNotifier
 from gpufeed.snapshot import Processor, Sink

@@ -11,30 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 from gpufeed.config import AgentConfig
+from gpufeed.hostpaths import HostPaths
 from gpufeed.model import Family
-
-
-@dataclass(frozen=True, slots=True)
-class HostPaths:
-    """Where the host's pseudo-filesystems are; moved for containers and fixture trees."""
-
-    procfs: Path = Path("/proc")
-    sysfs: Path = Path("/sys")
-    rootfs: Path = Path("/")
-
-    def proc(self, *parts: str) -> Path:
-        return self.procfs.joinpath(*parts)
-
-    def sys(self, *parts: str) -> Path:
-        return self.sysfs.joinpath(*parts)
-
-    def root(self, path: str) -> Path:
-        """A host path (as mountinfo shows it) seen through --path.rootfs."""
-        return self.rootfs.joinpath(path.lstrip("/"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,8 @@ import errno
 import logging
 import os
 
-from gpufeed.collectors.base import HostPaths, PartialCollectionError
+from gpufeed.collectors.base import PartialCollectionError
+from gpufeed.hostpaths import HostPaths
 from gpufeed.logonce import OnceLogger
 from gpufeed.model import Families, Family
 from gpufeed.procfs.meminfo import parse_meminfo

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 
-from gpufeed.collectors.base import HostPaths, PartialCollectionError
+from gpufeed.collectors.base import PartialCollectionError
 from gpufeed.config import DEFAULT_XMIT_WAIT_TICK_BYTES
+from gpufeed.hostpaths import HostPaths
 from gpufeed.logonce import OnceLogger
 from gpufeed.model import Families, Family
 from gpufeed.procfs.netdev import parse_netdev

@@ -65,7 +65,7 @@ class GpuSample:
 
 
 class GpuBackend(Protocol):
-    """A source of GPU readings. Implementations: gpu.nvml.NvmlBackend, gpu.simulated.*."""
+    """A source of GPU readings. Implementations: gpu.nvml.NvmlBackend, simulate.gpu_backend."""
 
     @property
     def name(self) -> BackendName: ...

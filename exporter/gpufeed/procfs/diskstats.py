@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufeed.collectors.base import HostPaths
+from gpufeed.hostpaths import HostPaths
 
 SECTOR_BYTES = 512
 _MIN_FIELDS = 14

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed.collectors.base import HostPaths
+from gpufeed.hostpaths import HostPaths
 from gpufeed.procfs.escape import unescape_octal
 
 

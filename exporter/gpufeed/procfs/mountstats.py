@@ -16,7 +16,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from gpufeed.collectors.base import HostPaths
+from gpufeed.hostpaths import HostPaths
 from gpufeed.procfs.escape import unescape_octal
 from gpufeed.procfs.mountinfo import mount_table_pid
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gpufeed.collectors.base import Collector
-    from gpufeed.gpu.simulated import SimulatedGpuBackend
+    from gpufeed.simulate.gpu_backend import SimulatedGpuBackend
     from gpufeed.simulate.node import SimulatedNode
 
 __all__ = ["build_simulated_node"]
@@ -31,7 +31,7 @@ def build_simulated_node(
     seconds (default `time.monotonic`); the snapshot timestamps come from the sampler. Raises `ScenarioError` (a
     `ConfigError`) with file, key and line for a bad scenario.
     """
-    from gpufeed.gpu.simulated import SimulatedGpuBackend
+    from gpufeed.simulate.gpu_backend import SimulatedGpuBackend
     from gpufeed.simulate.node import SimulatedNode, SimulatedNodeCollector
     from gpufeed.simulate.scenario import load_scenario
 

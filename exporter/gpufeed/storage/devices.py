@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from gpufeed.collectors.base import HostPaths
+from gpufeed.hostpaths import HostPaths
 from gpufeed.procfs.diskstats import DiskStatsTable
 from gpufeed.procfs.mountinfo import MountInfo
 from gpufeed.sysfs.block import (

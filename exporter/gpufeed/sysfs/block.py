@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed.collectors.base import HostPaths
+from gpufeed.hostpaths import HostPaths
 
 _MAX_DEPTH = 16  # stacks are a few levels deep; this only stops a looping fixture tree
 

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed.collectors.base import HostPaths
+from gpufeed.hostpaths import HostPaths
 
 SATURATED_32 = 0xFFFFFFFF
 # The data counters count octets divided by 4 (IBA PortXmitData/PortRcvData units).

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufeed.collectors.base import HostPaths
+from gpufeed.hostpaths import HostPaths
 
 ARPHRD_ETHER = 1
 ARPHRD_INFINIBAND = 32

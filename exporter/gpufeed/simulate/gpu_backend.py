@@ -33,7 +33,7 @@ class SimulatedGpuBackend:
 
 def default_backend() -> SimulatedGpuBackend:
     """The built-in scenario's GPUs on the wall clock (for `bench/gpu_sampling.py
-    --backend gpufeed.gpu.simulated:default_backend`)."""
+    --backend gpufeed.simulate.gpu_backend:default_backend`)."""
     from gpufeed.simulate.scenario import default_scenario
 
     return SimulatedGpuBackend(SimulatedNode(default_scenario(), seed=1))
