@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from multiprocessing.process import BaseProcess
+from multiprocessing.queues import SimpleQueue
 from statistics import median
+from typing import Any
 
 from gpufeed.correlator.engine import NodeCorrelator, WindowParams
 from gpufeed.correlator.node import NodeSeries
@@ -44,16 +48,55 @@ def analyze_node(node: NodeSeries, params: WindowParams) -> list[Window]:
     return corr.windows
 
 
-# The nodes being analysed, inherited by forked workers instead of pickled to them.
-_SHARED: list[NodeSeries] = []
-
-
-def _analyze_shared(args: tuple[int, WindowParams]) -> list[Window]:
-    return analyze_node(_SHARED[args[0]], args[1])
-
-
 def _analyze_packed(args: tuple[NodeSeries, WindowParams]) -> list[Window]:
     return analyze_node(*args)
+
+
+def _analyze_forked(todo: list[NodeSeries], params: WindowParams, jobs: int) -> list[Window]:
+    """Nodes analysed in forked workers that inherit `todo` through their closure rather
+    than have every node pickled to them; each worker takes node indices from a queue
+    (uneven nodes balance out) and sends back each node's windows or its exception."""
+    ctx = multiprocessing.get_context("fork")
+    tasks: SimpleQueue[int | None] = ctx.SimpleQueue()
+    results: SimpleQueue[tuple[int, list[Window] | BaseException]] = ctx.SimpleQueue()
+
+    def work() -> None:
+        while (i := tasks.get()) is not None:
+            try:
+                results.put((i, analyze_node(todo[i], params)))
+            except Exception as exc:
+                results.put((i, exc))
+
+    workers = [ctx.Process(target=work, daemon=True) for _ in range(min(jobs, len(todo)))]
+    for w in workers:
+        w.start()
+    try:
+        for i in range(len(todo)):
+            tasks.put(i)
+        for _ in workers:
+            tasks.put(None)
+        by_node: dict[int, list[Window]] = {}
+        while len(by_node) < len(todo):
+            _wait_for_result(results, workers)
+            i, got = results.get()
+            if isinstance(got, BaseException):
+                raise got
+            by_node[i] = got
+    finally:
+        for w in workers:
+            w.kill()
+            w.join()
+    return [w for i in range(len(todo)) for w in by_node[i]]
+
+
+def _wait_for_result(results: SimpleQueue[Any], workers: Sequence[BaseProcess]) -> None:
+    """Blocks until a result is ready; a worker that died without sending one (killed,
+    out of memory) is an error rather than a wait forever."""
+    while results.empty():
+        dead = [w for w in workers if w.exitcode not in (None, 0)]
+        if dead and results.empty():
+            raise RuntimeError(f"an analysis worker died (exit status {dead[0].exitcode})")
+        time.sleep(0.01)
 
 
 def analyze_nodes(nodes: Iterable[NodeSeries], params: WindowParams, jobs: int = 1) -> list[Window]:
@@ -62,14 +105,7 @@ def analyze_nodes(nodes: Iterable[NodeSeries], params: WindowParams, jobs: int =
     out: list[Window] = []
     if jobs > 1 and len(todo) > 1:
         if "fork" in multiprocessing.get_all_start_methods():
-            _SHARED[:] = todo
-            try:
-                ctx = multiprocessing.get_context("fork")
-                with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-                    for ws in pool.map(_analyze_shared, [(i, params) for i in range(len(todo))]):
-                        out.extend(ws)
-            finally:
-                _SHARED.clear()
+            out = _analyze_forked(todo, params, jobs)
         else:
             with ProcessPoolExecutor(max_workers=jobs) as pool:
                 for ws in pool.map(_analyze_packed, [(n, params) for n in todo]):

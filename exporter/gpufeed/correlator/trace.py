@@ -66,8 +66,13 @@ class _FloatCache(dict[str, float]):
         return v
 
 
-def parse_chunk(data: bytes, validate_all: bool = False) -> ChunkResult:
+def parse_chunk(
+    data: bytes, validate_all: bool = False, seen: set[str] | None = None
+) -> ChunkResult:
     """Groups and converts one chunk (whole lines). Errors carry chunk-relative lines.
+
+    `seen`: series texts already found well-formed, shared by the chunks of one read so
+    each distinct series is parsed once per read (the caller owns it; None: this chunk's).
 
     Traces are written snapshot after snapshot, so a run of snapshots with the same series
     in the same order is converted column by column with slices (no per-line Python);
@@ -102,8 +107,9 @@ def parse_chunk(data: bytes, validate_all: bool = False) -> ChunkResult:
     if "" in body:
         body = [line for line in body if line]
     tcache = _FloatCache()
-    seen = _SEEN_HEADS
-    if len(seen) > 500_000:
+    if seen is None:
+        seen = set()
+    if len(seen) > 500_000:  # a bound, for traces with ever-new label sets
         seen.clear()
     if not _blocks(body, lines, res, tcache, seen, validate_all):
         return res
@@ -113,10 +119,6 @@ def parse_chunk(data: bytes, validate_all: bool = False) -> ChunkResult:
         return res
     res.samples = len(body)
     return res
-
-
-# Series texts already found well-formed, across the chunks a process reads.
-_SEEN_HEADS: set[str] = set()
 
 
 class LazyLines:
@@ -515,21 +517,23 @@ def _bad_timestamp(path: str) -> str:
     return f"{path}: a timestamp is not unix seconds between 2000 and 2100"
 
 
-def _read_and_parse(args: tuple[str, int, int, bool]) -> ChunkResult:
+def _read_and_parse(args: tuple[str, int, int, bool], seen: set[str] | None = None) -> ChunkResult:
     path, start, end, validate_all = args
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(end - start)
-    return parse_chunk(data, validate_all)
+    return parse_chunk(data, validate_all, seen)
 
 
 def iter_chunks(path: str, jobs: int, validate_all: bool = False) -> Iterator[ChunkResult]:
     bounds = _chunk_bounds(path, jobs)
     tasks = [(path, s, e, validate_all) for s, e in bounds]
     if jobs <= 1 or len(tasks) <= 1:
+        seen: set[str] = set()  # this read's well-formed series, across its chunks
         for t in tasks:
-            yield _read_and_parse(t)
+            yield _read_and_parse(t, seen)
         return
+    # in parallel each chunk checks its own series (a chunk is a worker's whole share)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         yield from pool.map(_read_and_parse, tasks)
 
