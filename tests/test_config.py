@@ -79,19 +79,21 @@ def test_instance_setting_flag_wins_over_config_over_the_default_rule() -> None:
 
 def test_network_settings_reach_the_network_collector() -> None:
     """Virtual interfaces are a config key wired to the collector the agent builds."""
-    from gpufeed.collectors import available
+    from gpufeed import wiring
     from gpufeed.collectors.base import CollectorContext, HostPaths
 
     fixture = Path(__file__).parent / "fixtures" / "network"
     host = HostPaths(procfs=fixture / "proc", sysfs=fixture / "sys", rootfs=fixture)
-    (spec,) = [s for s in available() if s.name == "network"]
+    spec = wiring.spec("network")
 
     def devices(text: str) -> set[str]:
-        collector = spec.factory(CollectorContext(paths=host, config=parse_config(text)))
+        collector = spec.build(wiring.Wiring(CollectorContext(host, parse_config(text))))
+        assert collector is not None
         return {dict(s.labels).get("device", "") for f in collector.collect() for s in f.samples}
 
     def wait_seconds(text: str) -> float:
-        collector = spec.factory(CollectorContext(paths=host, config=parse_config(text)))
+        collector = spec.build(wiring.Wiring(CollectorContext(host, parse_config(text))))
+        assert collector is not None
         wait = "gpufeed_network_transmit_wait_seconds_total"
         return sum(s.value for f in collector.collect() for s in f.samples if s.name == wait)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufeed.collectors.base import TickData
 from gpufeed.collectors.gpu import GpuCollector, build_gpu_collector, gpu_families
 from gpufeed.exposition import render_text
 from gpufeed.gpu.backend import GpuIdentity, GpuSample
@@ -128,13 +129,14 @@ def test_collector_over_nvml_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     fake.install(monkeypatch.setattr)
     collector, reason = build_gpu_collector("nvml")
     assert isinstance(collector, GpuCollector) and "2 GPU(s)" in reason
-    assert collector.last_samples == ()
+    assert collector.produce(TickData()).gpu_samples == ()
     try:
         got = series(collector.collect())
     finally:
         collector.close()
-    assert [p.pid for p in collector.last_samples[0].processes] == [4242]
-    assert collector.last_samples[1].processes == () and not collector.last_samples[1].up
+    handed_on = collector.produce(TickData()).gpu_samples  # to the job layer's collectors
+    assert [p.pid for p in handed_on[0].processes] == [4242]
+    assert handed_on[1].processes == () and not handed_on[1].up
     assert got[("gpufeed_gpu_up", (("gpu", "0"), ("uuid", "GPU-x")))] == 1.0
     assert got[("gpufeed_gpu_up", (("gpu", "1"), ("uuid", "")))] == 0.0
     assert got[("gpufeed_gpu_utilization_ratio", (("gpu", "0"), ("uuid", "GPU-x")))] == 0.97

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpufeed.collectors import available
+from gpufeed import wiring
 from gpufeed.collectors.base import CollectorContext, HostPaths, PartialCollectionError
 from gpufeed.collectors.host import HostCollector, user_hz
 from gpufeed.model import Family
@@ -171,10 +171,11 @@ def test_empty_root_fails_every_source(tmp_path: Path) -> None:
     assert flat(info.value.families) == {}
 
 
-def test_registered_in_available_and_honours_context_paths() -> None:
-    spec = {s.name: s for s in available()}["host"]
+def test_registered_in_the_wiring_table_and_honours_context_paths() -> None:
+    spec = wiring.spec("host")
     assert spec.default_enabled
-    c = spec.factory(CollectorContext(paths=HostPaths(procfs=FIX / "modern/proc")))
+    c = spec.build(wiring.Wiring(CollectorContext(paths=HostPaths(procfs=FIX / "modern/proc"))))
+    assert c is not None
     assert c.name == "host"
     got = flat(c.collect())
     assert got[(CPUS, ())] == 4

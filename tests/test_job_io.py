@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.collectors.base import CollectorContext, HostPaths
+from gpufeed.collectors.base import CollectorContext, HostPaths, TickData
 from gpufeed.collectors.job_io import JobIoCollector
 from gpufeed.jobs.io_accounting import (
     DeviceBytes,
@@ -24,7 +24,7 @@ POD = "1a2b3c4d-5e6f-7a8b-9c0d-0123456789ab"
 def series(c: JobIoCollector) -> dict[tuple[str, str, str], float]:
     return {
         (s.name.removeprefix("gpufeed_job_storage_"), s.label("job_id"), s.label("tier")): s.value
-        for s in iter_samples(c.collect())
+        for s in iter_samples(c.collect_with(TickData(devices_to_tier=TIERS)))
     }
 
 
@@ -77,7 +77,7 @@ def test_find_job_cgroups_stops_at_the_job_directory() -> None:
 
 def test_cgroup_v2_job_io_per_tier_with_proc_io_fallback() -> None:
     paths = HostPaths(procfs=FIXTURES / "procfs_jobs", sysfs=FIXTURES / "sysfs_jobs_v2")
-    c = JobIoCollector(CollectorContext(paths=paths), lambda: TIERS)
+    c = JobIoCollector(CollectorContext(paths=paths))
     assert series(c) == {
         # job 42: the job-level io.stat (covers its steps); 7:1 and 7:2 are both warm; 8:0
         # is in no tier and left out
@@ -95,9 +95,7 @@ def test_cgroup_v2_job_io_per_tier_with_proc_io_fallback() -> None:
 
 def test_cgroup_v1_blkio_and_sdk_job_pids() -> None:
     paths = HostPaths(procfs=FIXTURES / "procfs_jobs", sysfs=FIXTURES / "sysfs_jobs_v1")
-    c = JobIoCollector(
-        CollectorContext(paths=paths), lambda: TIERS, sdk_job_pids=lambda: {"my-run": [200]}
-    )
+    c = JobIoCollector(CollectorContext(paths=paths), sdk_job_pids=lambda: {"my-run": [200]})
     assert series(c) == {
         ("read_bytes_total", "43", "hot"): 3145728,
         ("written_bytes_total", "43", "hot"): 0,
@@ -118,7 +116,6 @@ def test_proc_io_fallback_stays_monotonic_when_a_process_exits(tmp_path: Path) -
     pids = {"j": [200, 300]}
     c = JobIoCollector(
         CollectorContext(paths=HostPaths(procfs=procfs, sysfs=tmp_path / "nosys")),
-        lambda: TIERS,
         sdk_job_pids=lambda: pids,
     )
     assert series(c)[("read_bytes_total", "j", "unattributed")] == 5096
@@ -137,7 +134,6 @@ def test_proc_io_fallback_counts_a_reaped_child_once(tmp_path: Path) -> None:
     shutil.copytree(FIXTURES / "procfs_jobs", procfs)
     c = JobIoCollector(
         CollectorContext(paths=HostPaths(procfs=procfs, sysfs=tmp_path / "nosys")),
-        lambda: TIERS,
         sdk_job_pids=lambda: {"j": [200, 300]},  # 300 is 200's child
     )
     assert series(c)[("read_bytes_total", "j", "unattributed")] == 4096 + 1000
@@ -159,7 +155,6 @@ def final_io_collector(
     shutil.copytree(FIXTURES / "procfs_jobs", procfs)
     c = JobIoCollector(
         CollectorContext(paths=HostPaths(procfs=procfs, sysfs=tmp_path / "nosys")),
-        lambda: TIERS,
         sdk_job_pids=lambda: pids,
         sdk_final_io=lambda: finals,
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.collectors.base import CollectorContext, HostPaths
+from gpufeed.collectors.base import CollectorContext, HostPaths, TickData
 from gpufeed.collectors.jobs import JobsCollector
 from gpufeed.config import AgentConfig, JobsConfig
 from gpufeed.gpu.backend import GpuIdentity, GpuProcess, GpuSample
@@ -27,9 +27,9 @@ def gpu(index: int, uuid: str, *pids: int) -> GpuSample:
     return GpuSample(ident, processes=tuple(GpuProcess(p) for p in pids))
 
 
-def infos(collector: JobsCollector) -> set[tuple[str, str, str, str]]:
+def infos(collector: JobsCollector, samples: list[GpuSample]) -> set[tuple[str, str, str, str]]:
     out = set()
-    for s in iter_samples(collector.collect()):
+    for s in iter_samples(collector.collect_with(TickData(gpu_samples=tuple(samples)))):
         assert s.name == "gpufeed_job_info" and s.value == 1
         assert s.label("uuid") in (UUID0, UUID1, UUID2)
         out.add((s.label("gpu"), s.label("job_id"), s.label("scheduler"), s.label("name")))
@@ -63,8 +63,8 @@ def test_read_mapping_dir_fixture() -> None:
 def test_job_info_per_held_gpu_none_for_idle_gpu() -> None:
     ctx = CollectorContext(paths=HostPaths(procfs=FIXTURES / "procfs_jobs"))
     samples = [gpu(0, UUID0, 100, 101), gpu(1, UUID1, 300, 555), gpu(2, UUID2)]
-    c = JobsCollector(ctx, lambda: samples)
-    assert infos(c) == {
+    c = JobsCollector(ctx)
+    assert infos(c, samples) == {
         ("0", "987654", "slurm", "python"),
         ("0", "1a2b3c4d-5e6f-7a8b-9c0d-0123456789ab", "kubernetes", "python3"),
         ("1", "pg200-7000", "process", "pt_main_thread"),  # pid 555 has exited: skipped
@@ -76,8 +76,8 @@ def test_mapping_dir_adds_allocated_gpus_and_sdk_names_jobs() -> None:
     ctx = CollectorContext(paths=HostPaths(procfs=FIXTURES / "procfs_jobs"), config=cfg)
     samples = [gpu(0, UUID0, 100), gpu(1, UUID1, 300), gpu(2, UUID2)]
     sdk_jobs = {300: ("my-run", "resnet50"), 100: ("ignored-id", "bert")}
-    c = JobsCollector(ctx, lambda: samples, sdk_job_for_pid=sdk_jobs.get)
-    assert infos(c) == {
+    c = JobsCollector(ctx, sdk_job_for_pid=sdk_jobs.get)
+    assert infos(c, samples) == {
         # the scheduler's id wins over the SDK's; the SDK's name is used
         ("0", "987654", "slurm", "bert"),
         ("0", "4242", "slurm", ""),
@@ -90,8 +90,8 @@ def test_mapping_dir_adds_allocated_gpus_and_sdk_names_jobs() -> None:
 
 def test_real_process_of_this_test_is_found() -> None:
     """Against the real /proc: this pytest process, as NVML would list it."""
-    c = JobsCollector(CollectorContext(), lambda: [gpu(0, UUID0, os.getpid())])
-    ((_, job_id, scheduler, name),) = infos(c)
+    c = JobsCollector(CollectorContext())
+    ((_, job_id, scheduler, name),) = infos(c, [gpu(0, UUID0, os.getpid())])
     assert scheduler in ("process", "slurm", "kubernetes")
     if scheduler == "process":
         pgid = os.getpgid(0)
@@ -135,29 +135,32 @@ def test_slurm_prolog_and_epilog_write_and_clear_the_mapping(tmp_path: Path) -> 
 
 def test_wiring_builds_three_collectors_sharing_the_sdk(tmp_path: Path) -> None:
     from gpufeed import sdk
-    from gpufeed.jobs.wiring import build_job_collectors
+    from gpufeed.collectors.sdk import SdkCollector
+    from gpufeed.wiring import Wiring, build_collectors
 
-    ctx = CollectorContext()
     sock = str(tmp_path / "sdk.sock")
-    parts = build_job_collectors(ctx, lambda: [gpu(0, UUID0, os.getpid())], dict, sock)
-    assert [c.name for c in parts.collectors()] == ["sdk", "jobs", "job_io"]
-    parts.start()
+    wiring = Wiring(CollectorContext(), sdk_socket=sock)
+    built = build_collectors(wiring, lambda name: name in ("sdk", "jobs", "job_io"))
+    assert [c.name for c in built] == ["sdk", "jobs", "job_io"]
+    sdk_collector, jobs, _ = built
+    assert isinstance(sdk_collector, SdkCollector) and isinstance(jobs, JobsCollector)
     try:
         job = sdk.Job("wired", socket=sock)
         for _ in job.track(range(3)):
             pass
         job._flush()
         deadline = time.monotonic() + 5
-        while parts.sdk.job_for_pid(os.getpid()) is None and time.monotonic() < deadline:
+        while sdk_collector.job_for_pid(os.getpid()) is None and time.monotonic() < deadline:
             time.sleep(0.01)
         # this process holds "GPU 0" and speaks for an SDK job: job_info carries its name
-        (info,) = iter_samples(parts.jobs.collect())
+        tick = TickData(gpu_samples=(gpu(0, UUID0, os.getpid()),))
+        (info,) = iter_samples(jobs.collect_with(tick))
         assert info.label("name") == "wired"
         if info.label("scheduler") == "process":
             assert info.label("job_id") == job.job_id
         job.close()
     finally:
-        parts.stop()
+        sdk_collector.stop()
     assert not Path(sock).exists()
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.collectors.base import CollectorContext
+from gpufeed.collectors.base import CollectorContext, TickData
 from gpufeed.collectors.job_io import JobIoCollector
 from gpufeed.collectors.jobs import JobsCollector
 from gpufeed.collectors.sdk import SdkCollector
@@ -215,8 +215,8 @@ def check_job_info(ctx: CollectorContext, sdk: SdkCollector, job_id: str, pid: i
     """While the training process lives: NVML would list it on a GPU; which job is it?"""
     ident = GpuIdentity(0, "GPU-test", "none", "0", "0000:00:00.0")
     gpu = GpuSample(ident, processes=(GpuProcess(pid),))
-    jobs = JobsCollector(ctx, lambda: [gpu], sdk.job_for_pid)
-    ((info,),) = [f.samples for f in jobs.collect()]
+    jobs = JobsCollector(ctx, sdk.job_for_pid)
+    ((info,),) = [f.samples for f in jobs.collect_with(TickData(gpu_samples=(gpu,)))]
     assert dict(info.labels) == {
         "job_id": job_id,
         "gpu": "0",
@@ -229,10 +229,8 @@ def check_job_info(ctx: CollectorContext, sdk: SdkCollector, job_id: str, pid: i
 def check_job_io(
     ctx: CollectorContext, sdk: SdkCollector, job_id: str, hot: Tier, warm: Tier
 ) -> None:
-    job_io = JobIoCollector(
-        ctx, lambda: {hot.dev: "hot", warm.dev: "warm"}, sdk_job_pids=sdk.pids_by_job
-    )
-    fams = job_io.collect()
+    job_io = JobIoCollector(ctx, sdk_job_pids=sdk.pids_by_job)
+    fams = job_io.collect_with(TickData(devices_to_tier={hot.dev: "hot", warm.dev: "warm"}))
     print({(s.label("tier"), s.name[-19:]): s.value for s in iter_samples(fams)})
     hot_read = value(fams, "gpufeed_job_storage_read_bytes_total", job_id=job_id, tier="hot")
     warm_read = value(fams, "gpufeed_job_storage_read_bytes_total", job_id=job_id, tier="warm")

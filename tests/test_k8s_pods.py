@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.collectors.base import CollectorContext, HostPaths
+from gpufeed.collectors.base import CollectorContext, HostPaths, TickData
 from gpufeed.collectors.jobs import JobsCollector, pod_labels
 from gpufeed.gpu.backend import GpuIdentity, GpuProcess, GpuSample
 from gpufeed.jobs.identity import parse_cgroup
@@ -174,7 +174,7 @@ def test_job_info_carries_the_pod_where_the_kubelet_names_it() -> None:
     ctx = CollectorContext(paths=HostPaths(procfs=FIXTURES / "procfs_jobs", rootfs=NODE))
     got = {
         (s.label("gpu"), s.label("job_id")): {k: v for k, v in s.labels if k.startswith("k8s_")}
-        for s in iter_samples(JobsCollector(ctx, lambda: samples).collect())
+        for s in iter_samples(JobsCollector(ctx).collect_with(TickData(gpu_samples=tuple(samples))))
     }
     assert got == {
         ("0", PROXY_UID): {

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpufeed.collectors import available
+from gpufeed import wiring
 from gpufeed.collectors.base import CollectorContext, HostPaths, PartialCollectionError
 from gpufeed.collectors.network import NetworkCollector, XmitWaitClock
 from gpufeed.model import Family
@@ -246,11 +246,11 @@ def test_host_without_rdma_is_not_an_error(tree: Path) -> None:
     }
 
 
-def test_registered_in_available_and_honours_context_paths() -> None:
-    specs = {s.name: s for s in available()}
-    spec = specs["network"]
+def test_registered_in_the_wiring_table_and_honours_context_paths() -> None:
+    spec = wiring.spec("network")
     assert spec.default_enabled
-    collector = spec.factory(CollectorContext(paths=paths(FIX)))
+    collector = spec.build(wiring.Wiring(CollectorContext(paths=paths(FIX))))
+    assert collector is not None
     assert collector.name == "network"
     assert flat(collector.collect())[(RX, nd("eno1", "ethernet"))] == 918273645501
 

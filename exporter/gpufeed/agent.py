@@ -18,10 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpufeed.agent_signals import early_handlers, on_hup, on_usr1
-from gpufeed.collectors import available
 
 if TYPE_CHECKING:
-    from gpufeed.collectors.gpu import GpuCollector
     from gpufeed.web.connections import ConnectionLimits
     from gpufeed.web.webconfig import WebConfig
 from gpufeed.collectors.base import Collector, CollectorContext
@@ -39,6 +37,13 @@ from gpufeed.sdnotify import ServiceNotifier
 from gpufeed.snapshot import Processor, Sink
 from gpufeed.statepaths import RunStateDir, is_production_path, simulated_config
 from gpufeed.web.webconfig import load_web_config
+from gpufeed.wiring import (
+    COLLECTORS,
+    Wiring,
+    build_collectors,
+    simulated_gpus,
+    simulated_node_collectors,
+)
 
 log = logging.getLogger("gpufeed.agent")
 
@@ -71,6 +76,16 @@ def register(subparsers: Any) -> None:
         ),
         formatter_class=_HelpFormatter,
     )
+    _add_config_and_listen_flags(p)
+    _add_web_flags(p)
+    _add_node_flags(p)
+    _add_gpu_flags(p)
+    _add_output_flags(p)
+    _add_collector_switches(p)
+    p.set_defaults(func=run)
+
+
+def _add_config_and_listen_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config",
         metavar="FILE",
@@ -86,7 +101,10 @@ def register(subparsers: Any) -> None:
         metavar="HOST:PORT",
         help=f"address to serve /metrics on; {DEFAULT_PORT} is used by no well-known exporter",
     )
-    _add_web_flags(p)
+
+
+def _add_node_flags(p: argparse.ArgumentParser) -> None:
+    """This node's name, where its host filesystems are, and how much it logs."""
     p.add_argument(
         "--instance",
         metavar="NAME",
@@ -119,6 +137,9 @@ def register(subparsers: Any) -> None:
         choices=["debug", "info", "warning", "error"],
         help="log verbosity",
     )
+
+
+def _add_gpu_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gpu.backend",
         dest="gpu_backend",
@@ -156,6 +177,9 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="seed of the simulated node's noise: the same seed gives the same values",
     )
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--record",
         metavar="FILE.om",
@@ -190,17 +214,17 @@ def register(subparsers: Any) -> None:
         metavar="SECONDS",
         help="how often to push OTLP",
     )
+
+
+def _add_collector_switches(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group(
         "collectors", "switch each collector on or off (--collector.NAME / --no-collector.NAME)"
     )
-    switches = [(spec.name, spec.help, spec.default_enabled) for spec in available()]
-    switches += [
-        ("gpu", "GPU metrics (NVML or simulated; see --gpu.backend)", True),
-        ("jobs", "which job holds which GPU (gpufeed_job_info)", True),
-        ("sdk", "per-job phases, steps, checkpoints and epochs from the SDK socket", True),
-        ("job_io", "per-job bytes read and written per storage tier (cgroup io accounting)", True),
-        ("correlator", "underutilization windows and their causes (live correlator)", True),
-    ]
+    switches = [(spec.name, spec.help, spec.default_enabled) for spec in COLLECTORS]
+    # not a collector: a processor of every snapshot, switched like one
+    switches.append(
+        ("correlator", "underutilization windows and their causes (live correlator)", True)
+    )
     for name, help_, default in switches:
         group.add_argument(
             f"--collector.{name}",
@@ -209,7 +233,6 @@ def register(subparsers: Any) -> None:
             default=default,
             help=help_,
         )
-    p.set_defaults(func=run)
 
 
 def _add_web_flags(p: argparse.ArgumentParser) -> None:
@@ -370,71 +393,30 @@ def close_parts(parts: AgentParts) -> None:
 
 
 def _add_parts(args: argparse.Namespace, ctx: CollectorContext, parts: AgentParts) -> None:
-    config = parts.config
     if args.simulate is not None:
         _add_simulated_node(args, parts)
     else:
         _add_host_collectors(args, ctx, parts)
     if args.collector_correlator:
-        from gpufeed.correlator.api import windows_routes
-        from gpufeed.correlator.live import CorrelatorProcessor
-        from gpufeed.correlator.windowlog import WindowLogInUse
-
-        try:
-            correlator = CorrelatorProcessor(
-                config.correlator,
-                interval_seconds=config.interval_seconds,
-                instance=config.instance,
-                simulated=is_simulated(args),
-                # a whole simulated node plays its scenario at this pace (see pacing)
-                pace=args.simulate_pace if args.simulate is not None else 1.0,
-            )
-        except WindowLogInUse as exc:
-            raise UsageError(str(exc)) from exc
-        if parts.run_dir.path and config.correlator.windows_log:
-            log.info(
-                "simulated node: windows log %s (this run only)", config.correlator.windows_log
-            )
-        parts.processors.append(correlator)
-        parts.routes.extend(windows_routes(correlator, simulated=bool(parts.banner)))
+        _add_correlator(args, parts)
     if args.record:
-        from gpufeed.record import TraceRecorder
-
-        try:
-            parts.sinks.append(TraceRecorder(args.record, instance=config.instance))
-        except OSError as exc:
-            raise UsageError(f"--record {args.record}: {exc.strerror or exc}") from exc
+        _add_recorder(args.record, parts)
     if args.otlp_endpoint:
-        from gpufeed.otlp import OtlpSink
-
-        if args.otlp_interval <= 0:
-            raise UsageError(f"--otlp.interval {args.otlp_interval:g}: must be positive")
-        parts.sinks.append(
-            OtlpSink(
-                args.otlp_endpoint,
-                push_interval_seconds=args.otlp_interval,
-                instance=config.instance,
-            )
-        )
+        _add_otlp(args.otlp_endpoint, args.otlp_interval, parts)
 
 
 def _add_simulated_node(args: argparse.Namespace, parts: AgentParts) -> None:
     """--simulate: the simulated node replaces every real collector, and says so everywhere."""
-    from gpufeed.collectors.gpu import build_gpu_collector
-    from gpufeed.simulate import build_simulated_node
-
     try:
-        backend, sim_collectors, _ = build_simulated_node(
-            args.simulate or None, seed=args.simulate_seed, pace=args.simulate_pace
+        parts.collectors.extend(
+            simulated_node_collectors(
+                args.simulate or None, seed=args.simulate_seed, pace=args.simulate_pace
+            )
         )
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
         raise UsageError(str(exc)) from exc
-    gpu, _ = build_gpu_collector("simulated", simulated=lambda: backend)
-    if gpu is not None:
-        parts.collectors.append(gpu)
-    parts.collectors.extend(sim_collectors)
     parts.banner = SIMULATED_BANNER
     scenario = args.simulate or "the built-in scenario"
     log.info("simulated node from %s at pace %g", scenario, args.simulate_pace)
@@ -451,61 +433,64 @@ def _add_simulated_node(args: argparse.Namespace, parts: AgentParts) -> None:
 def _add_host_collectors(
     args: argparse.Namespace, ctx: CollectorContext, parts: AgentParts
 ) -> None:
-    storage: Any = None
-    for spec in available():
-        if getattr(args, f"collector_{spec.name}", spec.default_enabled):
-            collector = spec.factory(ctx)
-            parts.collectors.append(collector)
-            if spec.name == "storage":
-                storage = collector
-    gpu = _gpu_collector(args) if args.collector_gpu else None
-    if args.gpu_backend == "simulated":
-        parts.banner = SIMULATED_BANNER
-    if gpu is not None:
-        parts.collectors.append(gpu)
-    if not (args.collector_jobs or args.collector_sdk or args.collector_job_io):
-        return
-    from gpufeed.jobs.wiring import build_job_collectors
-
-    jobs = build_job_collectors(
-        ctx,
-        (lambda: gpu.last_samples) if gpu is not None else (lambda: ()),
-        storage.devices_to_tier if storage is not None else dict,
-        socket_path=args.sdk_socket,
-    )
-    if args.collector_sdk:
-        try:
-            jobs.start()
-        except OSError as exc:
-            # The rest of the agent is still worth serving; the SDK series are just absent.
-            log.error("SDK socket: %s; SDK metrics are off", exc)
-    wanted = {
-        "sdk": args.collector_sdk,
-        "jobs": args.collector_jobs,
-        "job_io": args.collector_job_io,
-    }
-    parts.collectors.extend(c for c in jobs.collectors() if wanted.get(c.name, True))
-
-
-def _gpu_collector(args: argparse.Namespace) -> GpuCollector | None:
-    from gpufeed.collectors.gpu import build_gpu_collector
+    """This host's collectors, as the registration table (gpufeed.wiring) builds them."""
     from gpufeed.gpu.nvml import NvmlUnavailable
 
-    simulated = None
-    if args.gpu_backend == "simulated":
+    wiring = Wiring(ctx, gpu_backend=args.gpu_backend, sdk_socket=args.sdk_socket)
+    if args.gpu_backend == "simulated" and args.collector_gpu:
         # Only the GPUs are simulated (fixtures and demos); --simulate replaces the whole node.
-        from gpufeed.simulate import build_simulated_node
-
-        backend, _, _ = build_simulated_node(
+        wiring.simulated_gpus = simulated_gpus(
             args.simulate or None, seed=args.simulate_seed, pace=args.simulate_pace
         )
-        simulated = lambda: backend  # noqa: E731
+    if args.gpu_backend == "simulated":
+        parts.banner = SIMULATED_BANNER
     try:
-        collector, reason = build_gpu_collector(args.gpu_backend, simulated=simulated)
+        built = build_collectors(wiring, lambda name: bool(getattr(args, f"collector_{name}")))
     except NvmlUnavailable as exc:
         raise UsageError(f"--gpu.backend=nvml: {exc}") from exc
-    log.info("%s", reason)
-    return collector
+    parts.collectors.extend(built)
+
+
+def _add_correlator(args: argparse.Namespace, parts: AgentParts) -> None:
+    from gpufeed.correlator.api import windows_routes
+    from gpufeed.correlator.live import CorrelatorProcessor
+    from gpufeed.correlator.windowlog import WindowLogInUse
+
+    config = parts.config
+    try:
+        correlator = CorrelatorProcessor(
+            config.correlator,
+            interval_seconds=config.interval_seconds,
+            instance=config.instance,
+            simulated=is_simulated(args),
+            # a whole simulated node plays its scenario at this pace (see pacing)
+            pace=args.simulate_pace if args.simulate is not None else 1.0,
+        )
+    except WindowLogInUse as exc:
+        raise UsageError(str(exc)) from exc
+    if parts.run_dir.path and config.correlator.windows_log:
+        log.info("simulated node: windows log %s (this run only)", config.correlator.windows_log)
+    parts.processors.append(correlator)
+    parts.routes.extend(windows_routes(correlator, simulated=bool(parts.banner)))
+
+
+def _add_recorder(path: str, parts: AgentParts) -> None:
+    from gpufeed.record import TraceRecorder
+
+    try:
+        parts.sinks.append(TraceRecorder(path, instance=parts.config.instance))
+    except OSError as exc:
+        raise UsageError(f"--record {path}: {exc.strerror or exc}") from exc
+
+
+def _add_otlp(endpoint: str, interval_seconds: float, parts: AgentParts) -> None:
+    from gpufeed.otlp import OtlpSink
+
+    if interval_seconds <= 0:
+        raise UsageError(f"--otlp.interval {interval_seconds:g}: must be positive")
+    parts.sinks.append(
+        OtlpSink(endpoint, push_interval_seconds=interval_seconds, instance=parts.config.instance)
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,7 +4,10 @@ Each collector has its own worker thread. On every tick the sampler triggers eve
 that is idle and waits until the deadline; a collector that has not answered by then is
 marked failed for that tick, and is not triggered again until its stuck call returns, so a
 hung NFS mount costs one thread, never a pile of them, and never delays the other
-collectors or the scrape. Processors (the correlator) then derive their families, the
+collectors or the scrape. A collector that needs another's reading (a `Consumer`, see
+collectors.base) is triggered after its producers have answered in the same tick, with
+their `TickData`; it waits for them at most half the time bound, so a hung producer leaves
+it time to run without that data. Processors (the correlator) then derive their families, the
 snapshot is rendered once, and sinks (the recorder) receive it.
 """
 
@@ -18,7 +21,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpufeed import __version__
-from gpufeed.collectors.base import Collector, PartialCollectionError
+from gpufeed.collectors.base import (
+    Collector,
+    Consumer,
+    PartialCollectionError,
+    Producer,
+    TickData,
+)
 from gpufeed.exposition import merge_families, render_text
 from gpufeed.model import Families, Family
 from gpufeed.snapshot import CollectorStatus, Processor, Sink, Snapshot
@@ -45,6 +54,7 @@ class _Worker:
         self._done = threading.Event()
         self._done.set()
         self._stop = False
+        self._data = TickData()
         self.result: list[Family] = []
         self.error = ""
         self.duration_seconds = 0.0
@@ -57,7 +67,9 @@ class _Worker:
     def busy(self) -> bool:
         return not self._done.is_set()
 
-    def trigger(self) -> None:
+    def trigger(self, data: TickData | None = None) -> None:
+        """`data`: the producers' readings of this tick, for a `Consumer`."""
+        self._data = data or TickData()
         self._done.clear()
         self._go.set()
 
@@ -76,7 +88,8 @@ class _Worker:
                 return
             started = time.perf_counter()
             try:
-                self.result = self.collector.collect()
+                c = self.collector
+                self.result = c.collect_with(self._data) if isinstance(c, Consumer) else c.collect()
                 self.error = ""
             except PartialCollectionError as exc:
                 # Failed, but what it did read is still published.
@@ -103,6 +116,7 @@ class Sampler:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._workers = [_Worker(c) for c in collectors]
+        self._trigger_order = _producers_first(self._workers)
         self._interval = interval_seconds
         self._timeout = min(timeout_seconds, interval_seconds * 5)
         if self._timeout < timeout_seconds:
@@ -201,11 +215,17 @@ class Sampler:
         timestamp = self._clock()
         started = time.monotonic()
         deadline = started + self._timeout
-        triggered = []
-        for w in self._workers:
-            if not w.busy:
+        triggered: list[_Worker] = []
+        handoff_deadline = started + self._timeout / 2
+        for w in self._trigger_order:
+            if w.busy:
+                continue
+            if isinstance(w.collector, Consumer):
+                needs = w.collector.needs
+                w.trigger(self._tick_data(needs, triggered, handoff_deadline))
+            else:
                 w.trigger()
-                triggered.append(w)
+            triggered.append(w)
         families: list[Family] = []
         statuses: list[CollectorStatus] = []
         for w in self._workers:
@@ -247,6 +267,17 @@ class Sampler:
             except Exception:
                 log.exception("sink %s failed", sink.name)
         return rendered
+
+    def _tick_data(self, needs: Sequence[str], triggered: list[_Worker], until: float) -> TickData:
+        """What the producers named in `needs` read in this tick: only those triggered in
+        this tick that answer by `until` without error add theirs."""
+        data = TickData()
+        for w in triggered:
+            if w.name not in needs or not isinstance(w.collector, Producer):
+                continue
+            if w.wait(until - time.monotonic()) and not w.error:
+                data = w.collector.produce(data)
+        return data
 
     def _render(self, families: Sequence[Family]) -> bytes:
         try:
@@ -305,3 +336,28 @@ class Sampler:
         if self._static is not None:
             f.extend(self._static())
         return f.build()
+
+
+def _producers_first(workers: list[_Worker]) -> list[_Worker]:
+    """Workers in an order where every consumer comes after the producers it needs (those
+    present); a cycle of needs is a wiring error."""
+    by_name = {w.name: w for w in workers}
+    ordered: list[_Worker] = []
+    placing: set[str] = set()
+
+    def place(w: _Worker) -> None:
+        if w in ordered:
+            return
+        if w.name in placing:
+            raise ValueError(f"collector {w.name!r} needs itself through {sorted(placing)}")
+        placing.add(w.name)
+        if isinstance(w.collector, Consumer):
+            for need in w.collector.needs:
+                if need in by_name:
+                    place(by_name[need])
+        placing.discard(w.name)
+        ordered.append(w)
+
+    for w in sorted(workers, key=lambda w: isinstance(w.collector, Consumer)):
+        place(w)
+    return ordered

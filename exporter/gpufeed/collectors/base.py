@@ -5,15 +5,24 @@ under a time bound. A collector may keep private state between calls (a previous
 for a rate, a file handle), but what it returns is always built anew from current data.
 Raising from `collect()` marks the collector failed for that interval; returning an empty
 list is "no data", which is not a failure.
+
+Collectors never read each other's attributes. What one needs from another (the job layer
+needs the GPU processes and the storage tiers' devices) flows through the sampler's tick: a
+`Producer` adds what its last collect() read to the tick's `TickData` once that call has
+returned, and a `Consumer` of it runs after its producers in the same tick and receives it,
+so it always sees the same tick's data, or none (producer off, failed or late), never an
+older tick's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from types import MappingProxyType
+from typing import Protocol, runtime_checkable
 
 from gpufeed.config import AgentConfig
+from gpufeed.gpu.backend import GpuSample
 from gpufeed.hostpaths import HostPaths
 from gpufeed.model import Family
 
@@ -33,13 +42,34 @@ class Collector(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class CollectorSpec:
-    """A collector the CLI can switch with --collector.NAME / --no-collector.NAME."""
+class TickData:
+    """What producers read in one tick, for the consumers of the same tick; empty when the
+    producer is off or did not answer in time."""
+
+    gpu_samples: tuple[GpuSample, ...] = ()  # from "gpu": the processes on each GPU
+    # from "storage": "MAJ:MIN" -> tier of the block devices behind the tiers
+    devices_to_tier: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@runtime_checkable
+class Producer(Protocol):
+    """A collector whose reading other collectors of the same tick need."""
 
     name: str
-    help: str
-    default_enabled: bool
-    factory: Callable[[CollectorContext], Collector]
+
+    def produce(self, data: TickData) -> TickData:
+        """`data` with what the last collect() read added (called after it returned)."""
+        ...
+
+
+@runtime_checkable
+class Consumer(Protocol):
+    """A collector that needs producers' data; the sampler runs it after them."""
+
+    name: str
+    needs: tuple[str, ...]  # the producers' names
+
+    def collect_with(self, data: TickData) -> list[Family]: ...
 
 
 class PartialCollectionError(RuntimeError):

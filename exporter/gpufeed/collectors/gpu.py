@@ -8,8 +8,10 @@ agent's own counts, which show the XID 79 that took it down); its readings are a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from gpufeed.catalogue import spec
+from gpufeed.collectors.base import TickData
 from gpufeed.gpu.backend import GpuBackend, GpuSample
 from gpufeed.gpu.select import BackendKind, make_backend
 from gpufeed.model import Families, Family
@@ -104,13 +106,13 @@ class GpuCollector:
     def backend(self) -> GpuBackend:
         return self._backend
 
-    @property
-    def last_samples(self) -> tuple[GpuSample, ...]:
-        """The readings behind the last `collect()` (processes per GPU for the job layer),
-        so other parts need not ask NVML a second time. Replaced whole, never mutated."""
-        return self._last
+    def produce(self, data: TickData) -> TickData:
+        """The readings behind the last `collect()` (processes per GPU, for the job layer),
+        so other collectors need not ask NVML a second time."""
+        return replace(data, gpu_samples=self._last)
 
     def collect(self) -> list[Family]:
+        self._last = ()  # a failed reading hands on nothing, not the one before
         samples = tuple(self._backend.sample())
         self._last = samples
         return gpu_families(samples, self._backend.name)

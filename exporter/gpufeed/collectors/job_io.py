@@ -4,7 +4,7 @@ Jobs are found by walking the cgroup trees for Slurm and Kubernetes job director
 (gpufeed.jobs.io_accounting); their bytes per device come from cgroup v2 io.stat or v1
 blkio.throttle.io_service_bytes, and devices map to tiers through `devices_to_tier`
 ("MAJ:MIN" -> tier name, from the storage collector's mount resolution). Devices in no tier
-are left out. Where a job's cgroup has no usable accounting, and for SDK jobs that run under
+are left out (it is a `Consumer` of "storage": the map is the one of the same tick). Where a job's cgroup has no usable accounting, and for SDK jobs that run under
 no scheduler, the job's processes' /proc/PID/io is summed instead, with tier="unattributed"
 because that file does not say which device the bytes went to.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from gpufeed.collectors.base import CollectorContext
+from gpufeed.collectors.base import CollectorContext, TickData
 from gpufeed.jobs.identity import read_proc_stat, read_text
 from gpufeed.jobs.io_accounting import (
     DeviceBytes,
@@ -26,7 +26,6 @@ from gpufeed.jobs.io_accounting import (
 )
 from gpufeed.model import Families, Family
 
-DevicesToTier = Callable[[], Mapping[str, str]]
 JobPids = Callable[[], Mapping[str, Sequence[int]]]
 
 UNATTRIBUTED_TIER = "unattributed"
@@ -124,23 +123,26 @@ def _larger(a: DeviceBytes, b: DeviceBytes) -> DeviceBytes:
 
 class JobIoCollector:
     name = "job_io"
+    needs = ("storage",)
 
     def __init__(
         self,
         context: CollectorContext,
-        devices_to_tier: DevicesToTier,
         sdk_job_pids: JobPids | None = None,
         sdk_final_io: JobFinalIo | None = None,
     ) -> None:
         self._procfs = context.paths.procfs
         self._cgroup_root = context.paths.sys("fs", "cgroup")
-        self._devices_to_tier = devices_to_tier
         self._sdk_job_pids = sdk_job_pids
         self._sdk_final_io = sdk_final_io
         self._proc_sums: dict[str, _ProcIoSum] = {}
 
     def collect(self) -> list[Family]:
-        tiers = self._devices_to_tier()
+        """Without the storage collector's map: only the bytes no device names (/proc)."""
+        return self.collect_with(TickData())
+
+    def collect_with(self, data: TickData) -> list[Family]:
+        tiers = data.devices_to_tier
         accounted: dict[str, dict[str, DeviceBytes]] = {}
         fallback: dict[str, list[int]] = {}
         for root, filename, parse in self._sources():

@@ -5,8 +5,9 @@ scheduler job (gpufeed.jobs.identity); the mapping directory (`jobs.mapping_dir`
 Slurm's prolog) adds jobs that hold a GPU before any process runs on it. A GPU no job holds
 gets no series.
 
-The GPU processes come from the GPU collector's latest reading through `gpu_samples`, a
-callable, so this collector never talks to NVML itself. `sdk_job_for_pid`, when given, lets a
+The GPU processes come from the GPU collector's reading of the same tick (it is a
+`Consumer` of "gpu": the sampler hands it the tick's `TickData`), so this collector never
+talks to NVML itself. `sdk_job_for_pid`, when given, lets a
 process that runs no scheduler but uses the SDK appear under its SDK job id and name, so that
 job_info joins the SDK's per-job series.
 
@@ -24,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpufeed.catalogue import K8S_POD as K8S_POD_LABELS
-from gpufeed.collectors.base import CollectorContext
+from gpufeed.collectors.base import CollectorContext, TickData
 from gpufeed.gpu.backend import GpuSample
 from gpufeed.jobs.identity import (
     SCHEDULER_KUBERNETES,
@@ -38,7 +39,6 @@ from gpufeed.jobs.kubernetes import PodDirectory, PodRef
 from gpufeed.jobs.mapping_dir import read_mapping_dir
 from gpufeed.model import Families, Family
 
-GpuSamplesSource = Callable[[], Sequence[GpuSample]]
 SdkJobLookup = Callable[[int], "tuple[str, str] | None"]
 
 MAX_NAME_CHARS = 64
@@ -48,23 +48,24 @@ K8S_NAMESPACE, K8S_POD, K8S_CONTAINER = K8S_POD_LABELS
 
 class JobsCollector:
     name = "jobs"
+    needs = ("gpu",)
 
     def __init__(
-        self,
-        context: CollectorContext,
-        gpu_samples: GpuSamplesSource,
-        sdk_job_for_pid: SdkJobLookup | None = None,
+        self, context: CollectorContext, sdk_job_for_pid: SdkJobLookup | None = None
     ) -> None:
         self._procfs = context.paths.procfs
         self._mapping_dir = context.config.jobs.mapping_dir
-        self._gpu_samples = gpu_samples
         self._sdk_job_for_pid = sdk_job_for_pid
         self._pods = PodDirectory(context.paths.rootfs)
         # pid -> (identity, command name); kept only for pids still on a GPU
         self._cache: dict[int, tuple[JobIdentity, str] | None] = {}
 
     def collect(self) -> list[Family]:
-        samples = self._gpu_samples()
+        """Without the GPU collector's reading: only the mapping directory's jobs."""
+        return self.collect_with(TickData())
+
+    def collect_with(self, data: TickData) -> list[Family]:
+        samples = data.gpu_samples
         mapping = read_mapping_dir(Path(self._mapping_dir)) if self._mapping_dir else {}
         seen: dict[int, tuple[JobIdentity, str] | None] = {}
         f = Families()

@@ -13,9 +13,11 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
+from types import MappingProxyType
 
-from gpufeed.collectors.base import CollectorContext, PartialCollectionError
+from gpufeed.collectors.base import CollectorContext, PartialCollectionError, TickData
 from gpufeed.model import Families, Family
 from gpufeed.procfs.diskstats import DiskStats, DiskStatsTable, read_diskstats
 from gpufeed.procfs.escape import label_text
@@ -86,6 +88,10 @@ class StorageCollector:
         self._logged: set[str] = set()
         self._device_tiers: dict[str, str] = {}
         self._parents: dict[str, tuple[int, int] | None] = {}
+
+    def produce(self, data: TickData) -> TickData:
+        """The tick's device-to-tier map, for the job layer's per-tier I/O."""
+        return replace(data, devices_to_tier=MappingProxyType(self.devices_to_tier()))
 
     def devices_to_tier(self) -> dict[str, str]:
         """ "MAJ:MIN" -> tier for the block devices behind the last collect's tiers.
