@@ -221,7 +221,7 @@ def test_error_pages_never_quote_the_parsers_message() -> None:
     from aiohttp import web
     from aiohttp.http_exceptions import BadHttpMessage
 
-    from gpufeed.logonce import RateLimitedLogger
+    from gpufeed.logonce import LogOnce
     from gpufeed.web.listener import _QuietRequestHandler
 
     async def page() -> tuple[bytes, str]:
@@ -229,7 +229,7 @@ def test_error_pages_never_quote_the_parsers_message() -> None:
         handler = _QuietRequestHandler(
             server,
             loop=asyncio.get_running_loop(),
-            errors=RateLimitedLogger(logging.getLogger("test.quiet")),
+            errors=LogOnce(logging.getLogger("test.quiet"), repeat_after_seconds=10.0),
         )
         request = SimpleNamespace(writer=SimpleNamespace(output_size=0), headers={}, remote="x")
         exc = BadHttpMessage("Invalid method encountered:\n\n  b'<script>alert(1)</script>'")

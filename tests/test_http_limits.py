@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.logonce import RateLimitedLogger
+from gpufeed.logonce import LogOnce
 from gpufeed.web.connections import ConnectionGuard, ConnectionLimits
 from http_helpers import agent_process, get, wait_until_serving
 
@@ -114,7 +114,7 @@ def test_rate_limited_logger_logs_one_line_per_interval_and_counts_the_rest(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     clock = FakeClock()
-    errors = RateLimitedLogger(logging.getLogger("test.rl"), 10.0, clock=clock)
+    errors = LogOnce(logging.getLogger("test.rl"), repeat_after_seconds=10.0, clock=clock)
     with caplog.at_level(logging.INFO, "test.rl"):
         for _ in range(5000):
             errors.log(logging.ERROR, "accept", "cannot accept: %s", "Too many open files")

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpufeed import __version__
+from gpufeed.logonce import LogOnce
 from gpufeed.model import Family, Sample
 from gpufeed.otlp_hw import REPLACED, hw_metrics
 from gpufeed.snapshot import Snapshot
@@ -60,7 +61,7 @@ class OtlpSink:
         self._start_ns = time.time_ns()
         self._last_push = 0.0
         self._busy = threading.Lock()
-        self._failing = False
+        self._failing = LogOnce(log)  # one line per run of failed exports, and the recovery
 
     def write(self, snapshot: Snapshot) -> None:
         now = time.monotonic()
@@ -78,16 +79,23 @@ class OtlpSink:
             result = self._exporter.export(
                 to_metrics_data(snapshot, self._host_name, self._start_ns, self._instance)
             )
-            ok = result == MetricExportResult.SUCCESS
-            if ok and self._failing:
-                log.info("OTLP export to %s recovered", self._endpoint)
-            elif not ok and not self._failing:
-                log.warning("OTLP export to %s failed; will retry next interval", self._endpoint)
-            self._failing = not ok
+            if result == MetricExportResult.SUCCESS:
+                self._failing.clear("export", "OTLP export to %s recovered", self._endpoint)
+            else:
+                self._failing.log(
+                    logging.WARNING,
+                    "export",
+                    "OTLP export to %s failed; will retry next interval",
+                    self._endpoint,
+                )
         except Exception:
-            if not self._failing:
-                log.exception("OTLP export to %s failed", self._endpoint)
-            self._failing = True
+            self._failing.log(
+                logging.ERROR,
+                "export",
+                "OTLP export to %s failed",
+                self._endpoint,
+                exc_info=True,
+            )
         finally:
             self._busy.release()
 

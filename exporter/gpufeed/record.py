@@ -22,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+from gpufeed.logonce import LogOnce
 from gpufeed.model import Family
 from gpufeed.snapshot import Snapshot
 from gpufeed.tracefile import (
@@ -122,6 +123,7 @@ class TraceRecorder:
         # Samples that could not be formatted, per family: written into the trace (so that
         # analysing it says it is incomplete) and logged once per family, not per second.
         self._dropped: dict[str, int] = {}
+        self._dropped_log = LogOnce(log)
 
     @property
     def segments_written(self) -> int:
@@ -186,16 +188,17 @@ class TraceRecorder:
             try:
                 lines.append(f"{s.name}{om_labels(s.labels + extra)} {om_value(s.value)}{suffix}")
             except Exception as exc:
-                if fam.name not in self._dropped:
-                    log.error(
-                        "recording to %s: samples of %s left out (%s: %s); counted in the "
-                        "trace as %s, logged once",
-                        self.path,
-                        fam.name,
-                        type(exc).__name__,
-                        exc,
-                        DROPPED_SAMPLES,
-                    )
+                self._dropped_log.log(
+                    logging.ERROR,
+                    fam.name,
+                    "recording to %s: samples of %s left out (%s: %s); counted in the "
+                    "trace as %s, logged once",
+                    self.path,
+                    fam.name,
+                    type(exc).__name__,
+                    exc,
+                    DROPPED_SAMPLES,
+                )
                 self._dropped[fam.name] = self._dropped.get(fam.name, 0) + 1
         return "".join(lines)
 

@@ -29,6 +29,7 @@ from gpufeed.collectors.base import (
     TickData,
 )
 from gpufeed.exposition import merge_families, render_text
+from gpufeed.logonce import LogOnce
 from gpufeed.model import Families, Family
 from gpufeed.snapshot import CollectorStatus, Processor, Sink, Snapshot
 
@@ -125,6 +126,7 @@ class Sampler:
                 timeout_seconds,
                 self._timeout,
             )
+        self._timed_out = f"timed out after {self._timeout:.2f}s"
         self._processors = list(processors)
         self._sinks = list(sinks)
         self._static = static_families
@@ -133,9 +135,10 @@ class Sampler:
         self._latest: Rendered | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._logged_errors: dict[str, str] = {}
+        # a collector's failure is logged when it starts or changes, not on every tick
+        self._failures = LogOnce(log)
         self._closed = False
-        self._unrenderable: set[str] = set()  # families already logged as left out
+        self._unrenderable = LogOnce(log)  # families left out of /metrics, once each
 
     @property
     def latest(self) -> Rendered | None:
@@ -228,28 +231,27 @@ class Sampler:
             triggered.append(w)
         families: list[Family] = []
         statuses: list[CollectorStatus] = []
+        failures: list[str] = []
         for w in self._workers:
             if w not in triggered:
                 # Its call from an earlier tick has not returned: it has used the whole bound
                 # again (docs/metrics.md: the duration is the time bound when it timed out).
                 statuses.append(CollectorStatus(w.name, False, self._timeout, "still hung"))
+                # the time-out that left it hung stays the logged problem: not logged again
+                failures.append(f"collector {w.name} failed: {self._timed_out}")
                 continue
             if not w.wait(deadline - time.monotonic()):
-                statuses.append(
-                    CollectorStatus(
-                        w.name, False, self._timeout, f"timed out after {self._timeout:.2f}s"
-                    )
-                )
-                self._log_error(w.name, f"timed out after {self._timeout:.2f}s")
+                statuses.append(CollectorStatus(w.name, False, self._timeout, self._timed_out))
+                failures.append(f"collector {w.name} failed: {self._timed_out}")
                 continue
             if w.error:
-                self._log_error(w.name, w.error)
+                failures.append(f"collector {w.name} failed: {w.error}")
                 statuses.append(CollectorStatus(w.name, False, w.duration_seconds, w.error))
                 families.extend(w.result)  # partial results; empty for ordinary failures
                 continue
-            self._logged_errors.pop(w.name, None)
             statuses.append(CollectorStatus(w.name, True, w.duration_seconds))
             families.extend(w.result)
+        self._failures.report(logging.WARNING, failures)
         snapshot = Snapshot(timestamp, tuple(families), tuple(statuses))
         derived: list[Family] = []
         for p in self._processors:
@@ -291,18 +293,17 @@ class Sampler:
             try:
                 render_text([fam])
             except Exception as exc:
-                if fam.name not in self._unrenderable:
-                    self._unrenderable.add(fam.name)
-                    log.error("%s left out of /metrics: %s: %s", fam.name, type(exc).__name__, exc)
+                self._unrenderable.log(
+                    logging.ERROR,
+                    fam.name,
+                    "%s left out of /metrics: %s: %s",
+                    fam.name,
+                    type(exc).__name__,
+                    exc,
+                )
                 continue
             good.append(fam)
         return render_text(good, self._banner)
-
-    def _log_error(self, name: str, error: str) -> None:
-        # Log a collector's failure when it starts or changes, not on every tick.
-        if self._logged_errors.get(name) != error:
-            self._logged_errors[name] = error
-            log.warning("collector %s failed: %s", name, error)
 
     def _self_metrics(self, statuses: list[CollectorStatus], timestamp: float) -> list[Family]:
         f = Families()

@@ -16,6 +16,8 @@ import socket
 import threading
 from collections.abc import Callable, Mapping
 
+from gpufeed.logonce import LogOnce
+
 log = logging.getLogger(__name__)
 
 
@@ -57,7 +59,7 @@ class Notifier:
     def __init__(self, address: str) -> None:
         self._address = address
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-        self._failing = False
+        self._failing = LogOnce(log)  # one line per run of failed sends
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str] | None = None) -> Notifier | None:
@@ -68,11 +70,11 @@ class Notifier:
         try:
             self._sock.sendto(message.encode(), self._address)
         except OSError as exc:
-            if not self._failing:
-                log.warning("cannot notify systemd at %r: %s", self._address, exc)
-            self._failing = True
+            self._failing.log(
+                logging.WARNING, "send", "cannot notify systemd at %r: %s", self._address, exc
+            )
             return False
-        self._failing = False
+        self._failing.clear("send")
         return True
 
     def close(self) -> None:

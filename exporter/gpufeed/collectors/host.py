@@ -13,7 +13,7 @@ import os
 
 from gpufeed.collectors.base import PartialCollectionError
 from gpufeed.hostpaths import HostPaths
-from gpufeed.logonce import OnceLogger
+from gpufeed.logonce import LogOnce
 from gpufeed.model import Families, Family
 from gpufeed.procfs.meminfo import parse_meminfo
 from gpufeed.procfs.pressure import PSI_RESOURCES, parse_pressure
@@ -57,7 +57,7 @@ class HostCollector:
     def __init__(self, paths: HostPaths | None = None, *, ticks_per_second: float | None = None):
         self._paths = paths or HostPaths()
         self._ticks = ticks_per_second if ticks_per_second is not None else user_hz()
-        self._warn = OnceLogger(log)
+        self._warn = LogOnce(log)
         # The last CPU seconds exported per mode: the kernel's idle and iowait can step back
         # a little (Documentation/filesystems/proc.rst, "iowait ... will decrease in certain
         # conditions"), and rate() reads any step back as a reset, i.e. a huge burst.
@@ -78,7 +78,7 @@ class HostCollector:
                 read(fams, problems)
             except (OSError, ValueError) as exc:
                 failed.append(f"{source}: {exc}")
-        self._warn.report(problems + failed)
+        self._warn.report(logging.WARNING, problems + failed)
         families = fams.build()
         if failed:
             raise PartialCollectionError("; ".join(failed), families)

@@ -21,7 +21,7 @@ import logging
 from gpufeed.collectors.base import PartialCollectionError
 from gpufeed.config import DEFAULT_XMIT_WAIT_TICK_BYTES
 from gpufeed.hostpaths import HostPaths
-from gpufeed.logonce import OnceLogger
+from gpufeed.logonce import LogOnce
 from gpufeed.model import Families, Family
 from gpufeed.procfs.netdev import parse_netdev
 from gpufeed.sysfs.infiniband import RdmaPort, read_rdma_ports
@@ -107,7 +107,7 @@ class NetworkCollector:
         self._paths = paths or HostPaths()
         self._include_virtual = include_virtual
         self._wait = XmitWaitClock(xmit_wait_tick_bytes)
-        self._warn = OnceLogger(log)
+        self._warn = LogOnce(log)
 
     def collect(self) -> list[Family]:
         fams = Families()
@@ -123,7 +123,7 @@ class NetworkCollector:
             self._collect_rdma(fams, problems)
         except OSError as exc:
             failed.append(f"rdma: {exc}")
-        self._warn.report(problems + failed)
+        self._warn.report(logging.WARNING, problems + failed)
         families = fams.build()
         if failed:
             raise PartialCollectionError("; ".join(failed), families)

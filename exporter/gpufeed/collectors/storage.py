@@ -18,6 +18,7 @@ from functools import partial
 from types import MappingProxyType
 
 from gpufeed.collectors.base import CollectorContext, PartialCollectionError, TickData
+from gpufeed.logonce import LogOnce
 from gpufeed.model import Families, Family
 from gpufeed.procfs.diskstats import DiskStats, DiskStatsTable, read_diskstats
 from gpufeed.procfs.escape import label_text
@@ -85,7 +86,7 @@ class StorageCollector:
         self._budget_seconds = 2 * timeout
         self._calls = BoundedCalls(timeout, self._budget_seconds)
         self._devices = DeviceResolver(ctx.paths)
-        self._logged: set[str] = set()
+        self._log = LogOnce(log)  # each condition once while it lasts; its end at INFO
         self._device_tiers: dict[str, str] = {}
         self._parents: dict[str, tuple[int, int] | None] = {}
 
@@ -126,18 +127,6 @@ class StorageCollector:
     def close(self) -> None:
         """Nothing to release; a statvfs still hung in the kernel keeps its daemon thread."""
 
-    # -- logging once per condition ------------------------------------------------------
-
-    def _once(self, key: str, level: int, msg: str, *args: object) -> None:
-        if key not in self._logged:
-            self._logged.add(key)
-            log.log(level, msg, *args)
-
-    def _recovered(self, key: str, msg: str, *args: object) -> None:
-        if key in self._logged:
-            self._logged.discard(key)
-            log.info(msg, *args)
-
     # -- collect -------------------------------------------------------------------------
 
     def collect(self) -> list[Family]:
@@ -147,9 +136,9 @@ class StorageCollector:
             where = self._paths.proc(mount_table_pid(self._paths), "mountinfo")
             raise RuntimeError(f"storage: cannot read the mount table {where}: {exc}") from exc
         if table.bad_lines:
-            self._once(
-                "mountinfo-bad",
+            self._log.log(
                 logging.WARNING,
+                "mountinfo-bad",
                 "storage: skipped %d unparsable mountinfo line(s), first at line %d",
                 len(table.bad_lines),
                 table.bad_lines[0],
@@ -169,9 +158,9 @@ class StorageCollector:
             selection = select_tiers(mounts, self._tiers, resolved, devices)
             targets = selection.targets
             for key, tiers in selection.shared.items():
-                self._once(
-                    f"shared-{key}",
+                self._log.log(
                     logging.WARNING,
+                    f"shared-{key}",
                     "storage: tiers %s are on the same device %d:%d; each reports its full "
                     "I/O, so a sum over these tiers counts it more than once",
                     ", ".join(tiers),
@@ -203,20 +192,20 @@ class StorageCollector:
         try:
             table = read_diskstats(self._paths)
         except OSError as exc:
-            self._once(
-                "diskstats",
+            self._log.log(
                 logging.ERROR,
+                "diskstats",
                 "storage: cannot read %s (%s); block-device counters are left out, "
                 "capacity is still exported",
                 self._paths.proc("diskstats"),
                 exc.strerror or exc,
             )
             return None
-        self._recovered("diskstats", "storage: %s readable again", self._paths.proc("diskstats"))
+        self._log.clear("diskstats", "storage: %s readable again", self._paths.proc("diskstats"))
         if table.bad_lines:
-            self._once(
-                "diskstats-bad",
+            self._log.log(
                 logging.WARNING,
+                "diskstats-bad",
                 "storage: skipped %d unparsable diskstats line(s), first at line %d",
                 len(table.bad_lines),
                 table.bad_lines[0],
@@ -228,19 +217,19 @@ class StorageCollector:
         try:
             table = read_mountstats(self._paths, _NFS_OPS)
         except OSError as exc:
-            self._once(
-                "mountstats",
+            self._log.log(
                 logging.ERROR,
+                "mountstats",
                 "storage: cannot read %s (%s); NFS counters are left out",
                 where,
                 exc.strerror or exc,
             )
             return None
-        self._recovered("mountstats", "storage: %s readable again", where)
+        self._log.clear("mountstats", "storage: %s readable again", where)
         if table.bad_lines:
-            self._once(
-                "mountstats-bad",
+            self._log.log(
                 logging.WARNING,
+                "mountstats-bad",
                 "storage: skipped %d unparsable mountstats line(s), first at line %d",
                 len(table.bad_lines),
                 table.bad_lines[0],
@@ -267,9 +256,9 @@ class StorageCollector:
                 res = out[path]
                 key = f"tier-path-{tier.name}-{path}"
                 if res.status == "missing":
-                    self._once(
-                        key,
+                    self._log.log(
                         logging.WARNING,
+                        key,
                         "storage: tier %r path %s does not exist under %s (%s); it is not "
                         "exported until it appears (check the config)",
                         tier.name,
@@ -278,7 +267,7 @@ class StorageCollector:
                         res.reason,
                     )
                 elif res.status == "ok":
-                    self._recovered(key, "storage: tier %r path %s exists now", tier.name, path)
+                    self._log.clear(key, "storage: tier %r path %s exists now", tier.name, path)
                 value = {"ok": 0.0, "missing": 1.0}.get(res.status)
                 fams.gauge(
                     P + "tier_path_missing",
@@ -300,24 +289,24 @@ class StorageCollector:
         for mountpoint, outcome in results.items():
             key = f"statfs-{mountpoint}"
             if outcome.status == "stuck":
-                self._once(
-                    key,
+                self._log.log(
                     logging.WARNING,
+                    key,
                     "storage: statvfs on %s has not answered for %.1fs; the mount is marked "
                     "stuck and its capacity left out",
                     mountpoint,
                     outcome.stuck_seconds,
                 )
             elif outcome.status == "error":
-                self._once(
-                    key,
+                self._log.log(
                     logging.WARNING,
+                    key,
                     "storage: statvfs on %s failed: %s; capacity left out",
                     self._paths.root(mountpoint),
                     outcome.error,
                 )
             elif outcome.status == "ok":
-                self._recovered(key, "storage: statvfs on %s answers again", mountpoint)
+                self._log.clear(key, "storage: statvfs on %s answers again", mountpoint)
         return results
 
     def _emit(

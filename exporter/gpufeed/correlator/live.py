@@ -22,6 +22,7 @@ from gpufeed.correlator.view import Timing
 from gpufeed.correlator.window import Window
 from gpufeed.correlator.windowlog import MAX_PENDING, LogHealth, WindowLog, WindowLogInUse
 from gpufeed.correlator.windowlog_read import OPEN_RECORD, scan_log
+from gpufeed.logonce import LogOnce
 from gpufeed.model import Families, Family, LabelPairs
 from gpufeed.snapshot import Snapshot
 
@@ -90,7 +91,7 @@ class CorrelatorProcessor:
         self._cfg = cfg
         self._simulated = simulated
         self._log = log
-        self._log_failing = False
+        self._log_failing = LogOnce(_log)
         self._open_errors = 0  # failed attempts to open the log
         # windows closed while the log could not be opened yet, written once it is
         self._unopened: deque[Window] = deque(maxlen=MAX_PENDING)
@@ -321,18 +322,18 @@ class CorrelatorProcessor:
 
     def _log_error(self, error: OSError | None) -> None:
         """Logs a write failure once per run of failures, and the recovery."""
-        if error is None:
-            if self._log_failing and self._log is not None:
-                _log.info("windows log %s is written again", self._log.path)
-            self._log_failing = False
+        if self._log is None:
             return
-        if not self._log_failing and self._log is not None:
-            _log.error(
-                "cannot write windows log %s (windows are kept in memory until it can): %s",
-                self._log.path,
-                error,
-            )
-        self._log_failing = True
+        if error is None:
+            self._log_failing.clear("write", "windows log %s is written again", self._log.path)
+            return
+        self._log_failing.log(
+            logging.ERROR,
+            "write",
+            "cannot write windows log %s (windows are kept in memory until it can): %s",
+            self._log.path,
+            error,
+        )
 
     def windows(self, limit: int = 200) -> tuple[list[Window], list[Window]]:
         """(recent closed windows, newest last; open windows)."""

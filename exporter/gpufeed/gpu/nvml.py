@@ -35,6 +35,7 @@ from gpufeed.gpu.backend import BackendName, GpuIdentity, GpuProcess, GpuSample
 from gpufeed.gpu.counters import Integral, WrappingCounter
 from gpufeed.gpu.nvml_gpm import GpmError, GpmReading, GpmSession
 from gpufeed.gpu.nvml_xid import XidCounts, XidWatcher
+from gpufeed.logonce import LogOnce
 
 log = logging.getLogger("gpufeed.gpu.nvml")
 
@@ -179,7 +180,7 @@ class NvmlBackend:
         self._next_reinit: float | None = None
         self._watch_xid = watch_xid
         self._event_timeout_ms = event_timeout_ms
-        self._logged: set[tuple[object, ...]] = set()
+        self._log = LogOnce(log)  # each unsupported reading or failure once
         self._clock_events = _Versioned(_CLOCK_EVENT_CALLS)
         self._clock_supported = _Versioned(_CLOCK_SUPPORTED_CALLS)
         self._temperature = _Versioned(_TEMPERATURE_CALLS)
@@ -380,17 +381,12 @@ class NvmlBackend:
 
     # -- error handling ------------------------------------------------------------------
 
-    def _once(self, key: tuple[object, ...], level: int, msg: str, *args: object) -> None:
-        if key not in self._logged:
-            self._logged.add(key)
-            log.log(level, msg, *args)
-
     def _absent(self, dev: _Device, what: str, why: object) -> None:
         """Marks a reading unsupported on this GPU for good, with one log line."""
         dev.unsupported.add(what)
-        self._once(
-            ("absent", dev.index, what),
+        self._log.log(
             logging.INFO,
+            ("absent", dev.index, what),
             "GPU %d: %s not available (%s); left out from now on",
             dev.index,
             what,
@@ -406,9 +402,9 @@ class NvmlBackend:
         if code in self._absent_codes:
             self._absent(dev, what, exc)
             return
-        self._once(
-            ("transient", dev.index, what, code),
+        self._log.log(
             logging.WARNING,
+            ("transient", dev.index, what, code),
             "GPU %d: reading %s failed (%s); left out of this sample, will retry",
             dev.index,
             what,
@@ -739,9 +735,9 @@ class NvmlBackend:
                     FieldSpec(spec.sample_attr, spec.field_id, link, spec.bytes_per_unit)
                     for link in links
                 )
-                self._once(
-                    ("per-link", dev.index, spec.sample_attr),
+                self._log.log(
                     logging.INFO,
+                    ("per-link", dev.index, spec.sample_attr),
                     "GPU %d: %s: all-links total refused (%s); summing links %s instead",
                     dev.index,
                     spec.sample_attr,
@@ -750,9 +746,9 @@ class NvmlBackend:
                 )
             elif link and (spec.field_id, spec.scope_id) in dev.link_values:
                 keep.append(spec)  # counted before: its last value stays in the sum
-                self._once(
-                    ("link-refused", dev.index, spec.sample_attr, spec.scope_id),
+                self._log.log(
                     logging.WARNING,
+                    ("link-refused", dev.index, spec.sample_attr, spec.scope_id),
                     "GPU %d: %s: link %d answered before and does not now (%s); its last "
                     "value stays in the sum",
                     dev.index,
@@ -762,9 +758,9 @@ class NvmlBackend:
                 )
             elif ret in self._field_refused:
                 # INVALID_ARGUMENT here means "field id (or link) unknown to this driver".
-                self._once(
-                    ("absent", dev.index, spec.sample_attr, spec.scope_id),
+                self._log.log(
                     logging.DEBUG if link else logging.INFO,
+                    ("absent", dev.index, spec.sample_attr, spec.scope_id),
                     "GPU %d: %s (scope %d) not available (%s); left out from now on",
                     dev.index,
                     spec.sample_attr,

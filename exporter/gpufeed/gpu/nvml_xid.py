@@ -18,6 +18,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from gpufeed.logonce import LogOnce
+
 log = logging.getLogger("gpufeed.gpu.nvml")
 
 # XID 79: "GPU has fallen off the bus". After it the GPU answers nothing until a reset.
@@ -77,7 +79,7 @@ class XidWatcher:
         self._by_key: dict[int, int] = {}
         self._event_set: Any = None
         self._thread: threading.Thread | None = None
-        self._warned: set[str] = set()
+        self._warned = LogOnce(log)
         self._handles = tuple(handles)
         self.rebuilds = 0
         self._register(handles)
@@ -142,11 +144,6 @@ class XidWatcher:
             self._nv.nvmlEventSetFree(self._event_set)
         self._event_set = None
 
-    def _warn_once(self, key: str, msg: str, *args: object) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(msg, *args)
-
     def _run(self) -> None:
         nv = self._nv
         timeout_code = nv.NVML_ERROR_TIMEOUT
@@ -168,7 +165,12 @@ class XidWatcher:
                 # GPU_IS_LOST, UNKNOWN, ...: the event set may be dead (NVML gives no way to
                 # tell), and waiting on it again would fail for ever. Rebuild it after a
                 # pause (no spinning), with every GPU that still registers.
-                self._warn_once(f"wait-{code}", "XID watcher: %s; rebuilding its event set", exc)
+                self._warned.log(
+                    logging.WARNING,
+                    f"wait-{code}",
+                    "XID watcher: %s; rebuilding its event set",
+                    exc,
+                )
                 if self._stop.wait(pause):
                     break
                 self._rebuild()

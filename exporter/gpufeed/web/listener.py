@@ -22,7 +22,7 @@ from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
-from gpufeed.logonce import RateLimitedLogger
+from gpufeed.logonce import FLOOD_REPEAT_SECONDS, LogOnce
 from gpufeed.web.connections import ConnectionGuard, ConnectionLimits, Slot
 from gpufeed.web.headers import SERVER_NAME
 
@@ -45,7 +45,7 @@ class _QuietRequestHandler(RequestHandler):
 
     __slots__ = ("_errors",)
 
-    def __init__(self, manager: web.Server, *, errors: RateLimitedLogger, **kwargs: Any) -> None:
+    def __init__(self, manager: web.Server, *, errors: LogOnce, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._errors = errors
 
@@ -139,7 +139,7 @@ class HttpListener:
         limits: ConnectionLimits,
         tls: Callable[[], ssl.SSLContext] | None = None,
         peer_check: PeerCheck | None = None,
-        errors: RateLimitedLogger | None = None,
+        errors: LogOnce | None = None,
     ) -> None:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         self.guard = ConnectionGuard(limits, limits.effective_max_connections(soft))
@@ -157,7 +157,7 @@ class HttpListener:
             sock.setblocking(False)
         self._tls = tls
         self._peer_check = peer_check
-        self._errors = errors or RateLimitedLogger(log)
+        self._errors = errors or LogOnce(log, repeat_after_seconds=FLOOD_REPEAT_SECONDS)
         self._loop = asyncio.get_running_loop()
         self._pending: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.TimerHandle | None = None
@@ -265,7 +265,7 @@ class HttpListener:
 
 
 def loop_error_logger(
-    errors: RateLimitedLogger,
+    errors: LogOnce,
 ) -> Callable[[asyncio.AbstractEventLoop, dict[str, Any]], None]:
     """An event-loop exception handler that logs through `errors` (rate-limited)."""
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gpufeed.logonce import RateLimitedLogger
+from gpufeed.logonce import FLOOD_REPEAT_SECONDS, LogOnce
 from gpufeed.web.auth import access_middleware
 from gpufeed.web.connections import ConnectionLimits
 from gpufeed.web.headers import response_headers_hook
@@ -56,7 +56,7 @@ async def serve(
         def peer_check(transport: asyncio.BaseTransport) -> bool:
             return allowed_san(transport.get_extra_info("peercert"), sans)
 
-    errors = RateLimitedLogger(log)
+    errors = LogOnce(log, repeat_after_seconds=FLOOD_REPEAT_SECONDS)
     tls = ReloadingTls(config, config.tls, errors).context if config.tls is not None else None
     # Whatever else the loop reports (accept errors included) is rate-limited too.
     asyncio.get_running_loop().set_exception_handler(loop_error_logger(errors))

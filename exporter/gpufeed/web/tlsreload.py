@@ -12,7 +12,7 @@ import ssl
 import time
 from collections.abc import Callable
 
-from gpufeed.logonce import RateLimitedLogger
+from gpufeed.logonce import LogOnce
 from gpufeed.web.webconfig import (
     TlsSettings,
     WebConfig,
@@ -45,7 +45,7 @@ class ReloadingTls:
         self,
         config: WebConfig,
         tls: TlsSettings,
-        errors: RateLimitedLogger,
+        errors: LogOnce,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
