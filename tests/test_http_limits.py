@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.logonce import LogOnce
 from gpufeed.web.connections import ConnectionGuard, ConnectionLimits
 from http_helpers import agent_process, get, wait_until_serving
 
@@ -108,26 +107,6 @@ def test_the_cap_leaves_descriptors_for_the_rest_of_the_agent() -> None:
     assert limits.effective_max_connections(1024) == 1024 - 128
     assert limits.effective_max_connections(200) == 100
     assert ConnectionLimits(max_connections=256).effective_max_connections(1024) == 256
-
-
-def test_rate_limited_logger_logs_one_line_per_interval_and_counts_the_rest(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    clock = FakeClock()
-    errors = LogOnce(logging.getLogger("test.rl"), repeat_after_seconds=10.0, clock=clock)
-    with caplog.at_level(logging.INFO, "test.rl"):
-        for _ in range(5000):
-            errors.log(logging.ERROR, "accept", "cannot accept: %s", "Too many open files")
-        errors.log(logging.ERROR, "other", "another kind")
-        clock.now += 10.0
-        errors.log(logging.ERROR, "accept", "cannot accept: %s", "Too many open files")
-    lines = [r.getMessage() for r in caplog.records]
-    assert lines == [
-        "cannot accept: Too many open files",
-        "another kind",
-        "cannot accept: Too many open files (4999 more like this since the last such line, "
-        "not logged)",
-    ]
 
 
 def _closed_after(sock: socket.socket, limit: float) -> float:
