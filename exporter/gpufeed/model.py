@@ -10,7 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from gpufeed.catalogue import MetricSpec
 
 MetricType = Literal["gauge", "counter", "histogram", "info"]
 LabelPairs = tuple[tuple[str, str], ...]
@@ -51,6 +54,10 @@ class Families:
 
     The contract says a value the hardware does not provide is absent, never 0 and never NaN,
     so `add` silently skips None and NaN: callers pass what they read and never invent zeros.
+
+    The agent's own families are built from their catalogue entries (`declare_spec`, `put`,
+    `put_histogram` with a `gpufeed.catalogue.MetricSpec`), so name, type and HELP are
+    written once, in the catalogue; the name-and-HELP methods are for families outside it.
     """
 
     def __init__(self) -> None:
@@ -61,6 +68,27 @@ class Families:
         if name not in self._meta:
             self._meta[name] = (type_, help_)
             self._samples[name] = []
+
+    def declare_spec(self, m: MetricSpec) -> None:
+        """Declares a catalogue family, so it is exported (with HELP and TYPE) even empty."""
+        self.declare(m.name, m.type, m.help)
+
+    def put(self, m: MetricSpec, labels: Mapping[str, str], value: float | None) -> None:
+        """One sample of the catalogue family `m` (an info family's value is 1)."""
+        if m.type == "counter":
+            self.counter(m.name, m.help, labels, value)
+        else:
+            self.add(m.name, m.type, m.help, labels, value)
+
+    def put_histogram(
+        self,
+        m: MetricSpec,
+        labels: Mapping[str, str],
+        buckets: Iterable[tuple[float, float]],
+        sum_value: float,
+        count: float,
+    ) -> None:
+        self.histogram(m.name, m.help, labels, buckets, sum_value, count)
 
     def add(
         self,

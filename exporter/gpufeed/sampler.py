@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpufeed import __version__
+from gpufeed.catalogue import spec
 from gpufeed.collectors.base import (
     Collector,
     Consumer,
@@ -310,30 +311,13 @@ class Sampler:
         # /metrics serves the last rendered snapshot however old it is, so a stalled sampler
         # would look healthy to Prometheus: the snapshot's own time travels with it, and
         # `time() - gpufeed_snapshot_timestamp_seconds` is its age at evaluation time.
-        f.gauge(
-            "gpufeed_snapshot_timestamp_seconds",
-            "Unix time at which the sampler took the snapshot this page shows.",
-            {},
-            timestamp,
-        )
+        f.put(spec("gpufeed_snapshot_timestamp_seconds"), {}, timestamp)
         for st in statuses:
-            f.gauge(
-                "gpufeed_collector_success",
-                "1 if the collector answered in time on the last sample, else 0.",
-                {"collector": st.name},
-                1.0 if st.success else 0.0,
-            )
-            f.gauge(
-                "gpufeed_collector_duration_seconds",
-                "Time the collector took on the last sample (the time bound if it timed out).",
-                {"collector": st.name},
-                st.duration_seconds,
-            )
-        f.info(
-            "gpufeed_build_info",
-            "gpufeed version and Python version; always 1.",
-            {"version": __version__, "python_version": platform.python_version()},
-        )
+            labels = {"collector": st.name}
+            f.put(spec("gpufeed_collector_success"), labels, 1.0 if st.success else 0.0)
+            f.put(spec("gpufeed_collector_duration_seconds"), labels, st.duration_seconds)
+        build = {"version": __version__, "python_version": platform.python_version()}
+        f.put(spec("gpufeed_build_info"), build, 1.0)
         if self._static is not None:
             f.extend(self._static())
         return f.build()

@@ -61,14 +61,12 @@ def gpu_families(samples: Iterable[GpuSample], backend: str) -> list[Family]:
         XID,
         MIG,
     ):
-        m = spec(name)
-        f.declare(name, m.type, m.help)
+        f.declare_spec(spec(name))
     for s in samples:
         ident = s.identity
         labels = {"gpu": str(ident.index), "uuid": ident.uuid}
-        f.info(
-            INFO,
-            "",
+        f.put(
+            spec(INFO),
             {
                 **labels,
                 "name": ident.name,
@@ -76,20 +74,21 @@ def gpu_families(samples: Iterable[GpuSample], backend: str) -> list[Family]:
                 "pci_bus_id": ident.pci_bus_id,
                 "backend": backend,
             },
+            1.0,
         )
-        f.gauge(UP, "", labels, 1.0 if s.up else 0.0)
+        f.put(spec(UP), labels, 1.0 if s.up else 0.0)
         for xid, count in s.xid_errors_total:
-            f.counter(XID, "", {**labels, "xid": str(xid)}, count)
+            f.put(spec(XID), {**labels, "xid": str(xid)}, count)
         if not s.up:
             continue
         for name, attr in GAUGES:
-            f.gauge(name, "", labels, getattr(s, attr))
+            f.put(spec(name), labels, getattr(s, attr))
         for name, attr in COUNTERS:
-            f.counter(name, "", labels, getattr(s, attr))
+            f.put(spec(name), labels, getattr(s, attr))
         for reason, active in s.clock_events_active or ():
-            f.gauge(CLOCK_EVENT, "", {**labels, "reason": reason}, 1.0 if active else 0.0)
+            f.put(spec(CLOCK_EVENT), {**labels, "reason": reason}, 1.0 if active else 0.0)
         if s.mig_enabled is not None:
-            f.gauge(MIG, "", labels, 1.0 if s.mig_enabled else 0.0)
+            f.put(spec(MIG), labels, 1.0 if s.mig_enabled else 0.0)
     return f.build()
 
 

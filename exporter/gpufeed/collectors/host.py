@@ -11,6 +11,7 @@ import errno
 import logging
 import os
 
+from gpufeed.catalogue import spec
 from gpufeed.collectors.base import PartialCollectionError
 from gpufeed.hostpaths import HostPaths
 from gpufeed.logonce import LogOnce
@@ -27,13 +28,9 @@ PRESSURE_WAITING = "gpufeed_host_pressure_waiting_seconds_total"
 PRESSURE_STALLED = "gpufeed_host_pressure_stalled_seconds_total"
 MEMORY_AVAILABLE = "gpufeed_host_memory_available_bytes"
 
-_HELP = {
-    CPU_SECONDS: "CPU time summed over all CPUs, by mode (guest time is inside user and nice).",
-    CPUS: "Logical CPUs online (cpuN lines of /proc/stat).",
-    PRESSURE_WAITING: "PSI 'some': time in which at least one task waited on the resource.",
-    PRESSURE_STALLED: "PSI 'full': time in which all non-idle tasks were stalled on the resource.",
-    MEMORY_AVAILABLE: "MemAvailable: memory available for new work without swapping.",
-}
+FAMILIES = tuple(
+    spec(name) for name in (CPU_SECONDS, CPUS, PRESSURE_WAITING, PRESSURE_STALLED, MEMORY_AVAILABLE)
+)  # HELP: the catalogue
 
 # The contract exports PSI "full" for io and memory only; the system-wide cpu "full" line
 # (Linux >= 5.13) is always zero outside cgroups and is not exported.
@@ -65,8 +62,8 @@ class HostCollector:
 
     def collect(self) -> list[Family]:
         fams = Families()
-        for name, help_ in _HELP.items():
-            fams.declare(name, "counter" if name.endswith("_total") else "gauge", help_)
+        for m in FAMILIES:
+            fams.declare_spec(m)
         problems: list[str] = []
         failed: list[str] = []
         for source, read in (
@@ -97,8 +94,8 @@ class HostCollector:
             # Hold a counter that stepped back at its last value, as node_exporter does.
             seconds = max(seconds, self._cpu_seconds.get(mode, seconds))
             self._cpu_seconds[mode] = seconds
-            fams.counter(CPU_SECONDS, _HELP[CPU_SECONDS], {"mode": mode}, seconds)
-        fams.gauge(CPUS, _HELP[CPUS], {}, stat.online_cpus)
+            fams.put(spec(CPU_SECONDS), {"mode": mode}, seconds)
+        fams.put(spec(CPUS), {}, stat.online_cpus)
 
     def _pressure(self, fams: Families, problems: list[str]) -> None:
         bad: list[str] = []
@@ -117,11 +114,9 @@ class HostCollector:
                 bad.append(f"{path}: {exc}")
                 continue
             labels = {"resource": resource}
-            fams.counter(PRESSURE_WAITING, _HELP[PRESSURE_WAITING], labels, psi.some_total_seconds)
+            fams.put(spec(PRESSURE_WAITING), labels, psi.some_total_seconds)
             if resource in _FULL_RESOURCES:
-                fams.counter(
-                    PRESSURE_STALLED, _HELP[PRESSURE_STALLED], labels, psi.full_total_seconds
-                )
+                fams.put(spec(PRESSURE_STALLED), labels, psi.full_total_seconds)
         if bad:
             # The other resources were still exported; the interval is marked failed.
             raise ValueError("; ".join(bad))
@@ -131,4 +126,4 @@ class HostCollector:
         info = parse_meminfo(path.read_text(errors="replace"))
         problems.extend(f"{path}: {msg}" for msg in info.bad_lines)
         # Absent before Linux 3.14: left out, never estimated.
-        fams.gauge(MEMORY_AVAILABLE, _HELP[MEMORY_AVAILABLE], {}, info.values.get("MemAvailable"))
+        fams.put(spec(MEMORY_AVAILABLE), {}, info.values.get("MemAvailable"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
+from gpufeed.catalogue import spec
 from gpufeed.collectors.base import CollectorContext, TickData
 from gpufeed.jobs.identity import read_proc_stat, read_text
 from gpufeed.jobs.io_accounting import (
@@ -29,10 +30,8 @@ from gpufeed.model import Families, Family
 JobPids = Callable[[], Mapping[str, Sequence[int]]]
 
 UNATTRIBUTED_TIER = "unattributed"
-READ = "gpufeed_job_storage_read_bytes_total"
-WRITTEN = "gpufeed_job_storage_written_bytes_total"
-READ_HELP = "Bytes the job read per storage tier (cgroup io accounting, else /proc/PID/io)"
-WRITTEN_HELP = "Bytes the job wrote per storage tier (cgroup io accounting, else /proc/PID/io)"
+READ = spec("gpufeed_job_storage_read_bytes_total")
+WRITTEN = spec("gpufeed_job_storage_written_bytes_total")
 
 
 FinalIo = Mapping[int, tuple[int, DeviceBytes]]  # pid -> (parent pid or 0, bytes)
@@ -162,8 +161,8 @@ class JobIoCollector:
                     fallback.setdefault(job_id, []).extend(pids)
 
         f = Families()
-        f.declare(READ, "counter", READ_HELP)
-        f.declare(WRITTEN, "counter", WRITTEN_HELP)
+        f.declare_spec(READ)
+        f.declare_spec(WRITTEN)
         for job_id, stats in sorted(accounted.items()):
             per_tier: dict[str, list[int]] = {}
             for dev, b in stats.items():
@@ -175,8 +174,8 @@ class JobIoCollector:
                 acc[1] += b.written_bytes
             for tier, (r, w) in sorted(per_tier.items()):
                 labels = {"job_id": job_id, "tier": tier}
-                f.counter(READ, READ_HELP, labels, r)
-                f.counter(WRITTEN, WRITTEN_HELP, labels, w)
+                f.put(READ, labels, r)
+                f.put(WRITTEN, labels, w)
         finals = self._sdk_final_io() if self._sdk_final_io is not None else {}
         sums: dict[str, _ProcIoSum] = {}
         for job_id, pids in sorted(fallback.items()):
@@ -185,8 +184,8 @@ class JobIoCollector:
             if not s.last and not (total.read_bytes or total.written_bytes):
                 continue  # no process readable (gone, or /proc/PID/io not permitted)
             labels = {"job_id": job_id, "tier": UNATTRIBUTED_TIER}
-            f.counter(READ, READ_HELP, labels, total.read_bytes)
-            f.counter(WRITTEN, WRITTEN_HELP, labels, total.written_bytes)
+            f.put(READ, labels, total.read_bytes)
+            f.put(WRITTEN, labels, total.written_bytes)
         self._proc_sums = sums
         return f.build()
 

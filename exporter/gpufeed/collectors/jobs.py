@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpufeed.catalogue import K8S_POD as K8S_POD_LABELS
+from gpufeed.catalogue import spec
 from gpufeed.collectors.base import CollectorContext, TickData
 from gpufeed.gpu.backend import GpuSample
 from gpufeed.jobs.identity import (
@@ -42,7 +43,7 @@ from gpufeed.model import Families, Family
 SdkJobLookup = Callable[[int], "tuple[str, str] | None"]
 
 MAX_NAME_CHARS = 64
-HELP = "Which job holds which GPU (1); absent for a GPU no job holds"
+JOB_INFO = spec("gpufeed_job_info")
 K8S_NAMESPACE, K8S_POD, K8S_CONTAINER = K8S_POD_LABELS
 
 
@@ -69,7 +70,7 @@ class JobsCollector:
         mapping = read_mapping_dir(Path(self._mapping_dir)) if self._mapping_dir else {}
         seen: dict[int, tuple[JobIdentity, str] | None] = {}
         f = Families()
-        f.declare("gpufeed_job_info", "gauge", HELP)
+        f.declare_spec(JOB_INFO)
         held: list[tuple[GpuSample, dict[str, tuple[str, str]]]] = []
         # (gpu index, job id) -> the (pod uid, container id) of each of its processes there
         containers: dict[tuple[int, str], set[tuple[str, str]]] = {}
@@ -100,9 +101,8 @@ class JobsCollector:
         for sample, jobs in held:
             for job_id, (scheduler, name) in sorted(jobs.items()):
                 refs = containers.get((sample.identity.index, job_id), set())
-                f.info(
-                    "gpufeed_job_info",
-                    HELP,
+                f.put(
+                    JOB_INFO,
                     {
                         "job_id": job_id,
                         "gpu": str(sample.identity.index),
@@ -111,6 +111,7 @@ class JobsCollector:
                         "name": name[:MAX_NAME_CHARS],
                         **pod_labels([pods.get(r) for r in refs]),
                     },
+                    1.0,
                 )
         self._cache = seen
         return f.build()

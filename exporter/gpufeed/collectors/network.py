@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 
+from gpufeed.catalogue import spec
 from gpufeed.collectors.base import PartialCollectionError
 from gpufeed.config import DEFAULT_XMIT_WAIT_TICK_BYTES
 from gpufeed.hostpaths import HostPaths
@@ -34,16 +35,9 @@ TRANSMIT = "gpufeed_network_transmit_bytes_total"
 SPEED = "gpufeed_network_speed_bytes_per_second"
 TRANSMIT_WAIT = "gpufeed_network_transmit_wait_seconds_total"
 
-_HELP = {
-    RECEIVE: "Bytes received; for RDMA ports from the port counters, which RDMA traffic uses.",
-    TRANSMIT: "Bytes transmitted; for RDMA ports from the port counters, which RDMA traffic uses.",
-    SPEED: "Link speed in bytes per second, while the link is up.",
-    TRANSMIT_WAIT: (
-        "Estimated time an InfiniBand port had data to send but could not (no credits): "
-        "port_xmit_wait ticks, one tick being the time to send xmit_wait_tick_bytes at the "
-        "link rate."
-    ),
-}
+FAMILIES = tuple(
+    spec(name) for name in (RECEIVE, TRANSMIT, SPEED, TRANSMIT_WAIT)
+)  # HELP: the catalogue
 
 FABRIC_BY_ARPHRD = {ARPHRD_ETHER: "ethernet", ARPHRD_INFINIBAND: "infiniband"}
 FABRIC_BY_LINK_LAYER = {"InfiniBand": "infiniband", "Ethernet": "roce"}
@@ -111,8 +105,8 @@ class NetworkCollector:
 
     def collect(self) -> list[Family]:
         fams = Families()
-        for name, help_ in _HELP.items():
-            fams.declare(name, "counter" if name.endswith("_total") else "gauge", help_)
+        for m in FAMILIES:
+            fams.declare_spec(m)
         problems: list[str] = []
         failed: list[str] = []
         try:
@@ -144,9 +138,9 @@ class NetworkCollector:
             if fabric is None or not (iface.has_device or self._include_virtual):
                 continue  # loopback, tunnels, and virtual interfaces
             labels = {"device": iface.name, "fabric": fabric}
-            fams.counter(RECEIVE, _HELP[RECEIVE], labels, counters.receive_bytes)
-            fams.counter(TRANSMIT, _HELP[TRANSMIT], labels, counters.transmit_bytes)
-            fams.gauge(SPEED, _HELP[SPEED], labels, iface.speed_bytes_per_second)
+            fams.put(spec(RECEIVE), labels, counters.receive_bytes)
+            fams.put(spec(TRANSMIT), labels, counters.transmit_bytes)
+            fams.put(spec(SPEED), labels, iface.speed_bytes_per_second)
 
     def _collect_rdma(self, fams: Families, problems: list[str]) -> None:
         ports = read_rdma_ports(self._paths)
@@ -159,14 +153,14 @@ class NetworkCollector:
             labels = {"device": port.device, "port": port.port, "fabric": fabric}
             active = port.state == "ACTIVE"
             rate = port.rate_bytes_per_second if active else None
-            fams.counter(RECEIVE, _HELP[RECEIVE], labels, port.receive_bytes)
-            fams.counter(TRANSMIT, _HELP[TRANSMIT], labels, port.transmit_bytes)
-            fams.gauge(SPEED, _HELP[SPEED], labels, rate)
+            fams.put(spec(RECEIVE), labels, port.receive_bytes)
+            fams.put(spec(TRANSMIT), labels, port.transmit_bytes)
+            fams.put(spec(SPEED), labels, rate)
             if fabric == "infiniband":
                 key = (port.device, port.port)
                 live.add(key)
                 wait = self._wait.update(key, port.transmit_wait_ticks, rate)
-                fams.counter(TRANSMIT_WAIT, _HELP[TRANSMIT_WAIT], labels, wait)
+                fams.put(spec(TRANSMIT_WAIT), labels, wait)
         self._wait.forget_except(live)
 
 

@@ -17,6 +17,7 @@ from dataclasses import replace
 from functools import partial
 from types import MappingProxyType
 
+from gpufeed.catalogue import MetricSpec, spec
 from gpufeed.collectors.base import CollectorContext, PartialCollectionError, TickData
 from gpufeed.logonce import LogOnce
 from gpufeed.model import Families, Family
@@ -44,22 +45,11 @@ _NFS_OPS = frozenset({"READ", "WRITE"})
 _MISSING_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
 
 P = "gpufeed_storage_"
-HELP = {
-    "read_bytes_total": "Bytes read from the mount's device (over the wire for NFS).",
-    "written_bytes_total": "Bytes written to the mount's device (over the wire for NFS).",
-    "reads_completed_total": "Read operations completed (NFS: READ RPCs).",
-    "writes_completed_total": "Write operations completed (NFS: WRITE RPCs).",
-    "read_time_seconds_total": "Time spent on reads (NFS: READ execute time).",
-    "write_time_seconds_total": "Time spent on writes (NFS: WRITE execute time).",
-    "io_time_seconds_total": "Time the block device was busy with I/O.",
-    "io_time_weighted_seconds_total": "In-flight-weighted I/O time; its rate is the mean queue depth.",
-    "capacity_bytes": "Filesystem size (statvfs f_blocks * f_frsize).",
-    "free_bytes": "Space available to unprivileged users (statvfs f_bavail * f_frsize).",
-    "mount_info": "The exported mount: filesystem type, source, device kind and the disks below it.",
-    "mount_stuck": "1 while a statvfs on the mount has not answered within the time bound.",
-    "nfs_rtt_seconds_total": "NFS round-trip time summed over READ or WRITE RPCs (op label).",
-    "tier_path_missing": "1 when a path configured for a tier does not exist.",
-}
+
+
+def family(suffix: str) -> MetricSpec:
+    """The catalogue entry of gpufeed_storage_SUFFIX (name, type and HELP live there)."""
+    return spec(P + suffix)
 
 
 def _default_timeout(ctx: CollectorContext) -> float:
@@ -269,12 +259,7 @@ class StorageCollector:
                 elif res.status == "ok":
                     self._log.clear(key, "storage: tier %r path %s exists now", tier.name, path)
                 value = {"ok": 0.0, "missing": 1.0}.get(res.status)
-                fams.gauge(
-                    P + "tier_path_missing",
-                    HELP["tier_path_missing"],
-                    {"tier": tier.name, "path": path},
-                    value,
-                )
+                fams.put(family("tier_path_missing"), {"tier": tier.name, "path": path}, value)
         return out
 
     def _statfs_all(
@@ -326,7 +311,7 @@ class StorageCollector:
             info["disks"] = ",".join(t.device.disks)
         else:
             info["kind"] = "network" if t.network else "other"
-        fams.info(P + "mount_info", HELP["mount_info"], info)
+        fams.put(family("mount_info"), info, 1.0)
 
         counters: dict[str, float | None] = {}
         if t.device is not None and disk is not None:
@@ -338,14 +323,13 @@ class StorageCollector:
             counters = _nfs_counters(stats)
             for op in ("READ", "WRITE"):
                 o = stats.ops.get(op) if stats is not None else None
-                fams.counter(
-                    P + "nfs_rtt_seconds_total",
-                    HELP["nfs_rtt_seconds_total"],
+                fams.put(
+                    family("nfs_rtt_seconds_total"),
                     {**labels, "op": op.lower()},
                     o.rtt_seconds if o is not None else None,
                 )
         for suffix in _COUNTERS:
-            fams.counter(P + suffix, HELP[suffix], labels, counters.get(suffix))
+            fams.put(family(suffix), labels, counters.get(suffix))
 
         outcome = statfs.get(t.mount.mountpoint)
         capacity = free = None
@@ -356,9 +340,9 @@ class StorageCollector:
             stuck = 1.0
         elif outcome is not None and outcome.status in ("ok", "error"):
             stuck = 0.0
-        fams.gauge(P + "capacity_bytes", HELP["capacity_bytes"], labels, capacity)
-        fams.gauge(P + "free_bytes", HELP["free_bytes"], labels, free)
-        fams.gauge(P + "mount_stuck", HELP["mount_stuck"], labels, stuck)
+        fams.put(family("capacity_bytes"), labels, capacity)
+        fams.put(family("free_bytes"), labels, free)
+        fams.put(family("mount_stuck"), labels, stuck)
 
 
 _COUNTERS = (

@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Final
 
+from gpufeed.catalogue import spec
 from gpufeed.config import CorrelatorConfig
 from gpufeed.correlator import openwindows
 from gpufeed.correlator.engine import NodeCorrelator, WindowParams
@@ -348,18 +349,17 @@ class CorrelatorProcessor:
 
     def _families(self) -> list[Family]:
         fb = Families()
-        fb.declare(SECONDS, "counter", "Seconds of GPU underutilization attributed to each cause.")
-        fb.declare(CAUSE, "gauge", "1 while an underutilization window is open, with its cause.")
-        fb.declare(WINDOWS, "counter", "Closed underutilization windows per cause.")
+        for name in (SECONDS, CAUSE, WINDOWS):
+            fb.declare_spec(spec(name))  # name, type and HELP: the catalogue
         seconds = dict(self._seconds)
         for key, so_far in self._corr.open_window_seconds():
             # scenario seconds / pace: wall seconds, as closed windows count them
             seconds[key] = seconds.get(key, 0.0) + so_far / self._pace
-            fb.gauge(CAUSE, "", _labels(key), 1.0)
+            fb.put(spec(CAUSE), _labels(key), 1.0)
         for key, v in sorted(seconds.items()):
-            fb.counter(SECONDS, "", _labels(key), v)
+            fb.put(spec(SECONDS), _labels(key), v)
         for key, n in sorted(self._count.items()):
-            fb.counter(WINDOWS, "", _labels(key), float(n))
+            fb.put(spec(WINDOWS), _labels(key), float(n))
         if self._cfg.windows_log or self._log is not None:
             health = self._log.health() if self._log is not None else LogHealth(0, 0, 0)
             pending = health.pending_windows + len(self._unopened)

@@ -20,10 +20,9 @@ SKIPPED: Final = "gpufeed_windows_log_skipped_lines_total"
 
 def add_log_health(fb: Families, health: LogHealth, skipped: Mapping[str, int]) -> None:
     for name in (WRITE_ERRORS, PENDING, DROPPED, SKIPPED):
-        m = spec(name)
-        fb.declare(name, m.type, m.help)
-    fb.counter(WRITE_ERRORS, "", {}, float(health.write_errors_total))
-    fb.gauge(PENDING, "", {}, float(health.pending_windows))
-    fb.counter(DROPPED, "", {}, float(health.dropped_windows_total))
+        fb.declare_spec(spec(name))
+    fb.put(spec(WRITE_ERRORS), {}, float(health.write_errors_total))
+    fb.put(spec(PENDING), {}, float(health.pending_windows))
+    fb.put(spec(DROPPED), {}, float(health.dropped_windows_total))
     for reason in SKIP_REASONS:
-        fb.counter(SKIPPED, "", {"reason": reason}, float(skipped.get(reason, 0)))
+        fb.put(spec(SKIPPED), {"reason": reason}, float(skipped.get(reason, 0)))

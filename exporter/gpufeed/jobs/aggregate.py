@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
+from gpufeed.catalogue import spec
 from gpufeed.jobs import wire
 from gpufeed.jobs.io_accounting import DeviceBytes
 from gpufeed.model import Families, Family
@@ -173,37 +174,29 @@ class JobTable:
 
     def families(self) -> list[Family]:
         f = Families()
-        phase_name = "gpufeed_job_phase_seconds_total"
-        f.declare(phase_name, "counter", "Time the job reported in each phase (job SDK)")
+        phases = spec("gpufeed_job_phase_seconds_total")
+        steps = spec("gpufeed_job_steps_total")
+        checkpoints = spec("gpufeed_job_checkpoint_seconds")
+        checkpoint_bytes = spec("gpufeed_job_checkpoint_written_bytes_total")
+        epochs = spec("gpufeed_job_epoch_seconds")
+        f.declare_spec(phases)
         for job in self._jobs.values():
             # `name` is what people call the job; `job_id` (a scheduler's id, or one per
             # `gpufeed run`) is what tells two runs of one program apart.
             labels = {"job_id": job.job_id, "name": job.name}
             for phase, seconds in sorted(job.phase_seconds.items()):
-                f.counter(
-                    phase_name,
-                    "Time the job reported in each phase (job SDK)",
-                    {**labels, "phase": phase},
-                    seconds,
-                )
-            f.counter("gpufeed_job_steps_total", "Training steps completed", labels, job.steps)
-            f.histogram(
-                "gpufeed_job_checkpoint_seconds",
-                "Checkpoint save durations",
+                f.put(phases, {**labels, "phase": phase}, seconds)
+            f.put(steps, labels, job.steps)
+            f.put_histogram(
+                checkpoints,
                 labels,
                 job.checkpoint.cumulative(),
                 job.checkpoint.total,
                 job.checkpoint.count,
             )
-            f.counter(
-                "gpufeed_job_checkpoint_written_bytes_total",
-                "Checkpoint bytes written",
-                labels,
-                job.checkpoint_bytes,
-            )
-            f.histogram(
-                "gpufeed_job_epoch_seconds",
-                "Epoch durations",
+            f.put(checkpoint_bytes, labels, job.checkpoint_bytes)
+            f.put_histogram(
+                epochs,
                 labels,
                 job.epoch.cumulative(),
                 job.epoch.total,

@@ -35,6 +35,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
+from gpufeed.catalogue import spec
 from gpufeed.jobs import wire
 from gpufeed.jobs.aggregate import JobTable
 from gpufeed.jobs.identity import (
@@ -159,20 +160,13 @@ class SdkServer:
             received = self._received
         f = Families()
         f.extend(fams)
-        help_ = "SDK datagrams the agent dropped, by reason"
         for reason in wire.DROP_REASONS:
-            f.counter(
-                "gpufeed_sdk_messages_dropped_total",
-                help_,
+            f.put(
+                spec("gpufeed_sdk_messages_dropped_total"),
                 {"reason": reason},
                 dropped.get(reason, 0),
             )
-        f.counter(
-            "gpufeed_sdk_messages_received_total",
-            "SDK datagrams the agent received (accepted or not)",
-            {},
-            received,
-        )
+        f.put(spec("gpufeed_sdk_messages_received_total"), {}, received)
         return f.build()
 
     def job_for_pid(self, pid: int) -> tuple[str, str] | None:
