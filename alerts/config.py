@@ -13,46 +13,47 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufeed import vocabulary
+from gpufeed.vocabulary import Cause
 
 RUNBOOK_BASE_URL = "https://github.com/gpufeed/gpufeed/blob/main/docs/runbooks.md"
 
 # What on-call should look at first, per correlator cause (the `cause` label values of the
 # metrics contract). The GpuUtilizationLow description picks one of these by template.
 CAUSE_HINTS: dict[str, str] = {
-    "data_loading": (
+    Cause.DATA_LOADING.value: (
         "The job waits for its input data: open the Storage tiers dashboard and check the "
         "tier it reads (throughput against its usual level, latency, queue depth) and the "
         "job's data_wait phase."
     ),
-    "preprocessing": (
+    Cause.PREPROCESSING.value: (
         "The job's CPU-side preprocessing cannot keep up: check host CPU use and CPU pressure "
         "on the Node dashboard and the number of data-loader workers; the job's owners decide."
     ),
-    "checkpointing": (
+    Cause.CHECKPOINTING.value: (
         "The job is writing a checkpoint: compare checkpoint durations and bytes on the Job "
         "dashboard with the write throughput and latency of the checkpoint tier."
     ),
-    "network": (
+    Cause.NETWORK.value: (
         "The job waits for collective communication: check fabric throughput against link "
         "speed and transmit-wait on the Node dashboard, on this node and its peers."
     ),
-    "throttling": (
+    Cause.THROTTLING.value: (
         "The GPU runs at reduced clocks: check clock event reasons, temperature and power "
         "on the Node dashboard (cooling, power capping)."
     ),
-    "startup": (
+    Cause.STARTUP.value: (
         "The job is still starting (loading the model, compiling): if this lasts, check the "
         "job's startup phase and the tier it loads from."
     ),
-    "idle": (
+    Cause.IDLE.value: (
         "The job holds the GPU but runs nothing on it: check whether the job is hung or "
         "finished without releasing its allocation."
     ),
-    "gpu_error": (
+    Cause.GPU_ERROR.value: (
         "The GPU reported errors: check XIDs and whether the GPU is still up; drain the "
         "node if the XID is fatal."
     ),
-    "unknown": (
+    Cause.UNKNOWN.value: (
         "No cause is known yet (the correlator has not opened a window, or no evidence "
         "matched): check the Job dashboard's phase breakdown and the Node dashboard."
     ),

@@ -29,6 +29,8 @@ from grafanalib.core import (
     TimeSeries,
 )
 
+from gpufeed.vocabulary import Cause
+
 # Every panel and variable queries the datasource the user picks in $datasource.
 DATASOURCE: dict[str, str] = {"type": "prometheus", "uid": "${datasource}"}
 SCHEMA_VERSION = 37  # Grafana 9; grafanalib's default (12) would trigger old migrations
@@ -49,15 +51,15 @@ GPU_HOURS = "GPU-h"
 
 # One colour per correlator cause, on every dashboard (stacked series, annotations).
 CAUSE_COLOURS: dict[str, str] = {
-    "data_loading": "orange",
-    "preprocessing": "yellow",
-    "checkpointing": "purple",
-    "network": "blue",
-    "throttling": "red",
-    "startup": "green",
-    "idle": "text",
-    "gpu_error": "dark-red",
-    "unknown": "light-blue",
+    Cause.DATA_LOADING.value: "orange",
+    Cause.PREPROCESSING.value: "yellow",
+    Cause.CHECKPOINTING.value: "purple",
+    Cause.NETWORK.value: "blue",
+    Cause.THROTTLING.value: "red",
+    Cause.STARTUP.value: "green",
+    Cause.IDLE.value: "text",
+    Cause.GPU_ERROR.value: "dark-red",
+    Cause.UNKNOWN.value: "light-blue",
 }
 WINDOW_ANNOTATION_COLOUR = "orange"
 
