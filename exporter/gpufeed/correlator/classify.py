@@ -80,6 +80,19 @@ class Classifier:
                     best = r
         return best
 
+    def observe_healthy_gpu(self, g: GpuColumns, t: float) -> None:
+        """Feeds a busy GPU's baselines (its SM clock, its NVLink rate and peak): the ones
+        this GPU's evidence is measured against, next to where they are read."""
+        clk = g.fields.get("sm_clock")
+        if clk is not None:
+            self.baselines.observe(
+                (Kind.SM_CLOCK, g.gpu), clk.value_at(t, self.timing.stale_seconds)
+            )
+        nv = self.nvlink(g, t)
+        if nv is not None:
+            self.baselines.observe((Kind.NVLINK, g.gpu), nv)
+            self.baselines.peak((Kind.NVLINK, g.gpu), nv)
+
     def _throttled(self, g: GpuColumns, t: float) -> list[str]:
         if self._throttle_t != t:
             self._throttle_t = t

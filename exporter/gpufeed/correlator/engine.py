@@ -67,7 +67,7 @@ class NodeCorrelator:
         self.units: dict[str, Unit] = {}
         self._next_bucket = -math.inf
         self.watch = Watch(start_seconds)
-        self.c = Classifier(node, timing, self.baselines, self.units, self.watch)
+        self._classifier = Classifier(node, timing, self.baselines, self.units, self.watch)
 
     # ---- units -------------------------------------------------------------------------
     def refresh_units(self) -> None:
@@ -156,7 +156,7 @@ class NodeCorrelator:
             self._sample(u, t, v, low, lost)
         if t >= self._next_bucket and any_busy and self._healthy():
             self._next_bucket = t + BUCKET_SECONDS
-            view = self.c.view_at(t)
+            view = self._classifier.view_at(t)
             observe_healthy(self.baselines, view)
             self._observe_units(t)
 
@@ -170,18 +170,11 @@ class NodeCorrelator:
         return True
 
     def _observe_units(self, t: float) -> None:
-        stale = self.timing.stale_seconds
-        gj = self.c.gpu_jobs(t)
+        gj = self._classifier.gpu_jobs(t)
         for u in self.units.values():
             if u.cols is None or u.gpu in self.watch.low_now:
                 continue
-            clk = u.cols.fields.get("sm_clock")
-            if clk is not None:
-                self.baselines.observe((Kind.SM_CLOCK, u.gpu), clk.value_at(t, stale))
-            nv = self.c.nvlink(u.cols, t)
-            if nv is not None:
-                self.baselines.observe((Kind.NVLINK, u.gpu), nv)
-                self.baselines.peak((Kind.NVLINK, u.gpu), nv)
+            self._classifier.observe_healthy_gpu(u.cols, t)
             job = gj.get(u.gpu, "")
             if job:
                 self.watch.ever_busy.add((job, u.gpu))
@@ -221,7 +214,7 @@ class NodeCorrelator:
                 )
                 m.lost = lost
             else:
-                m = self.c.classify(u, t, util, lost)
+                m = self._classifier.classify(u, t, util, lost)
                 u.last_mark = m
             u.pending = m
             u.last_low_t = t
@@ -237,7 +230,7 @@ class NodeCorrelator:
         if t - u.high_since >= p.merge_gap_seconds:
             self._close(u, u.high_since)
             if u.cols is not None:
-                job = self.c.gpu_jobs(t).get(u.gpu, "")
+                job = self._classifier.gpu_jobs(t).get(u.gpu, "")
                 if job:
                     self.watch.ever_busy.add((job, u.gpu))
             u.prev_t = t
