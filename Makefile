@@ -42,7 +42,8 @@ run: runtime
 # node_exporter (the benchmark's reference), e2fsprogs for the loop-mounted tiers,
 # systemd for systemd-analyze (the unit's verify and security checks), python3-seccomp (the
 # agent run under the unit's system-call filter), and openssl for the certificates of the
-# TLS tests.
+# TLS tests. DPkg::Lock::Timeout: two fresh `make test` runs on one host wait for each
+# other's apt-get instead of failing on the dpkg lock.
 promtool:
 	@missing=""; \
 	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
@@ -54,7 +55,8 @@ promtool:
 	/usr/bin/python3 -c 'import seccomp' >/dev/null 2>&1 || missing="$$missing python3-seccomp"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  apt-get -o DPkg::Lock::Timeout=600 update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq $$missing >/dev/null; \
 	fi
 
 lint: install

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The real-GPU truth check of the NVML backend (issue 15), about two minutes on one GPU.
 #
-# Starts `gpufeed agent --gpu.backend=nvml` on a free 127.0.0.1 port (its state and SDK socket
-# in a temporary directory, never /var/lib or /run), then bench/gpu_smoke.py runs the phases
-# (idle, matmuls, one-thread kernels, pinned PCIe copies, a 32 GiB allocation) beside
+# Starts `gpufeed agent --gpu.backend=nvml` on 127.0.0.1 port 0 (its state and SDK socket
+# in a temporary directory, never /var/lib or /run) and reads the port the kernel gave it from
+# its own sockets (tests/procports.py), then bench/gpu_smoke.py runs the phases (idle,
+# matmuls, one-thread kernels, pinned PCIe copies, a 32 GiB allocation) beside
 # `nvidia-smi -lms 500` and a raw NVML reader, and prints one PASS/FAIL/SKIP line per check.
 #
 # Needs: an NVIDIA GPU and driver, nvidia-smi, a Python with torch built for CUDA and
@@ -58,7 +59,6 @@ if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() el
   exit 2
 fi
 
-PORT="$("$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')"
 cat >"$WORK/agent.yaml" <<EOF
 correlator:
   windows_log: $WORK/windows.jsonl
@@ -67,7 +67,7 @@ sdk:
 EOF
 LOG="$OUTDIR/agent.log"
 "$PYTHON" -m gpufeed agent --gpu.backend=nvml --config "$WORK/agent.yaml" \
-  --web.listen-address "127.0.0.1:$PORT" --log.level info >"$LOG" 2>&1 &
+  --web.listen-address "127.0.0.1:0" --log.level info >"$LOG" 2>&1 &
 AGENT=$!
 cleanup() {
   kill "$AGENT" 2>/dev/null || true
@@ -76,6 +76,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The port the kernel gave the agent, read from the agent's own sockets: a port chosen here
+# and handed over could be taken by another process in between, and then the check would
+# measure someone else's server.
+if ! PORT="$("$PYTHON" tests/procports.py "$AGENT" 30)"; then
+  say "the agent did not listen; its log ($LOG):"
+  tail -n 20 "$LOG" >&2
+  exit 2
+fi
 ready=0
 for _ in $(seq 1 150); do
   if ! kill -0 "$AGENT" 2>/dev/null; then

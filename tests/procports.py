@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,19 +29,46 @@ def listening_ports(pid: int) -> set[int]:
     return {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN and c.laddr}
 
 
-def wait_listening(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
+def wait_listening(
+    proc: subprocess.Popen[bytes] | subprocess.Popen[str], timeout: float = 30.0
+) -> int:
     """The one TCP port `proc` (started with a port 0 listen address) listens on."""
+
+    def exited() -> str | None:
+        code = proc.poll()
+        return None if code is None else f"{proc.args!r} exited with {code}"
+
+    return _wait_port(proc.pid, exited, timeout)
+
+
+def wait_pid_listening(pid: int, timeout: float = 30.0) -> int:
+    """The one TCP port process `pid` listens on, for a process that is not our child (a
+    shell script's background job: bench/gpu-smoke.sh runs `python tests/procports.py PID`)."""
+
+    def exited() -> str | None:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return None
+        except psutil.NoSuchProcess:
+            pass
+        return f"pid {pid} exited"
+
+    return _wait_port(pid, exited, timeout)
+
+
+def _wait_port(pid: int, exited: Callable[[], str | None], timeout: float) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{proc.args!r} exited with {proc.returncode} before listening")
-        ports = listening_ports(proc.pid)
+        gone = exited()
+        if gone is not None:
+            raise AssertionError(f"{gone} before listening")
+        ports = listening_ports(pid)
         if len(ports) == 1:
             return ports.pop()
         if len(ports) > 1:
-            raise AssertionError(f"pid {proc.pid} listens on several ports: {sorted(ports)}")
+            raise AssertionError(f"pid {pid} listens on several ports: {sorted(ports)}")
         time.sleep(0.05)
-    raise AssertionError(f"pid {proc.pid} did not listen within {timeout}s")
+    raise AssertionError(f"pid {pid} did not listen within {timeout}s")
 
 
 def owns_port(pid: int, port: int) -> bool:
@@ -97,3 +125,21 @@ def owned_server(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+
+
+def main(argv: list[str]) -> int:
+    """`python tests/procports.py PID [TIMEOUT_SECONDS]` prints the port PID listens on; exit
+    1 with one line on stderr when it exits first or does not listen in time."""
+    if len(argv) not in (2, 3) or not argv[1].isdigit():
+        print("usage: procports.py PID [TIMEOUT_SECONDS]", file=sys.stderr)
+        return 2
+    try:
+        print(wait_pid_listening(int(argv[1]), float(argv[2]) if len(argv) == 3 else 30.0))
+    except AssertionError as exc:
+        print(f"procports: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -16,6 +16,7 @@ import pytest
 from conftest import agent_env, gpufeed_cmd, wait_for_metrics
 from gpufeed.config import ConfigError, load_config, parse_config
 from gpufeed.jobs.sdk_server import MAX_SOCKET_PATH_BYTES, SdkServer
+from procports import wait_listening
 
 
 def test_a_config_that_is_not_utf8_is_one_line_naming_the_line(tmp_path: Path) -> None:
@@ -105,9 +106,6 @@ class _Agent:
 
 
 def test_sighup_and_sigusr1_are_answered_and_the_agent_keeps_serving(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(f"interval_seconds: 0.5\ncorrelator:\n  windows_log: {tmp_path / 'w.jsonl'}\n")
     sock, trace = tmp_path / "sdk.sock", tmp_path / "trace.om"
@@ -115,13 +113,16 @@ def test_sighup_and_sigusr1_are_answered_and_the_agent_keeps_serving(tmp_path: P
         "--config",
         str(cfg),
         "--web.listen-address",
-        f"127.0.0.1:{port}",
+        "127.0.0.1:0",
         "--sdk.socket",
         str(sock),
         "--record",
         str(trace),
     )
     try:
+        # Port 0 and the port read from the agent's own sockets: a port bound, closed and
+        # handed to the agent could be taken by a concurrent test run in between.
+        port = wait_listening(agent.proc)
         wait_for_metrics(f"http://127.0.0.1:{port}/metrics", agent.proc)
         agent.proc.send_signal(signal.SIGHUP)
         agent.wait_for("SIGHUP: " + str(cfg) + " is unchanged")

@@ -6,6 +6,8 @@ NVML reader's calls against the fake."""
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -15,6 +17,7 @@ from typing import Any
 import pynvml
 import pytest
 
+from conftest import ROOT, agent_env
 from gpufeed.collectors.gpu import gpu_families
 from gpufeed.exposition import render_text
 from gpufeed.gpu.nvml import NvmlBackend
@@ -222,3 +225,48 @@ def test_the_recorded_h200_run_passes_and_shows_what_it_measured() -> None:
         "h2d.agent_vs_copied",
         "d2h.agent_vs_copied",
     }
+
+
+# bench/gpu-smoke.sh's way to its agent, on a simulated agent: started in the background by a
+# shell on port 0, its port read from its own sockets by `python tests/procports.py PID`.
+SHELL_START = """
+"$PY" -m gpufeed agent --simulate --web.listen-address 127.0.0.1:0 --config "$DIR/agent.yaml" \\
+  --sdk.socket "$DIR/sdk.sock" $EXTRA >"$DIR/agent.log" 2>&1 &
+AGENT=$!
+trap 'kill $AGENT 2>/dev/null; wait $AGENT 2>/dev/null' EXIT
+PORT="$("$PY" tests/procports.py "$AGENT" 30)" || exit 3
+echo "$AGENT $PORT"
+for _ in $(seq 1 150); do  # 503 until the first sample, as in the script
+  "$PY" -c "import sys, urllib.request as u; print(u.urlopen(sys.argv[1]).read().decode())" \\
+    "http://127.0.0.1:$PORT/metrics" 2>/dev/null && exit 0
+  sleep 0.2
+done
+exit 4
+"""
+
+
+def smoke_shell(tmp_path: Path, extra: str = "") -> subprocess.CompletedProcess[str]:
+    (tmp_path / "agent.yaml").write_text(f"correlator:\n  windows_log: {tmp_path / 'w.jsonl'}\n")
+    env = agent_env() | {"PY": sys.executable, "DIR": str(tmp_path), "EXTRA": extra}
+    return subprocess.run(
+        ["bash", "-c", SHELL_START], cwd=ROOT, env=env, capture_output=True, text=True, timeout=90
+    )
+
+
+def test_the_smoke_scripts_agent_port_is_read_from_the_agent_itself(tmp_path: Path) -> None:
+    script = (ROOT / "bench" / "gpu-smoke.sh").read_text()
+    assert '--web.listen-address "127.0.0.1:0"' in script
+    assert 'tests/procports.py "$AGENT"' in script and "bind((" not in script
+    res = smoke_shell(tmp_path)
+    assert res.returncode == 0, res.stderr + (tmp_path / "agent.log").read_text()
+    head, _, page = res.stdout.partition("\n")
+    pid, port = (int(x) for x in head.split())
+    assert f"listening on http://127.0.0.1:{port}/metrics" in (tmp_path / "agent.log").read_text()
+    assert 'gpufeed_gpu_info{backend="simulated"' in page, page[:300]
+    assert pid > 0
+
+
+def test_an_agent_that_exits_before_listening_is_one_line_not_a_port(tmp_path: Path) -> None:
+    res = smoke_shell(tmp_path, extra="--no-such-flag")
+    assert res.returncode == 3, res.stdout
+    assert re.fullmatch(r"procports: pid \d+ exited before listening\n", res.stderr), res.stderr

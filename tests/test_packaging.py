@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -20,8 +22,32 @@ from gpufeed.config import load_config, parse_config
 from procports import wait_listening
 from stack_support import REPO_ROOT
 
-# Test-only extras (pyproject [test]) that must never reach a node.
-TEST_ONLY = {"torch", "mypy", "grafanalib", "pytest", "hypothesis", "ruff"}
+
+def pyproject_test_extras() -> set[str]:
+    """The test extras (pyproject [project.optional-dependencies].test), which must never
+    reach a node: read from pyproject so a new test dependency is checked without a second
+    list to keep in step."""
+    with (REPO_ROOT / "pyproject.toml").open("rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]["test"]
+    return {normalized(match_name(req)) for req in extras}
+
+
+def match_name(requirement: str) -> str:
+    """The distribution name a PEP 508 requirement starts with ("torch==2.13.0" -> "torch")."""
+    found = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+    assert found, f"pyproject test extra {requirement!r} does not start with a package name"
+    return found.group(0)
+
+
+def normalized(name: str) -> str:
+    """A distribution name as `pip list` spells it here (lower case, "-" for "_" and ".")."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_the_test_extras_are_read_from_pyproject() -> None:
+    only = pyproject_test_extras()
+    assert {"torch", "mypy", "grafanalib", "pytest", "ruff", "types-pyyaml"} <= only
+    assert "prometheus-client" not in only
 
 
 def installed(python: Path) -> set[str]:
@@ -32,7 +58,7 @@ def installed(python: Path) -> set[str]:
         check=True,
         timeout=120,
     ).stdout
-    return {str(p["name"]).lower().replace("_", "-") for p in json.loads(out)}
+    return {normalized(str(p["name"])) for p in json.loads(out)}
 
 
 def serve_simulated(gpufeed: Path, tmp_path: Path) -> str:
@@ -86,7 +112,7 @@ def test_make_runtime_installs_runtime_dependencies_only(tmp_path: Path) -> None
     assert result.returncode == 0, result.stdout + result.stderr
     packages = installed(venv / "bin" / "python")
     assert "gpufeed" in packages and "prometheus-client" in packages
-    assert packages & TEST_ONLY == set()
+    assert packages & pyproject_test_extras() == set()
     help_ = subprocess.run(
         [str(venv / "bin" / "gpufeed"), "agent", "--help"],
         capture_output=True,
@@ -129,7 +155,7 @@ def test_wheel_installs_on_a_bare_venv_and_serves_metrics(tmp_path: Path) -> Non
         timeout=600,
     )
     assert install.returncode == 0, install.stdout + install.stderr
-    assert installed(venv / "bin" / "python") & TEST_ONLY == set()
+    assert installed(venv / "bin" / "python") & pyproject_test_extras() == set()
     page = serve_simulated(venv / "bin" / "gpufeed", tmp_path)
     assert "gpufeed_gpu_utilization_ratio{" in page
     assert 'backend="simulated"' in page

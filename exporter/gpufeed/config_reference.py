@@ -85,13 +85,19 @@ KEYS: dict[str, KeyDoc] = {
         "`--sdk.socket` overrides it."
     ),
     "sdk.max_jobs": KeyDoc(
-        "Jobs tracked at once; a further job's messages are dropped (and counted) unless an "
-        "ended job can make room.",
+        "Jobs tracked at once, shared fairly between senders (a uid plus its Slurm job, "
+        "Kubernetes pod or process group): when the table is full and no ended job can make "
+        "room, a sender holding fewer than `max_jobs` / senders takes the least recently "
+        "updated slot of the sender holding the most; otherwise the new job's messages are "
+        "dropped and counted (`max_jobs`). See docs/jobs.md.",
         1,
         10000,
     ),
     "sdk.max_messages_per_second": KeyDoc(
-        "SDK messages accepted per second over all jobs; the rest are dropped and counted.",
+        "SDK messages accepted per second in all, split equally between the senders heard "
+        "from in the last 10 s (a token bucket each, one second of burst; a sender alone gets "
+        "the whole rate); a sender's messages over its share are dropped and counted "
+        "(`rate`). See docs/jobs.md.",
         1,
         10_000_000,
     ),
