@@ -5,6 +5,7 @@ objects wired to each other and to the agent (labels, ports, probes, flags, conf
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +200,44 @@ def test_service_and_service_monitor_select_the_agent_pods() -> None:
     (endpoint,) = sm["endpoints"]
     assert endpoint["port"] == svc_port["name"]
     relabel = {r["targetLabel"]: r for r in endpoint["relabelings"]}
-    # The alert rules' default selector, and the agent's own instance rule (HOSTNAME:PORT).
+    # The alert rules' default selector, and the instance the DaemonSet gives the agent.
     assert relabel["job"]["replacement"] == "gpufeed"
     assert relabel["instance"]["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]
     assert relabel["instance"]["replacement"] == f"$1:{svc_port['port']}"
+
+
+def kubernetes_args(container: dict[str, Any], node_name: str) -> list[str]:
+    """The container's args as the kubelet expands them: `$(VAR)` from its env, values
+    given literally or from the pod's spec.nodeName (the only field reference we use)."""
+    env = {}
+    for var in container["env"]:
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        else:
+            assert var["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}, var
+            env[var["name"]] = node_name
+    return [
+        re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env[m.group(1)], a)
+        for a in container["args"]
+    ]
+
+
+def prometheus_relabel(rule: dict[str, Any], labels: dict[str, str]) -> str:
+    """A `replace` relabelling's result, as Prometheus computes it (separator ";", regex
+    "(.*)" anchored, unless the rule says otherwise)."""
+    assert rule.get("action", "replace") == "replace"
+    value = rule.get("separator", ";").join(labels[name] for name in rule["sourceLabels"])
+    match = re.fullmatch(rule.get("regex", "(.*)"), value)
+    assert match is not None, (rule, value)
+    return match.expand(rule["replacement"].replace("$1", r"\1"))
+
+
+def test_the_agents_instance_is_the_service_monitors_instance() -> None:
+    """A node's series in Prometheus and its traces and windows carry one `instance`, so
+    live, file and Prometheus analyses of the node join (issue 9, defect 5)."""
+    node = "gpu-node-17.cluster.local"
+    args = build_parser().parse_args(kubernetes_args(agent_container(), node))
+    (endpoint,) = one("ServiceMonitor")["spec"]["endpoints"]
+    relabel = {r["targetLabel"]: r for r in endpoint["relabelings"]}
+    scraped = prometheus_relabel(relabel["instance"], {"__meta_kubernetes_pod_node_name": node})
+    assert args.instance == scraped == f"{node}:9842"
