@@ -35,6 +35,7 @@ from gpufeed.collectors.sdk import SdkCollector
 from gpufeed.config import AgentConfig, SdkConfig
 from gpufeed.gpu.backend import GpuIdentity, GpuProcess, GpuSample
 from gpufeed.model import Family, iter_samples
+from host_needs import missing
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -53,9 +54,9 @@ def sh(*cmd: str) -> str:
 
 def _needs_root() -> None:
     if os.geteuid() != 0:
-        pytest.skip("needs root (loop mounts, cgroups)")
+        missing("needs root (loop mounts, cgroups)")
     if not (BLKIO / "cgroup.procs").exists():
-        pytest.skip("needs the cgroup v1 blkio hierarchy at /sys/fs/cgroup/blkio")
+        missing("needs the cgroup v1 blkio hierarchy at /sys/fs/cgroup/blkio")
 
 
 class Tier:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from conftest import http_get, wait_for_metrics
+from host_needs import missing
 
 MNT_DETACH = 2
 
@@ -49,7 +50,7 @@ class HungMount:
 @pytest.fixture
 def hung_mount(tmp_path: Path) -> Iterator[HungMount]:
     if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
-        pytest.skip("needs root and /dev/fuse")
+        missing("needs root and /dev/fuse")
     mnt = tmp_path / "hung"
     mnt.mkdir()
     m = HungMount(mnt)

@@ -6,7 +6,8 @@
   gives on an H200, where the truth check saw the field wrap 177 times in 12 s of copies);
   otherwise 32 bits until a raw value above 2**32 - 1 proves it wider. A 32-bit counter read
   less often than it wraps (every ~78 ms at the 55 GB/s an H200 copies at) loses whole turns;
-  the backend therefore prefers GPM's PCIe rates where the GPU has them (see docs/gpu.md).
+  the backend therefore prefers GPM's PCIe rates where the GPU has them, and without GPM
+  uses only fields shown to be wider than 32 bits (see docs/gpu.md).
 - `Integral`: a rate or a ratio multiplied by the time it covers, summed (busy seconds, GPM
   PCIe bytes).
 """

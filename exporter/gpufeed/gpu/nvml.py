@@ -668,8 +668,21 @@ class NvmlBackend:
                 return  # GPM has not had its first 100 ms yet: wait for it before choosing
             if gpm is not None and gpm.pcie_transmit_bytes is not None:
                 dev.pcie_source = "gpm"
-            elif read_now:
+            elif read_now and all(dev.pcie_fields[attr].wide for attr in read_now):
                 dev.pcie_source = "field"
+            elif read_now:
+                # 32 bits (or not yet shown wider) and no GPM: read once per sample, a field
+                # loses every 4 GiB turn between two samples (one turn per ~70 ms on a Gen5
+                # x16 link), and an undercount looks like a plausible rate. Absent instead.
+                self._once(
+                    ("pcie-32-bit", dev.index),
+                    logging.INFO,
+                    "GPU %d: PCIe byte counters left out: the driver's fields are 32 bits "
+                    "wide and this GPU has no GPM, so whole wraps between two samples would "
+                    "be lost (docs/gpu.md)",
+                    dev.index,
+                )
+                return
             else:
                 return
             log.info("GPU %d: PCIe byte counters from %s", dev.index, dev.pcie_source)
