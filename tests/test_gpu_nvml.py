@@ -658,6 +658,30 @@ def test_gpm_samples_closer_than_100_ms_give_no_bogus_value(
         assert backend.sample()[0].sm_active_ratio == pytest.approx(0.83)
 
 
+def test_a_mig_mode_change_retakes_the_gpm_baseline_and_waits_100_ms(
+    nvml: Any, open_backend: Any, clock: Clock
+) -> None:
+    gpu = FakeGpu(UUID0)
+    fake = nvml([gpu])
+    backend = open_backend()
+    clock.now += 1.0
+    assert backend.sample()[0].sm_active_ratio == pytest.approx(0.83)
+    for mode in (pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_DISABLE):
+        allocated, gets = fake.calls["nvmlGpmSampleAlloc"], fake.calls["nvmlGpmMetricsGet"]
+        gpu.mig_mode = mode
+        clock.now += 1.0
+        seen = []
+        for _ in range(3):  # the change, then 62.5 and 125 ms after the new baseline
+            seen.append(backend.sample()[0].sm_active_ratio)
+            clock.now += 0.0625  # exact in binary
+        assert fake.calls["nvmlGpmSampleAlloc"] - allocated == 2  # a new session, new baseline
+        # No reading over the old session's samples, none over < 100 ms (GPM_BOGUS here):
+        # absent until the new baseline is 100 ms old, then the GPU's value.
+        assert seen == [None, None, pytest.approx(0.83)], (mode, seen)
+        assert fake.calls["nvmlGpmMetricsGet"] - gets == 1
+    assert fake.gpm_samples_allocated == 2  # the old sessions' buffers were freed
+
+
 def test_sampling_faster_than_100_ms_reads_gpm_over_at_least_100_ms(
     nvml: Any, open_backend: Any, clock: Clock
 ) -> None:

@@ -110,7 +110,12 @@ def unreachable_endpoint_blocks_nothing(endpoint: str) -> None:
 
 
 class Receiver:
-    """An OTLP/HTTP metrics receiver on an ephemeral loopback port."""
+    """An OTLP/HTTP metrics receiver on an ephemeral loopback port.
+
+    Written here rather than a real OpenTelemetry Collector because no Collector is
+    packaged in Debian or on PyPI (it is a Go binary from GitHub releases, which CI cannot
+    fetch). It decodes each POST with the OTLP protobuf classes the exporter itself is built
+    on (opentelemetry-proto), so the test reads exactly the payload a Collector would."""
 
     def __init__(self) -> None:
         self.received: list[ExportMetricsServiceRequest] = []

@@ -210,7 +210,7 @@ class NvmlBackend:
         self._driver_version = self._driver()
         self._devices = [self._open(i) for i in range(count)]
         for dev in self._devices:
-            self._start_gpm(dev)
+            self._gpm_open_session_or_mark_lost(dev)
         self._start_watcher()
 
     # -- GpuBackend ----------------------------------------------------------------------
@@ -492,7 +492,7 @@ class NvmlBackend:
             self._backoff = self._reinit_initial
             self._next_reinit = None
         for dev in self._devices:
-            self._start_gpm(dev)
+            self._gpm_open_session_or_mark_lost(dev)
         self._start_watcher()
 
     def _reopen(self, dev: _Device) -> None:
@@ -640,7 +640,7 @@ class NvmlBackend:
             dev.link_values = {}
             self._probe(dev)
             self._gpm_free(dev)
-            self._gpm_start(dev)
+            self._gpm_open_session(dev)
         dev.mig_enabled = enabled
 
     def _clock_reasons(self, dev: _Device) -> tuple[tuple[str, bool], ...] | None:
@@ -804,18 +804,21 @@ class NvmlBackend:
 
     # -- GPM (Hopper and newer) ----------------------------------------------------------
 
-    def _start_gpm(self, dev: _Device) -> None:
-        """GPM baseline outside a reading pass (start-up, re-initialisation)."""
+    def _gpm_open_session_or_mark_lost(self, dev: _Device) -> None:
+        """`_gpm_open_session` outside a reading pass (start-up, re-initialisation), where a
+        lost GPU or library is recorded here instead of by the pass's handler."""
         if dev.lost:
             return
         try:
-            self._gpm_start(dev)
+            self._gpm_open_session(dev)
         except _GpuLost as exc:
             self._mark_lost(dev, str(exc))
         except _LibraryDown as exc:
             self._mark_lost(dev, f"NVML itself stopped working: {exc}")
 
-    def _gpm_start(self, dev: _Device) -> None:
+    def _gpm_open_session(self, dev: _Device) -> None:
+        """A new GPM session (its baseline taken now) where the GPU has GPM and none is open;
+        raises _GpuLost / _LibraryDown from the support query."""
         if "gpm" in dev.unsupported or dev.gpm is not None:
             return
         support = self._call(dev, "gpm", "nvmlGpmQueryDeviceSupport", dev.handle)

@@ -19,7 +19,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-# nvml.h: "the two samples ... should be at least 100 ms apart"; a little margin on top.
+# nvml.h: "the two samples ... should be at least 100 ms apart". Exactly that, no margin:
+# read() takes a reading once 0.1 s or more have passed since the baseline, so an agent
+# sampling every 0.1 s reads GPM at every sample.
 MIN_INTERVAL_SECONDS = 0.1
 
 # nvmlGpmMetricId_t values (nvml.h); all are percentages 0..100 except the PCIe rates (MiB/s).
