@@ -674,9 +674,9 @@ class NvmlBackend:
                 # 32 bits (or not yet shown wider) and no GPM: read once per sample, a field
                 # loses every 4 GiB turn between two samples (one turn per ~70 ms on a Gen5
                 # x16 link), and an undercount looks like a plausible rate. Absent instead.
-                self._once(
-                    ("pcie-32-bit", dev.index),
+                self._log.log(
                     logging.INFO,
+                    ("pcie-32-bit", dev.index),
                     "GPU %d: PCIe byte counters left out: the driver's fields are 32 bits "
                     "wide and this GPU has no GPM, so whole wraps between two samples would "
                     "be lost (docs/gpu.md)",
