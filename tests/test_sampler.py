@@ -1,3 +1,4 @@
+import logging
 import re
 import threading
 import time
@@ -364,3 +365,42 @@ def test_a_stalled_sampler_is_visible_in_the_timestamp_it_serves() -> None:
     assert first == second, "a stalled sampler must keep serving the old timestamp"
     assert at - second >= 0.6
     assert resumed > second and resumed_at - resumed < 0.5
+
+
+class Flaky:
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.errors = ["disk gone", "disk gone", "", "disk gone", "other"]
+
+    def collect(self) -> list[Family]:
+        error = self.errors.pop(0) if self.errors else ""
+        if error:
+            raise OSError(error)
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_collector_failure_is_logged_when_it_starts_or_changes_not_every_tick(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hanging = Hanging()
+    sampler = Sampler([Flaky(), hanging], interval_seconds=1.0, timeout_seconds=0.2)
+    try:
+        with caplog.at_level(logging.WARNING, "gpufeed.sampler"):
+            for _ in range(5):  # hang times out once, then is still hung four times
+                sampler.sample_once()
+    finally:
+        hanging.release.set()
+        sampler.stop()
+    logged = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert sorted(logged) == sorted(
+        [
+            "collector flaky failed: OSError: disk gone",
+            "collector flaky failed: OSError: disk gone",  # again after the tick it worked
+            "collector flaky failed: OSError: other",
+            "collector hang failed: timed out after 0.20s",  # once, not per hung tick
+        ]
+    )
