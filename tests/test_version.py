@@ -1,0 +1,23 @@
+"""The version is one fact: pyproject, the package, the DaemonSet's image tag and CHANGELOG agree."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import gpufeed
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_every_place_names_the_same_version() -> None:
+    with open(REPO / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]["version"]
+    assert gpufeed.__version__ == project
+    daemonset = (REPO / "deploy" / "kubernetes" / "daemonset.yaml").read_text()
+    tags = re.findall(r"image:\s*\S*gpufeed-agent:(\S+)", daemonset)
+    assert tags == [project], f"DaemonSet image tags {tags}, pyproject {project}"
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    newest = re.search(r"^## (\S+)", changelog, re.M)
+    assert newest is not None and newest.group(1) == project, "CHANGELOG's newest heading"
