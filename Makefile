@@ -73,27 +73,27 @@ test: install promtool lint typecheck
 	$(PY) -m pytest -q
 
 bench: install promtool
-	$(PY) bench/run_all.py
+	$(PY) -m bench.run_all
 
 bench-correlator: install
-	$(PY) bench/correlator_accuracy.py --simulated
+	$(PY) -m bench.correlator_accuracy --simulated
 
 # One hour of a real agent under scrapes, /api/windows, SDK jobs and idle connections;
 # fails if RSS grows >= 5 MB/h after warm-up, fds or threads rise, or /metrics p99 >= 10 ms.
 # Not part of `make test`. ARGS="--minutes 10 --warmup-minutes 3" for a short one.
 soak: install
-	$(PY) bench/soak.py $(ARGS)
+	$(PY) -m bench.soak $(ARGS)
 
 # Regenerate the committed dashboards/json/*.json, alerts/gpufeed.rules.yml and
 # deploy/kubernetes/prometheusrule.yaml from code (tests fail when they drift).
 dashboards: install
-	$(PY) dashboards/build.py
+	$(PY) -m dashboards.build
 
 # A site's selector, thresholds and runbook URL: make alerts ALERTS_CONFIG=site.yml
 # (see alerts/config.example.yml; ARGS="--out FILE" writes elsewhere).
 ALERTS_CONFIG ?=
 alerts: install
-	$(PY) alerts/build.py $(if $(ALERTS_CONFIG),--config $(ALERTS_CONFIG)) $(ARGS)
+	$(PY) -m alerts.build $(if $(ALERTS_CONFIG),--config $(ALERTS_CONFIG)) $(ARGS)
 
 # Regenerate docs/metrics.md's tables from the metric catalogue and docs/configuration.md
 # from the config dataclasses (tests fail when they drift).

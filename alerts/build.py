@@ -1,11 +1,13 @@
 """Writes alerts/gpufeed.rules.yml and the Prometheus Operator's PrometheusRule from
 alerts.config (run by `make alerts`).
 
-python alerts/build.py                      # regenerate both shipped files
-python alerts/build.py --check              # exit 1 if either is stale
-python alerts/build.py --config site.yml    # a site's selector, thresholds, runbook URL
-python alerts/build.py --for 10s --out F    # a test copy with every `for:` shortened
-python alerts/build.py --kubernetes-out F   # only the PrometheusRule, to F
+python -m alerts.build                      # regenerate both shipped files
+python -m alerts.build --check              # exit 1 if either is stale
+python -m alerts.build --config site.yml    # a site's selector, thresholds, runbook URL
+python -m alerts.build --for 10s --out F    # a test copy with every `for:` shortened
+python -m alerts.build --kubernetes-out F   # only the PrometheusRule, to F
+
+(from the repository root, where the `alerts` package is).
 
 Both files carry the same rule groups from the same settings: with --out or
 --kubernetes-out only the files named are written.
@@ -20,13 +22,11 @@ from typing import Any
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # run as a script: make `alerts` importable
-    sys.path.insert(0, str(REPO_ROOT))
+from alerts.config import RulesConfig
+from alerts.config_file import ConfigError, load_config
+from alerts.rules import rule_groups
 
-from alerts.config import RulesConfig  # noqa: E402
-from alerts.config_file import ConfigError, load_config  # noqa: E402
-from alerts.rules import rule_groups  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 RULES_PATH = REPO_ROOT / "alerts" / "gpufeed.rules.yml"
 PROMETHEUS_RULE_PATH = REPO_ROOT / "deploy" / "kubernetes" / "prometheusrule.yaml"

@@ -1,7 +1,7 @@
 """Reads a site's alert settings from YAML into a `RulesConfig` (the mixin `_config`).
 
 A site overrides selectors, thresholds, durations and the runbook URL in a YAML file given
-to `alerts/build.py --config FILE` (`make alerts ALERTS_CONFIG=FILE`), never by editing
+to `python -m alerts.build --config FILE` (`make alerts ALERTS_CONFIG=FILE`), never by editing
 Python. Keys are `RulesConfig`'s field names; what is not set keeps its default. Anything
 wrong stops the build with one line that names the file and the key: a setting that is
 silently ignored is how rules end up selecting nothing.

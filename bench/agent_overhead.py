@@ -12,7 +12,7 @@ those of our own children (0.1.0 used fixed ports and once measured a Prometheus
 happened to listen there). When a subject dies, answers with an error, or is not what it
 should be, the script exits 1 and prints no figure.
 
-Usage: python bench/agent_overhead.py [--seconds 60] [--scrapes 300] [-- AGENT FLAGS...]
+Usage: python -m bench.agent_overhead [--seconds 60] [--scrapes 300] [-- AGENT FLAGS...]
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from tests.procports import owns_port, wait_listening
 
-from procports import owns_port, wait_listening  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class SubjectFailed(Exception):

@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import correlator_scenarios as cs
-
+from bench import correlator_scenarios as cs
 from gpufeed.correlator.analyze import analyze_nodes
 from gpufeed.correlator.engine import WindowParams
 from gpufeed.correlator.trace import read_trace

@@ -12,14 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import correlator_scenarios as cs
-
+from bench import correlator_scenarios as cs
 from gpufeed.config import CorrelatorConfig
 from gpufeed.correlator import analyze_cmd
 from gpufeed.correlator.replay import snapshots_from_trace

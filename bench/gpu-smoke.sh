@@ -105,7 +105,7 @@ fi
 say "agent up (pid $AGENT, port $PORT, log $LOG)"
 
 status=0
-"$PYTHON" bench/gpu_smoke.py --url "http://127.0.0.1:$PORT/metrics" --out "$OUTDIR" \
+"$PYTHON" -m bench.gpu_smoke --url "http://127.0.0.1:$PORT/metrics" --out "$OUTDIR" \
   --agent-log "$LOG" ${GPU_SMOKE_ARGS:-} || status=$?
 if ! kill -0 "$AGENT" 2>/dev/null; then
   say "the agent died during the check; its log: $LOG"

@@ -13,7 +13,7 @@ family building), given in milliseconds and as ratios against references measure
 same run: the sampling interval (1 s by default) and one reference operation (rendering the
 same families to Prometheus text), so they compare across machines.
 
-Usage: python bench/gpu_sampling.py [--backend fake-nvml] [--gpus 8] [--samples 300]
+Usage: python -m bench.gpu_sampling [--backend fake-nvml] [--gpus 8] [--samples 300]
 """
 
 from __future__ import annotations
@@ -21,26 +21,20 @@ from __future__ import annotations
 import argparse
 import importlib
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "exporter"))
-
-from gpufeed.collectors.gpu import GpuCollector, gpu_families  # noqa: E402
-from gpufeed.exposition import render_text  # noqa: E402
-from gpufeed.gpu.backend import GpuBackend  # noqa: E402
+from gpufeed.collectors.gpu import GpuCollector, gpu_families
+from gpufeed.exposition import render_text
+from gpufeed.gpu.backend import GpuBackend
 
 
 def fake_nvml_backend(gpus: int) -> tuple[GpuBackend, Callable[[], None]]:
-    sys.path.insert(0, str(ROOT / "tests"))
     import pynvml
 
     from gpufeed.gpu.nvml import NvmlBackend
-    from nvml_fake import FakeGpu, FakeNvml
+    from tests.nvml_fake import FakeGpu, FakeNvml
 
     saved: dict[str, Any] = {}
 

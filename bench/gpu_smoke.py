@@ -30,9 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gpu_truth import (
+from bench.gpu_truth import (
     GIB,
     MIB,
     PHASES,

@@ -12,24 +12,24 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BENCHES = [
-    ("agent vs node_exporter", ["agent_overhead.py", "--seconds", "60"]),
-    ("GPU sampling cost", ["gpu_sampling.py"]),
-    ("simulated node sampling cost", ["simulated_node.py"]),
-    ("SDK event cost", ["sdk_event_cost.py"]),
-    ("correlator speed", ["correlator_speed.py"]),
+    ("agent vs node_exporter", ["agent_overhead", "--seconds", "60"]),
+    ("GPU sampling cost", ["gpu_sampling"]),
+    ("simulated node sampling cost", ["simulated_node"]),
+    ("SDK event cost", ["sdk_event_cost"]),
+    ("correlator speed", ["correlator_speed"]),
 ]
 
 
 def main() -> int:
     failed = []
     for title, argv in BENCHES:
-        script = HERE / argv[0]
-        if not script.exists():  # a benchmark that cannot run has failed, not passed
-            print(f"== {title}: {argv[0]} not found")
+        if not (HERE / f"{argv[0]}.py").exists():  # a benchmark that cannot run has failed
+            print(f"== {title}: bench/{argv[0]}.py not found")
             failed.append(title)
             continue
-        print(f"== {title}: python bench/{' '.join(argv)}", flush=True)
-        if subprocess.run([sys.executable, str(script), *argv[1:]]).returncode != 0:
+        print(f"== {title}: python -m bench.{' '.join(argv)}", flush=True)
+        cmd = [sys.executable, "-m", f"bench.{argv[0]}", *argv[1:]]
+        if subprocess.run(cmd, cwd=HERE.parent).returncode != 0:
             failed.append(title)
     if failed:
         print("failed: " + ", ".join(failed))

@@ -8,7 +8,7 @@ SDK). Reported: the median and 90th percentile per event, and the ratio to the r
 The issue's budget is a median of at most 10 microseconds per event; the script exits 1 if
 an SDK case is over it (the bare send is the reference, not held to it).
 
-    PYTHONPATH=exporter python bench/sdk_event_cost.py [--events 20000]
+    python -m bench.sdk_event_cost [--events 20000]
 """
 
 from __future__ import annotations

@@ -8,25 +8,21 @@ Prometheus text (what every scrape costs anyway), and the 1 s sampling interval.
 Trace generation: samples per second of `generate_trace` for --nodes x --hours at 15 s.
 Reference, same run: reading the written file back line by line in Python.
 
-Usage: python bench/simulated_node.py [--intervals 600] [--nodes 2] [--hours 6]
+Usage: python -m bench.simulated_node [--intervals 600] [--nodes 2] [--hours 6]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "exporter"))
-
-from gpufeed.collectors.gpu import GpuCollector  # noqa: E402
-from gpufeed.exposition import render_text  # noqa: E402
-from gpufeed.simulate import build_simulated_node  # noqa: E402
-from gpufeed.simulate.tracegen import generate_trace  # noqa: E402
+from gpufeed.collectors.gpu import GpuCollector
+from gpufeed.exposition import render_text
+from gpufeed.simulate import build_simulated_node
+from gpufeed.simulate.tracegen import generate_trace
 
 
 def per_interval(intervals: int) -> None:

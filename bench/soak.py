@@ -14,7 +14,7 @@ RSS growth (least-squares slope, MB/h), fds and threads (first vs last tenth), a
 /metrics p99, and exits 1 if a target is missed (or the agent died):
     RSS growth < 5 MB/h, fds and threads flat, /metrics p99 < 10 ms.
 
-Usage: python bench/soak.py [--minutes 60] [--warmup-minutes 20] [--json FILE]
+Usage: python -m bench.soak [--minutes 60] [--warmup-minutes 20] [--json FILE]
 """
 
 from __future__ import annotations
@@ -34,10 +34,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from tests.procports import owns_port, wait_listening
 
-from procports import owns_port, wait_listening  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RSS_GROWTH_MB_PER_HOUR = 5.0
 METRICS_P99_SECONDS = 0.010

@@ -1,7 +1,9 @@
 """Renders every dashboards/*.dashboard.py to dashboards/json/NAME.json (`make dashboards`).
 
-    python dashboards/build.py           # regenerate the committed JSON
-    python dashboards/build.py --check   # exit 1 if the committed JSON is stale
+    python -m dashboards.build           # regenerate the committed JSON
+    python -m dashboards.build --check   # exit 1 if the committed JSON is stale
+
+(from the repository root: the *.dashboard.py files import the `dashboards` package).
 
 The JSON is sorted and indented, so a change to a dashboard reads as a small diff.
 """
@@ -21,13 +23,6 @@ JSON_DIR = DASHBOARDS_DIR / "json"
 SUFFIX = ".dashboard.py"
 
 
-def _ensure_importable() -> None:
-    # The *.dashboard.py files import `dashboards.presets`; run as a script, the repo root
-    # is not on the path.
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-
-
 def dashboard_files() -> list[Path]:
     return sorted(DASHBOARDS_DIR.glob(f"*{SUFFIX}"))
 
@@ -38,7 +33,6 @@ def dashboard_name(path: Path) -> str:
 
 def load_dashboard(path: Path) -> Any:
     """Executes one *.dashboard.py file and returns its `dashboard` object."""
-    _ensure_importable()
     name = f"gpufeed_dashboard_{dashboard_name(path)}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:

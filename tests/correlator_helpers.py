@@ -4,15 +4,9 @@ trace writer for hand-made series."""
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterable
 
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
-)
-
-import correlator_scenarios as scenarios
-
+from bench import correlator_scenarios as scenarios
 from gpufeed.correlator.analyze import analyze_nodes
 from gpufeed.correlator.engine import WindowParams
 from gpufeed.correlator.trace import read_trace

@@ -10,11 +10,9 @@
 
 from __future__ import annotations
 
-import importlib
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -23,19 +21,8 @@ from typing import Any
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # alerts/ and dashboards/ are top-level packages
-    sys.path.insert(0, str(REPO_ROOT))
 
 RULES_FILE = REPO_ROOT / "alerts" / "gpufeed.rules.yml"
-
-
-def repo_module(name: str) -> Any:
-    """Imports a module of the repository's top-level packages (alerts, dashboards).
-
-    A function rather than an import statement, so that import sorting cannot move the
-    import above the sys.path line that makes those packages importable.
-    """
-    return importlib.import_module(name)
 
 
 # Series the rules and dashboards may use besides the catalogue's: Prometheus's own `up`.

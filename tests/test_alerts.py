@@ -11,6 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
+from alerts import build
+from alerts import rules as rules_module
+from alerts.config import RulesConfig
 from gpufeed.jobs import wire
 from stack_support import (
     EXTRA_METRICS,
@@ -20,13 +23,8 @@ from stack_support import (
     metric_names,
     promtool,
     recorded_names,
-    repo_module,
     rule_exprs,
 )
-
-build = repo_module("alerts.build")
-RulesConfig = repo_module("alerts.config").RulesConfig
-rules_module = repo_module("alerts.rules")
 
 TESTS_DIR = REPO_ROOT / "alerts" / "tests"
 RUNBOOKS = REPO_ROOT / "docs" / "runbooks.md"

@@ -11,11 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from stack_support import REPO_ROOT, promtool, repo_module
-
-build = repo_module("alerts.build")
-config_file = repo_module("alerts.config_file")
-RulesConfig = repo_module("alerts.config").RulesConfig
+from alerts import build, config_file
+from alerts.config import RulesConfig
+from stack_support import REPO_ROOT, promtool
 
 EXAMPLE = REPO_ROOT / "alerts" / "config.example.yml"
 K8S_SELECTOR = 'job="kubernetes-pods", app_kubernetes_io_name="gpufeed-agent"'

@@ -15,7 +15,8 @@ def test_agent_overhead_exits_nonzero_when_its_agent_fails(tmp_path: Path) -> No
     out = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "agent_overhead.py"),
+            "-m",
+            "bench.agent_overhead",
             "--seconds",
             "1",
             "--scrapes",
@@ -24,6 +25,7 @@ def test_agent_overhead_exits_nonzero_when_its_agent_fails(tmp_path: Path) -> No
             f"--config={tmp_path / 'missing.yaml'}",
         ],
         env=agent_env(),
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
@@ -37,13 +39,15 @@ def test_agent_overhead_measures_its_own_agent(tmp_path: Path) -> None:
     out = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "agent_overhead.py"),
+            "-m",
+            "bench.agent_overhead",
             "--seconds",
             "1",
             "--scrapes",
             "5",
         ],
         env=agent_env(),
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import re
 
+from alerts import config as alerts_config
+from dashboards import presets
 from gpufeed.correlator.rules import RULES
 from gpufeed.correlator.summary import HEADLINES
 from gpufeed.simulate.scenario import PHASES
 from gpufeed.vocabulary import Cause
-from stack_support import REPO_ROOT, repo_module
+from stack_support import REPO_ROOT
 from test_compose import ROUTES
 
 RUNBOOKS = REPO_ROOT / "docs" / "runbooks.md"
@@ -50,9 +52,9 @@ def missing_pieces(cause: str) -> list[str]:
     table = _section(CORRELATOR_DOC.read_text(encoding="utf-8"), "## Causes")
     if not re.search(rf"^\| `{re.escape(cause)}` \|", table, re.MULTILINE):
         missing.append("docs: no row in the causes table of docs/correlator.md")
-    if cause not in repo_module("dashboards.presets").CAUSE_COLOURS:
+    if cause not in presets.CAUSE_COLOURS:
         missing.append("dashboards: no colour in dashboards/presets.py CAUSE_COLOURS")
-    if cause not in repo_module("alerts.config").CAUSE_HINTS:
+    if cause not in alerts_config.CAUSE_HINTS:
         missing.append("alerts: no hint in alerts/config.py CAUSE_HINTS")
     if ("GpuUtilizationLow", cause) not in ROUTES:
         missing.append(
@@ -90,7 +92,7 @@ def test_a_new_cause_is_told_what_it_lacks() -> None:
 def test_no_piece_knows_a_cause_the_enum_does_not() -> None:
     causes = {c.value for c in Cause}
     assert set(HEADLINES) <= causes
-    assert set(repo_module("dashboards.presets").CAUSE_COLOURS) == causes
-    assert set(repo_module("alerts.config").CAUSE_HINTS) == causes
+    assert set(presets.CAUSE_COLOURS) == causes
+    assert set(alerts_config.CAUSE_HINTS) == causes
     assert {c for n, c in ROUTES if n == "GpuUtilizationLow"} == causes
     assert set(PHASES) - {"compute"} == causes - {Cause.UNKNOWN}

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
+from alerts import config as alerts_config
 from stack_support import (
     REPO_ROOT,
     alertmanager_config_for_test,
     prometheus_config_for_test,
     promtool,
-    repo_module,
 )
 
 COMPOSE = REPO_ROOT / "compose"
@@ -95,7 +95,7 @@ def shipped_severities() -> dict[str, str]:
 
 def test_every_alert_has_a_route_case() -> None:
     assert {name for name, _ in ROUTES} == set(shipped_severities())
-    causes = set(repo_module("alerts.config").CAUSE_HINTS)
+    causes = set(alerts_config.CAUSE_HINTS)
     assert {c for n, c in ROUTES if n == "GpuUtilizationLow"} == causes
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from dashboards import build
 from stack_support import (
     EXTRA_METRICS,
     REPO_ROOT,
@@ -18,10 +19,7 @@ from stack_support import (
     metric_names,
     promtool_check_exprs,
     recorded_names,
-    repo_module,
 )
-
-build = repo_module("dashboards.build")
 
 EXPECTED_UIDS = {
     "fleet": "gpufeed-fleet",

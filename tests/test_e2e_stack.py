@@ -32,6 +32,8 @@ from typing import Any
 import pytest
 import yaml
 
+from alerts import build as alerts_build
+from dashboards import build as dashboards_build
 from procports import wait_listening
 from stack_support import (
     REPO_ROOT,
@@ -39,7 +41,6 @@ from stack_support import (
     expand_grafana_vars,
     grafana_queries,
     prometheus_config_for_test,
-    repo_module,
 )
 
 # Every server binds port 0; the port is read back from our own child's sockets, so two
@@ -209,7 +210,7 @@ def running_stack(tmp_path: Path, agent_args: list[str]) -> Iterator[Stack]:
         _wait_ready(f"http://127.0.0.1:{agent_port}/metrics", agent, agent_log)
         # Rules: a copy from the same builder, with every `for:` shortened.
         rules = tmp_path / "gpufeed.rules.yml"
-        repo_module("alerts.build").main(["--for", FOR_OVERRIDE, "--out", str(rules)])
+        alerts_build.main(["--for", FOR_OVERRIDE, "--out", str(rules)])
 
         am_cfg = tmp_path / "alertmanager.yml"
         am_cfg.write_text(
@@ -320,11 +321,12 @@ def test_data_loading_stall_pages_storage_owners_and_dashboards_have_data(
 
     # 2. Every dashboard query returns data from this Prometheus (retrying while the
     #    slower series, such as 5m recording-rule rates, fill in).
-    build = repo_module("dashboards.build")
     queries = {
         where: expand_grafana_vars(expr, rate_interval="5s", range_="2m")
-        for p in build.dashboard_files()
-        for where, expr in grafana_queries(json.loads(build.render(build.load_dashboard(p))))
+        for p in dashboards_build.dashboard_files()
+        for where, expr in grafana_queries(
+            json.loads(dashboards_build.render(dashboards_build.load_dashboard(p)))
+        )
     }
     empty = dict(queries)
     deadline = time.monotonic() + 30

@@ -17,19 +17,23 @@ from typing import Any
 import pynvml
 import pytest
 
+from bench import gpu_raw_reader, gpu_smoke
+from bench.gpu_truth import (
+    GIB,
+    MIB,
+    AgentPoint,
+    Limits,
+    Phase,
+    RawPoint,
+    Recording,
+    SmiPoint,
+    evaluate,
+)
 from conftest import ROOT, agent_env
 from gpufeed.collectors.gpu import gpu_families
 from gpufeed.exposition import render_text
 from gpufeed.gpu.nvml import NvmlBackend
 from nvml_fake import FakeGpu, FakeNvml
-
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
-)
-
-import gpu_raw_reader
-import gpu_smoke
-from gpu_truth import GIB, MIB, AgentPoint, Limits, Phase, RawPoint, Recording, SmiPoint, evaluate
 
 UUID = "GPU-00000000-1111-2222-3333-444444444444"
 COPIED = 40 * GIB

@@ -94,3 +94,26 @@ def test_the_check_sees_imports_of_every_form() -> None:
         assert mod in seen, mod
         assert under(mod, "collectors")
     assert not under("gpufeed.collectorsx", "collectors")
+
+
+def test_no_module_imported_by_tests_edits_sys_path() -> None:
+    """bench/, alerts/ and dashboards/ are packages at the repository root (pytest's
+    `pythonpath`, `python -m bench.NAME`): nothing imported in-process edits sys.path. Child
+    scripts run by path (tests/helpers/) set up their own interpreter and are exempt."""
+    root = PACKAGE.parents[1]
+    offenders = []
+    for folder in ("bench", "alerts", "dashboards", "tests"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if "helpers" in path.relative_to(root).parts or "fixtures" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                func = node.func if isinstance(node, ast.Call) else None
+                if (
+                    isinstance(func, ast.Attribute)
+                    and ast.unparse(func.value) == "sys.path"
+                    and func.attr in ("insert", "append", "extend")
+                ):
+                    offenders.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not offenders, "sys.path edited (import it as a package instead):\n" + "\n".join(
+        offenders
+    )

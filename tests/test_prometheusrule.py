@@ -14,10 +14,9 @@ import jsonschema
 import pytest
 import yaml
 
-from stack_support import REPO_ROOT, RULES_FILE, promtool, repo_module
-
-build = repo_module("alerts.build")
-RulesConfig = repo_module("alerts.config").RulesConfig
+from alerts import build
+from alerts.config import RulesConfig
+from stack_support import REPO_ROOT, RULES_FILE, promtool
 
 MANIFEST = REPO_ROOT / "deploy" / "kubernetes" / "prometheusrule.yaml"
 

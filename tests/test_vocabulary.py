@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import re
 
+from alerts import config as alerts_config
 from correlator_helpers import scenarios
 from gpufeed import config, vocabulary
 from gpufeed.correlator import causes, engine, features
 from gpufeed.correlator.analyze_cmd import register
 from gpufeed.gpu import nvml
 from gpufeed.simulate import scenario
-from stack_support import REPO_ROOT, repo_module
+from stack_support import REPO_ROOT
 
 DOCS = REPO_ROOT / "docs"
 
@@ -28,7 +29,7 @@ def test_clock_event_reasons_come_from_the_vocabulary() -> None:
     assert bits == [1 << i for i in range(len(bits))], "one bit each, in nvml.h's order"
     assert scenario.CLOCK_EVENT_REASONS == vocabulary.SIMULATED_CLOCK_EVENT_REASONS
     assert frozenset(vocabulary.SLOWDOWN_REASONS) == features.THROTTLE_REASONS
-    assert repo_module("alerts.config").THROTTLE_REASONS == vocabulary.ALERTING_THROTTLE_REASONS
+    assert alerts_config.THROTTLE_REASONS == vocabulary.ALERTING_THROTTLE_REASONS
     assert set(vocabulary.SLOWDOWN_REASONS) <= set(vocabulary.SIMULATED_CLOCK_EVENT_REASONS)
 
 
@@ -53,7 +54,7 @@ def test_correlator_defaults_are_shared() -> None:
     register(parser.add_subparsers())
     args = parser.parse_args(["analyze", "trace.om"])
     assert (args.threshold, args.min_window, args.merge_gap) == want
-    rules_cfg = repo_module("alerts.config").RulesConfig()
+    rules_cfg = alerts_config.RulesConfig()
     assert rules_cfg.utilization_threshold_ratio == vocabulary.DEFAULT_THRESHOLD_RATIO
 
 

@@ -255,7 +255,7 @@ def test_windows_open_at_kill_9_are_logged_at_the_next_start_once(tmp_path: Path
     code = textwrap.dedent(
         f"""
         import sys
-        sys.path.insert(0, {str(REPO / "tests")!r})
+        sys.path[:0] = [{str(REPO)!r}, {str(REPO / "tests")!r}]  # bench/ and the helpers
         from correlator_helpers import scenarios, snapshots_of
         from gpufeed.config import CorrelatorConfig
         from gpufeed.correlator.live import CorrelatorProcessor
