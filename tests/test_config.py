@@ -80,7 +80,8 @@ def test_instance_setting_flag_wins_over_config_over_the_default_rule() -> None:
 def test_network_settings_reach_the_network_collector() -> None:
     """Virtual interfaces are a config key wired to the collector the agent builds."""
     from gpufeed import wiring
-    from gpufeed.collectors.base import CollectorContext, HostPaths
+    from gpufeed.collectors.base import CollectorContext
+    from gpufeed.hostpaths import HostPaths
 
     fixture = Path(__file__).parent / "fixtures" / "network"
     host = HostPaths(procfs=fixture / "proc", sysfs=fixture / "sys", rootfs=fixture)

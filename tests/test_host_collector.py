@@ -11,8 +11,9 @@ import psutil
 import pytest
 
 from gpufeed import wiring
-from gpufeed.collectors.base import CollectorContext, HostPaths, PartialCollectionError
+from gpufeed.collectors.base import CollectorContext, PartialCollectionError
 from gpufeed.collectors.host import HostCollector, user_hz
+from gpufeed.hostpaths import HostPaths
 from gpufeed.model import Family
 
 FIX = Path(__file__).parent / "fixtures" / "host"

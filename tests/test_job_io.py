@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.collectors.base import CollectorContext, HostPaths, TickData
+from gpufeed.collectors.base import CollectorContext, TickData
 from gpufeed.collectors.job_io import JobIoCollector
+from gpufeed.hostpaths import HostPaths
 from gpufeed.jobs.io_accounting import (
     DeviceBytes,
     find_job_cgroups,

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.collectors.base import CollectorContext, HostPaths, TickData
+from gpufeed.collectors.base import CollectorContext, TickData
 from gpufeed.collectors.jobs import JobsCollector
 from gpufeed.config import AgentConfig, JobsConfig
 from gpufeed.gpu.backend import GpuIdentity, GpuProcess, GpuSample
+from gpufeed.hostpaths import HostPaths
 from gpufeed.jobs.identity import parse_proc_stat
 from gpufeed.jobs.mapping_dir import parse_mapping_file, read_mapping_dir
 from gpufeed.model import iter_samples

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.collectors.base import CollectorContext, HostPaths, TickData
+from gpufeed.collectors.base import CollectorContext, TickData
 from gpufeed.collectors.jobs import JobsCollector, pod_labels
 from gpufeed.gpu.backend import GpuIdentity, GpuProcess, GpuSample
+from gpufeed.hostpaths import HostPaths
 from gpufeed.jobs.identity import parse_cgroup
 from gpufeed.jobs.kubernetes import (
     ContainerLog,
