@@ -150,8 +150,10 @@ def test_every_alert_and_recording_rule_has_a_unit_test(shipped: dict[str, Any])
             quiet = {t["alertname"] for t in case.get("alert_rule_test", []) if not t["exp_alerts"]}
             fired = {t["alertname"] for t in case.get("alert_rule_test", []) if t["exp_alerts"]}
             assert fired <= quiet, f"{path.name}: {fired - quiet} only tested firing"
-    assert {r["alert"] for r in alerts(shipped)} <= tested_alerts
-    assert recorded_names() <= tested_exprs
+    untested = sorted({r["alert"] for r in alerts(shipped)} - tested_alerts)
+    assert not untested, f"no promtool test in alerts/tests/*.yml fires: {untested}"
+    unrecorded = sorted(recorded_names() - tested_exprs)
+    assert not unrecorded, f"no promql_expr_test in alerts/tests/*.yml for: {unrecorded}"
 
 
 def test_rules_use_contract_metrics_only() -> None:

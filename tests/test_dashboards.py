@@ -64,7 +64,12 @@ def test_every_dashboard_renders_with_its_stable_uid(boards: dict[str, dict[str,
 def test_committed_json_matches_the_code() -> None:
     rendered = build.render_all()
     committed = {p.name: p.read_text(encoding="utf-8") for p in build.JSON_DIR.glob("*.json")}
-    assert sorted(committed) == sorted(rendered), "dashboards/json out of step: make dashboards"
+    missing, orphans = (
+        sorted(set(rendered) - set(committed)),
+        sorted(set(committed) - set(rendered)),
+    )
+    assert not missing, f"dashboards/json lacks {missing}: run `make dashboards` and commit it"
+    assert not orphans, f"dashboards/json/{orphans} have no *.dashboard.py: remove them"
     for name, text in rendered.items():
         assert committed[name] == text, f"dashboards/json/{name} is stale: make dashboards"
     assert build.main(["--check"]) == 0
