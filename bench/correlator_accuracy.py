@@ -17,7 +17,7 @@ import time
 from bench import correlator_scenarios as cs
 from gpufeed.correlator.analyze import analyze_nodes
 from gpufeed.correlator.engine import WindowParams
-from gpufeed.correlator.trace import read_trace
+from gpufeed.trace.reader import read_trace
 
 
 def _intervals_by_gpu(

@@ -18,7 +18,7 @@ import time
 from bench import correlator_scenarios as cs
 from gpufeed.config import CorrelatorConfig
 from gpufeed.correlator import analyze_cmd
-from gpufeed.correlator.replay import snapshots_from_trace
+from gpufeed.trace.replay import snapshots_from_trace
 
 
 def offline(path: str, jobs: int, out: str) -> float:

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterable
 from bench import correlator_scenarios as scenarios
 from gpufeed.correlator.analyze import analyze_nodes
 from gpufeed.correlator.engine import WindowParams
-from gpufeed.correlator.trace import read_trace
 from gpufeed.correlator.window import Window
+from gpufeed.trace.reader import read_trace
 
 __all__ = ["T0", "analyze_text", "scenarios", "trace_text"]
 
@@ -46,6 +46,6 @@ def analyze_text(
 
 def snapshots_of(text: str) -> list[object]:
     """The trace's samples as the agent's snapshots (one per timestamp, no instance label)."""
-    from gpufeed.correlator.replay import snapshots_from_trace
+    from gpufeed.trace.replay import snapshots_from_trace
 
     return list(snapshots_from_trace(text))

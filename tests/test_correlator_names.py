@@ -16,8 +16,8 @@ from gpufeed.correlator.engine import NodeCorrelator
 from gpufeed.correlator.names import CONTEXT_KEYS, FEATURES, Feature
 from gpufeed.correlator.rules import RULES, Rule
 from gpufeed.correlator.summary import phrase
-from gpufeed.correlator.trace import read_trace
 from gpufeed.correlator.view import Timing
+from gpufeed.trace.reader import read_trace
 from gpufeed.vocabulary import Cause
 
 # Features the bench's trace cannot show: gpu_memory_idle is computed only where a node

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from correlator_helpers import T0, analyze_text, scenarios, trace_text
-from gpufeed.correlator import analyze_cmd, trace
-from gpufeed.correlator.trace import TraceError, read_trace
+from gpufeed.correlator import analyze_cmd
+from gpufeed.trace import reader as trace
+from gpufeed.trace.reader import TraceError, read_trace
 
 G = 'gpu="0",uuid="GPU-a",instance="n1:9400"'
 

@@ -11,7 +11,7 @@ import pytest
 
 from correlator_helpers import analyze_text, scenarios
 from gpufeed.correlator import analyze
-from gpufeed.correlator.trace import parse_chunk
+from gpufeed.trace.reader import parse_chunk
 
 PACKAGE = Path(__file__).resolve().parent.parent / "exporter" / "gpufeed"
 

@@ -17,12 +17,12 @@ import pytest
 from conftest import ROOT, agent_env, gpufeed_cmd, http_get, wait_for_metrics
 from gpufeed.cli import main as gpufeed_main
 from gpufeed.model import Family, Sample
-from gpufeed.record import TraceRecorder, finalize_recording
 from gpufeed.sampler import Sampler
 from gpufeed.simulate.node import SimulatedNode, SimulatedNodeCollector
 from gpufeed.simulate.scenario import default_scenario
 from gpufeed.snapshot import Snapshot
-from gpufeed.tracefile import DROPPED_SAMPLES, om_value
+from gpufeed.trace.format import DROPPED_SAMPLES, om_value
+from gpufeed.trace.recorder import TraceRecorder, finalize_recording
 from sim_helpers import check_trace
 
 T0 = 1_700_000_000.0
@@ -76,7 +76,7 @@ CRASHER = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[2])
 from test_record import snapshots
-from gpufeed.record import TraceRecorder
+from gpufeed.trace.recorder import TraceRecorder
 rec = TraceRecorder(sys.argv[1], segment_seconds=10)
 for s in snapshots(25):
     rec.write(s)
@@ -252,7 +252,7 @@ def test_a_sample_that_cannot_be_written_loses_only_itself_and_says_so(
 ) -> None:
     path = tmp_path / "t.om"
     rec = TraceRecorder(path, instance="node-a:9842")
-    with caplog.at_level(logging.ERROR, logger="gpufeed.record"):
+    with caplog.at_level(logging.ERROR, logger="gpufeed.trace.recorder"):
         for i in range(30):  # thirty seconds of a recurring failure
             rec.write(int_snapshot(T0 + i, bad=object()))
     rec.close()

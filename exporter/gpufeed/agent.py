@@ -475,7 +475,7 @@ def _add_correlator(args: argparse.Namespace, parts: AgentParts) -> None:
 
 
 def _add_recorder(path: str, parts: AgentParts) -> None:
-    from gpufeed.record import TraceRecorder
+    from gpufeed.trace.recorder import TraceRecorder
 
     try:
         parts.sinks.append(TraceRecorder(path, instance=parts.config.instance))

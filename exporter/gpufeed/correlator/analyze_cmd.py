@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"gpufeed analyze: {e}", file=sys.stderr)
             return 1
     else:
-        from gpufeed.correlator.trace import TraceError, read_trace
+        from gpufeed.trace.reader import TraceError, read_trace
 
         if not args.trace:
             print("gpufeed analyze: give a trace file or --prometheus URL", file=sys.stderr)

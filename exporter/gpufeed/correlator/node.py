@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from gpufeed.correlator.series import Series
-from gpufeed.tracefile import DROPPED_SAMPLES
+from gpufeed.trace.format import DROPPED_SAMPLES
 
 K = TypeVar("K", str, tuple[str, str])
 

@@ -41,7 +41,7 @@ from gpufeed.simulate.series import (
     gpu_series,
     node_series,
 )
-from gpufeed.tracefile import EOF_LINE, om_header, om_labels, om_timestamp
+from gpufeed.trace.format import EOF_LINE, om_header, om_labels, om_timestamp
 
 DEFAULT_START_UNIX = 1_700_000_000.0
 ScenarioSource = Scenario | Callable[[int, int, float], Scenario] | None

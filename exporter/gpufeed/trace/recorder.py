@@ -2,7 +2,7 @@
 
 Layout on disk, for `--record trace.om`:
 - `trace.om.spool/`: the segment being recorded, one spool file per family (see
-  `tracefile`), flushed after every snapshot.
+  `gpufeed.trace.format`), flushed after every snapshot.
 - `trace.part-000001.om`, ...: finished segments, each a complete, valid trace on its own
   (`# EOF` included), written every `segment_seconds` (default one hour).
 - `trace.om`: on clean shutdown, every segment merged family by family into one trace;
@@ -25,7 +25,7 @@ from pathlib import Path
 from gpufeed.logonce import LogOnce
 from gpufeed.model import Family
 from gpufeed.snapshot import Snapshot
-from gpufeed.tracefile import (
+from gpufeed.trace.format import (
     DROPPED_SAMPLES,
     DROPPED_SAMPLES_HELP,
     Block,
