@@ -191,9 +191,16 @@ def test_a_flood_of_packed_datagrams_does_not_starve_scrapes(tmp_path: Path) -> 
         fams = http_get(agent.url)[1].decode()
     p99 = flooded[int(0.99 * len(flooded))]
     quiet_p99 = quiet[int(0.99 * len(quiet))]
-    print(f"/metrics p99 {quiet_p99 * 1e3:.1f} ms quiet, {p99 * 1e3:.1f} ms flooded; CPU {cpu:.0%}")
+    p90 = flooded[int(0.9 * len(flooded))]
+    quiet_p90 = quiet[int(0.9 * len(quiet))]
+    print(
+        f"/metrics p90/p99 {quiet_p90 * 1e3:.1f}/{quiet_p99 * 1e3:.1f} ms quiet, "
+        f"{p90 * 1e3:.1f}/{p99 * 1e3:.1f} ms flooded; CPU {cpu:.0%}"
+    )
     assert 'gpufeed_sdk_messages_dropped_total{reason="rate"}' in fams
+    # the budget itself: 0.1.0 took 52-97% of a core here
     assert cpu < 0.4, f"the agent took {cpu:.0%} of a core under the flood"
-    # 0.1.0 starved scrapes to a p99 of 203-257 ms; 150 ms leaves room for a loaded CI host
-    # (107 ms seen once with other test suites running beside this one) and still fails it
-    assert p99 < max(0.15, 4 * quiet_p99), f"/metrics p99 {p99 * 1e3:.0f} ms under the flood"
+    # p90, not p99: with ~80 scrapes p99 is the single slowest one, which a loaded host's
+    # scheduler decides (42-144 ms seen on a busy 2-core machine with the fix in place);
+    # a starved scrape path (0.1.0: p99 203-257 ms) moves the whole tail
+    assert p90 < max(0.1, 4 * quiet_p90), f"/metrics p90 {p90 * 1e3:.0f} ms under the flood"
