@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 from gpufeed.config import AgentConfig
 from gpufeed.gpu.backend import GpuSample
 from gpufeed.hostpaths import HostPaths
-from gpufeed.model import Family
+from gpufeed.model import Families, Family
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,3 +84,14 @@ class PartialCollectionError(RuntimeError):
     def __init__(self, message: str, families: list[Family]) -> None:
         super().__init__(message)
         self.families = families
+
+
+def partial_result(families: Families, failed: list[str]) -> list[Family]:
+    """What a collector read; raises PartialCollectionError carrying it when a source failed.
+
+    Success 0 for the interval, and what was read is still published.
+    """
+    built = families.build()
+    if failed:
+        raise PartialCollectionError("; ".join(failed), built)
+    return built

@@ -12,7 +12,7 @@ import logging
 import os
 
 from gpufeed.catalogue import spec
-from gpufeed.collectors.base import PartialCollectionError
+from gpufeed.collectors.base import partial_result
 from gpufeed.hostpaths import HostPaths
 from gpufeed.logonce import LogOnce
 from gpufeed.model import Families, Family
@@ -76,10 +76,7 @@ class HostCollector:
             except (OSError, ValueError) as exc:
                 failed.append(f"{source}: {exc}")
         self._warn.report(logging.WARNING, problems + failed)
-        families = fams.build()
-        if failed:
-            raise PartialCollectionError("; ".join(failed), families)
-        return families
+        return partial_result(fams, failed)
 
     def close(self) -> None:
         pass

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 
 from gpufeed.catalogue import spec
-from gpufeed.collectors.base import PartialCollectionError
+from gpufeed.collectors.base import partial_result
 from gpufeed.config import DEFAULT_XMIT_WAIT_TICK_BYTES
 from gpufeed.hostpaths import HostPaths
 from gpufeed.logonce import LogOnce
@@ -118,10 +118,7 @@ class NetworkCollector:
         except OSError as exc:
             failed.append(f"rdma: {exc}")
         self._warn.report(logging.WARNING, problems + failed)
-        families = fams.build()
-        if failed:
-            raise PartialCollectionError("; ".join(failed), families)
-        return families
+        return partial_result(fams, failed)
 
     def close(self) -> None:
         pass

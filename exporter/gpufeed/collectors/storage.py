@@ -18,7 +18,7 @@ from functools import partial
 from types import MappingProxyType
 
 from gpufeed.catalogue import MetricSpec, spec
-from gpufeed.collectors.base import CollectorContext, PartialCollectionError, TickData
+from gpufeed.collectors.base import CollectorContext, TickData, partial_result
 from gpufeed.logonce import LogOnce
 from gpufeed.model import Families, Family
 from gpufeed.procfs.diskstats import DiskStats, DiskStatsTable, read_diskstats
@@ -173,10 +173,7 @@ class StorageCollector:
         statfs = self._statfs_all(targets, deadline)
         for target in targets:
             self._emit(fams, target, disk, nfs, statfs)
-        if failed:
-            # Success 0 for the interval, and what was read is still published.
-            raise PartialCollectionError("; ".join(failed), fams.build())
-        return fams.build()
+        return partial_result(fams, failed)
 
     def _diskstats(self) -> DiskStatsTable | None:
         try:
