@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from procports import wait_listening
+from procports import stop, wait_listening
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -95,9 +95,4 @@ def run_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
     yield start
     for p in procs:
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(p)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conftest import agent_env, gpufeed_cmd, isolated_agent_args
+from procports import stop
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +67,7 @@ def agent_process(tmp_path: Path, *args: str, nofile: int | None = None) -> Iter
     try:
         yield Agent(proc, _listening_port(proc, log_path, 30.0), log_path)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
 
 
 def get(

@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -118,13 +119,18 @@ def owned_server(
         wait_ready(url + ready_path, proc)
         yield proc, url
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    """Ends a child the test started: SIGTERM, 10 s to exit, then SIGKILL."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
 
 
 def main(argv: list[str]) -> int:
