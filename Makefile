@@ -60,8 +60,8 @@ promtool:
 	fi
 
 lint: install
-	$(VENV)/bin/ruff check exporter tests bench dashboards alerts
-	$(VENV)/bin/ruff format --check exporter tests bench dashboards alerts
+	$(VENV)/bin/ruff check exporter tests bench dashboards alerts lab
+	$(VENV)/bin/ruff format --check exporter tests bench dashboards alerts lab
 
 typecheck: install
 	$(VENV)/bin/mypy
