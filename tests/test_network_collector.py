@@ -21,6 +21,9 @@ RX = "gpufeed_network_receive_bytes_total"
 TX = "gpufeed_network_transmit_bytes_total"
 SPEED = "gpufeed_network_speed_bytes_per_second"
 WAIT = "gpufeed_network_transmit_wait_seconds_total"
+UP = "gpufeed_network_link_up"
+ERR = "gpufeed_network_link_errors_total"
+CONG = "gpufeed_network_congestion_packets_total"
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -78,6 +81,89 @@ EXPECTED: dict[Key, float] = {
 }
 
 
+def cn(labels: tuple[tuple[str, str], ...], counter: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((*labels, ("counter", counter))))
+
+
+def link_series() -> dict[Key, float]:
+    """Link state, fault and congestion counters: only the counters each port has."""
+    out: dict[Key, float] = {}
+    zero_ib = (
+        "symbol_error",
+        "link_error_recovery",
+        "link_downed",
+        "port_rcv_errors",
+        "port_rcv_remote_physical_errors",
+        "local_link_integrity_errors",
+        "excessive_buffer_overrun_errors",
+    )
+    roce = ("out_of_sequence", "packet_seq_err", "implied_nak_seq_err", "local_ack_timeout_err")
+    ports = {
+        # mlx5_0 (InfiniBand) has the mlx5 sequence-error hw_counters but no congestion ones
+        rd("mlx5_0", "infiniband"): (
+            1.0,
+            {
+                **dict.fromkeys(zero_ib, 0),
+                "symbol_error": 27,
+                "link_error_recovery": 2,
+                "link_downed": 1,
+                "port_rcv_errors": 5,
+                **dict.fromkeys(roce, 0),
+                "local_ack_timeout_err": 3,
+            },
+            {"port_xmit_discards": 12},
+        ),
+        rd("mlx5_1", "roce"): (
+            1.0,
+            {
+                **dict.fromkeys(zero_ib, 0),
+                **dict.fromkeys(roce, 0),
+                "out_of_sequence": 17,
+                "local_ack_timeout_err": 3,
+            },
+            {
+                "port_xmit_discards": 0,
+                "np_ecn_marked_roce_packets": 3400,
+                "np_cnp_sent": 1200,
+                "rp_cnp_handled": 1100,
+            },
+        ),
+        rd("mlx5_2", "infiniband"): (
+            0.0,
+            {**dict.fromkeys(zero_ib, 0), **dict.fromkeys(roce, 0), "local_ack_timeout_err": 3},
+            {"port_xmit_discards": 0},
+        ),
+        # ConnectX-3 on an old kernel: PMA counters only, no hw_counters
+        rd("mlx4_0", "infiniband"): (1.0, dict.fromkeys(zero_ib, 0), {"port_xmit_discards": 0}),
+        # netdevs: carrier (eno2 is administratively down: no carrier, operstate down)
+        nd("eno1", "ethernet"): (
+            1.0,
+            {"carrier_changes": 4, "rx_errors": 3, "tx_errors": 0, "rx_crc_errors": 2},
+            {},
+        ),
+        nd("eno2", "ethernet"): (0.0, {"carrier_changes": 7}, {}),
+        nd("eno3", "ethernet"): (
+            0.0,
+            {"carrier_changes": 9, "rx_errors": 0, "tx_errors": 0, "rx_crc_errors": 0},
+            {},
+        ),
+        nd("ens1f0np0", "ethernet"): (
+            1.0,
+            {"carrier_changes": 2, "rx_errors": 0, "tx_errors": 0, "rx_crc_errors": 0},
+            {},
+        ),
+        nd("ib0", "infiniband"): (1.0, {"carrier_changes": 2, "rx_errors": 0, "tx_errors": 1}, {}),
+    }
+    for labels, (up, errors, congestion) in ports.items():
+        out[(UP, labels)] = up
+        out.update({(ERR, cn(labels, c)): v for c, v in errors.items()})
+        out.update({(CONG, cn(labels, c)): v for c, v in congestion.items()})
+    return out
+
+
+EXPECTED.update(link_series())
+
+
 def test_fixture_tree_gives_exactly_the_expected_series() -> None:
     families = NetworkCollector(paths(FIX)).collect()
     assert [(f.name, f.type) for f in families] == [
@@ -85,6 +171,9 @@ def test_fixture_tree_gives_exactly_the_expected_series() -> None:
         (TX, "counter"),
         (SPEED, "gauge"),
         (WAIT, "counter"),
+        (UP, "gauge"),
+        (ERR, "counter"),
+        (CONG, "counter"),
     ]
     got = flat(families)
     assert got == pytest.approx(EXPECTED, rel=1e-12)
@@ -94,12 +183,18 @@ def test_fixture_tree_gives_exactly_the_expected_series() -> None:
 def test_include_virtual_adds_veth_and_bridge_but_never_loopback() -> None:
     got = flat(NetworkCollector(paths(FIX), include_virtual=True).collect())
     extra = set(got) - set(EXPECTED)
+    veth, docker = nd("veth3f2a1b0", "ethernet"), nd("docker0", "ethernet")
+    counters = ("carrier_changes", "rx_errors", "tx_errors", "rx_crc_errors")
     assert extra == {
-        (RX, nd("veth3f2a1b0", "ethernet")),
-        (TX, nd("veth3f2a1b0", "ethernet")),
-        (SPEED, nd("veth3f2a1b0", "ethernet")),
-        (RX, nd("docker0", "ethernet")),
-        (TX, nd("docker0", "ethernet")),
+        (RX, veth),
+        (TX, veth),
+        (SPEED, veth),
+        (UP, veth),
+        *((ERR, cn(veth, c)) for c in counters),
+        (RX, docker),
+        (TX, docker),
+        (UP, docker),
+        *((ERR, cn(docker, c)) for c in counters),
     }
     assert got[(SPEED, nd("veth3f2a1b0", "ethernet"))] == 10000e6 / 8
 
@@ -296,3 +391,50 @@ def test_binary_garbage_in_sysfs_and_procfs_files(tree: Path) -> None:
     (tree / "proc/net/dev").write_bytes(b"\xff" * 300)
     with pytest.raises(PartialCollectionError, match="netdev"):
         NetworkCollector(paths(tree)).collect()
+
+
+def test_link_faults_and_congestion_move_between_scrapes(tree: Path) -> None:
+    """A port that flaps and a RoCE port under congestion, as the files would show them."""
+    collector = NetworkCollector(paths(tree))
+    ib, roce = rd("mlx5_0", "infiniband"), rd("mlx5_1", "roce")
+    eno1 = nd("eno1", "ethernet")
+    first = flat(collector.collect())
+    p0, p1 = port_dir(tree, "mlx5_0"), port_dir(tree, "mlx5_1")
+    (p0 / "counters/link_downed").write_text("4\n")
+    (p0 / "counters/symbol_error").write_text("1027\n")
+    (p0 / "state").write_text("2: INIT\n")  # retraining after the last flap
+    (p0 / "phys_state").write_text("4: PortConfigurationTraining\n")
+    (p1 / "hw_counters/np_ecn_marked_roce_packets").write_text("903400\n")
+    (p1 / "hw_counters/rp_cnp_handled").write_text("501100\n")
+    (tree / "sys/class/net/eno1/carrier").write_text("0\n")
+    (tree / "sys/class/net/eno1/carrier_changes").write_text("10\n")
+    second = flat(collector.collect())
+    assert second[(ERR, cn(ib, "link_downed"))] - first[(ERR, cn(ib, "link_downed"))] == 3
+    assert second[(ERR, cn(ib, "symbol_error"))] - first[(ERR, cn(ib, "symbol_error"))] == 1000
+    assert (first[(UP, ib)], second[(UP, ib)]) == (1.0, 0.0)
+    assert (SPEED, ib) not in second  # not ACTIVE: no speed
+    ecn = cn(roce, "np_ecn_marked_roce_packets")
+    assert second[(CONG, ecn)] - first[(CONG, ecn)] == 900000
+    assert (first[(UP, eno1)], second[(UP, eno1)]) == (1.0, 0.0)
+    assert second[(ERR, cn(eno1, "carrier_changes"))] == 10
+
+
+def test_absent_and_unanswered_fault_counters_are_left_out(
+    tree: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    p0 = port_dir(tree, "mlx5_0")
+    (p0 / "counters/symbol_error").write_text("N/A (no PMA)\n")  # absent, not zero
+    (p0 / "counters/link_downed").write_text("255\n")  # saturated 8-bit field
+    (p0 / "counters/port_rcv_errors").write_text("lots\n")
+    (p0 / "hw_counters/out_of_sequence").unlink()
+    (tree / "sys/class/net/eno1/statistics/rx_crc_errors").unlink()
+    with caplog.at_level(logging.WARNING, logger="gpufeed.collectors.network"):
+        got = flat(NetworkCollector(paths(tree)).collect())
+    ib = rd("mlx5_0", "infiniband")
+    for name in ("symbol_error", "link_downed", "port_rcv_errors", "out_of_sequence"):
+        assert (ERR, cn(ib, name)) not in got, name
+    assert got[(ERR, cn(ib, "link_error_recovery"))] == 2  # the rest of the port stays
+    assert (ERR, cn(nd("eno1", "ethernet"), "rx_crc_errors")) not in got
+    assert got[(ERR, cn(nd("eno1", "ethernet"), "rx_errors"))] == 3
+    assert "counters/link_downed is saturated at 2^8-1" in caplog.text
+    assert "port_rcv_errors: invalid literal" in caplog.text

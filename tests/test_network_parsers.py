@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,14 @@ from gpufeed.sysfs.infiniband import (
     parse_state,
     read_rdma_ports,
 )
-from gpufeed.sysfs.netclass import parse_net_speed, parse_net_type, read_net_interface
+from gpufeed.sysfs.netclass import (
+    parse_carrier,
+    parse_net_counter,
+    parse_net_speed,
+    parse_net_type,
+    parse_operstate_down,
+    read_net_interface,
+)
 
 FIX = Path(__file__).parent / "fixtures" / "network"
 PATHS = HostPaths(procfs=FIX / "proc", sysfs=FIX / "sys", rootfs=FIX)
@@ -107,7 +116,13 @@ def test_parse_rate_garbage(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("4: ACTIVE\n", (4, "ACTIVE")), ("1: DOWN\n", (1, "DOWN")), ("1: CA\n", (1, "CA"))],
+    [
+        ("4: ACTIVE\n", (4, "ACTIVE")),
+        ("1: DOWN\n", (1, "DOWN")),
+        ("1: CA\n", (1, "CA")),
+        ("5: LinkUp\n", (5, "LinkUp")),
+        ("7: Phy Test\n", (7, "Phy Test")),  # phys_state names may hold a space
+    ],
 )
 def test_parse_state(text: str, expected: tuple[int, str]) -> None:
     assert parse_state(text) == expected
@@ -273,3 +288,124 @@ def test_read_rdma_ports_fixture(
 
 def test_read_rdma_ports_without_infiniband_class_is_empty(tmp_path: Path) -> None:
     assert read_rdma_ports(HostPaths(sysfs=tmp_path)) == []
+
+
+@pytest.mark.parametrize(
+    ("device", "phys_state", "errors", "congestion"),
+    [
+        ("irdma0", "LinkUp", {}, {}),  # iWARP: no PMA counters, other hw_counters names
+        ("mlx5_2", "Disabled", {"link_downed": 0, "local_ack_timeout_err": 3}, {}),
+        (
+            "mlx5_0",
+            "LinkUp",
+            {"symbol_error": 27, "link_error_recovery": 2, "link_downed": 1, "port_rcv_errors": 5},
+            {"port_xmit_discards": 12},
+        ),
+        (
+            "mlx5_1",
+            "LinkUp",
+            {"out_of_sequence": 17},
+            {"np_ecn_marked_roce_packets": 3400, "np_cnp_sent": 1200, "rp_cnp_handled": 1100},
+        ),
+    ],
+)
+def test_read_rdma_ports_fault_and_congestion_counters(
+    device: str, phys_state: str, errors: dict[str, int], congestion: dict[str, int]
+) -> None:
+    p = {p.device: p for p in read_rdma_ports(PATHS)}[device]
+    assert p.phys_state == phys_state
+    got_errors, got_congestion = dict(p.errors), dict(p.congestion)
+    for name, value in errors.items():
+        assert got_errors[name] == value
+    for name, value in congestion.items():
+        assert got_congestion[name] == value
+    if device == "irdma0":
+        assert p.errors == () and p.congestion == ()
+    # mlx5_0 is an InfiniBand port: no RoCE congestion counters in its hw_counters
+    if device == "mlx5_0":
+        assert set(got_congestion) == {"port_xmit_discards"}
+    assert "lifespan" not in got_errors  # a hw_counters setting, not a counter
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "saturated"),
+    [
+        ("link_downed", "254", False),
+        ("link_downed", "255", True),  # 8-bit PMA field
+        ("local_link_integrity_errors", "15", True),  # 4-bit
+        ("symbol_error", "65534", False),
+        ("symbol_error", "65535", True),  # 16-bit
+    ],
+)
+def test_saturated_pma_error_counters_are_left_out(
+    tmp_path: Path, name: str, value: str, saturated: bool
+) -> None:
+    shutil.copytree(FIX / "sys", tmp_path / "sys", symlinks=True)
+    (tmp_path / "sys/class/infiniband/mlx5_0/ports/1/counters" / name).write_text(value + "\n")
+    p = {p.device: p for p in read_rdma_ports(HostPaths(sysfs=tmp_path / "sys"))}["mlx5_0"]
+    assert (name in dict(p.errors)) is not saturated
+    assert any(f"counters/{name} is saturated" in m for m in p.problems) is saturated
+
+
+@pytest.mark.parametrize(("text", "up"), [("1\n", True), ("0\n", False)])
+def test_parse_carrier(text: str, up: bool) -> None:
+    assert parse_carrier(text) is up
+
+
+@pytest.mark.parametrize(
+    ("parse", "text"),
+    [
+        (parse_carrier, ""),
+        (parse_carrier, "2\n"),
+        (parse_carrier, "up\n"),
+        (parse_net_counter, ""),
+        (parse_net_counter, "x\n"),
+        (parse_net_counter, "-3\n"),
+    ],
+)
+def test_netclass_parsers_reject_garbage(parse: Callable[[str], object], text: str) -> None:
+    with pytest.raises(ValueError):
+        parse(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "down"),
+    [
+        ("up\n", False),
+        ("down\n", True),
+        ("lowerlayerdown\n", True),
+        ("notpresent\n", True),
+        ("unknown\n", None),  # loopback, tun: the state says nothing
+        ("dormant\n", None),
+    ],
+)
+def test_parse_operstate_down(text: str, down: bool | None) -> None:
+    assert parse_operstate_down(text) is down
+
+
+@pytest.mark.parametrize(
+    ("name", "link_up", "errors"),
+    [
+        ("eno1", True, {"carrier_changes": 4, "rx_errors": 3, "tx_errors": 0, "rx_crc_errors": 2}),
+        ("eno2", False, {"carrier_changes": 7}),  # administratively down: no carrier file
+        ("eno3", False, {"carrier_changes": 9, "rx_errors": 0, "tx_errors": 0, "rx_crc_errors": 0}),
+        ("ib0", True, {"carrier_changes": 2, "rx_errors": 0, "tx_errors": 1}),  # no CRC file
+        ("lo", None, {}),  # operstate unknown, no carrier file in the fixture
+    ],
+)
+def test_read_net_interface_link_state_and_errors(
+    name: str, link_up: bool | None, errors: dict[str, int]
+) -> None:
+    iface = read_net_interface(PATHS, name)
+    assert iface is not None
+    assert iface.link_up is link_up
+    assert dict(iface.errors) == errors
+
+
+def test_read_net_interface_real_loopback_counters() -> None:
+    # The real kernel's files, in the shapes the parsers expect: lo has carrier_changes and
+    # statistics/ like any interface.
+    iface = read_net_interface(HostPaths(), "lo")
+    assert iface is not None
+    assert iface.link_up is True
+    assert {"carrier_changes", "rx_errors", "tx_errors", "rx_crc_errors"} == set(dict(iface.errors))

@@ -62,6 +62,12 @@ def _port(name: str, type_: MetricType, help_: str, unit: str) -> MetricSpec:
     return MetricSpec(name, type_, help_, PORT, unit, "network", "network", True, ("port",))
 
 
+def _port_counter(name: str, help_: str) -> MetricSpec:
+    # one series per kernel counter name; `port` only for RDMA ports
+    labels = (*PORT, "counter")
+    return MetricSpec(name, "counter", help_, labels, "", "network", "network", True, ("port",))
+
+
 CATALOGUE: tuple[MetricSpec, ...] = (
     # GPU
     _gpu(
@@ -328,6 +334,28 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "port_xmit_wait ticks, one tick being the time to send xmit_wait_tick_bytes at the "
         "link rate.",
         "seconds",
+    ),
+    _port(
+        "gpufeed_network_link_up",
+        "gauge",
+        "1 while the link is up (an RDMA port ACTIVE, an interface with carrier), 0 while "
+        "it is down.",
+        "",
+    ),
+    _port_counter(
+        "gpufeed_network_link_errors_total",
+        "Link faults by the kernel's counter name: InfiniBand port counters (symbol_error, "
+        "link_error_recovery, link_downed, port_rcv_errors, port_rcv_remote_physical_errors, "
+        "local_link_integrity_errors, excessive_buffer_overrun_errors), RoCE hw_counters "
+        "(out_of_sequence, packet_seq_err, implied_nak_seq_err, local_ack_timeout_err), "
+        "Ethernet carrier_changes, rx_errors, tx_errors, rx_crc_errors; only those the "
+        "hardware provides.",
+    ),
+    _port_counter(
+        "gpufeed_network_congestion_packets_total",
+        "Packets that signal congestion, by the kernel's counter name: InfiniBand "
+        "port_xmit_discards, RoCE np_ecn_marked_roce_packets, np_cnp_sent, rp_cnp_handled; "
+        "only those the hardware provides.",
     ),
     # Host
     MetricSpec(

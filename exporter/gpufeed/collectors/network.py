@@ -9,6 +9,12 @@ Two sources, because RDMA traffic never passes through the kernel's network stac
   port's link layer; data counters x4 (they count 4-byte words); speed from `rate` while the
   port is ACTIVE; transmit-wait on InfiniBand ports.
 
+Beside the bytes, what the correlator needs to say *why* the network holds a job back
+(docs/correlator.md, `network_reason`): whether each link is up, its fault counters (link
+downs, symbol and CRC errors, carrier changes, RoCE sequence errors) and its congestion
+counters (RoCE ECN marks and CNPs, InfiniBand transmit discards), each under the kernel's
+own counter name and only where the hardware has it.
+
 On InfiniBand the port counters count everything on the wire, IPoIB included, so the `ib0`
 netdev series is a subset of the HCA port's: pick series by `device`, do not sum a fabric.
 On RoCE the HCA port counts RDMA traffic only and the Ethernet netdev counts the rest.
@@ -34,9 +40,13 @@ RECEIVE = "gpufeed_network_receive_bytes_total"
 TRANSMIT = "gpufeed_network_transmit_bytes_total"
 SPEED = "gpufeed_network_speed_bytes_per_second"
 TRANSMIT_WAIT = "gpufeed_network_transmit_wait_seconds_total"
+LINK_UP = "gpufeed_network_link_up"
+LINK_ERRORS = "gpufeed_network_link_errors_total"
+CONGESTION = "gpufeed_network_congestion_packets_total"
 
 FAMILIES = tuple(
-    spec(name) for name in (RECEIVE, TRANSMIT, SPEED, TRANSMIT_WAIT)
+    spec(name)
+    for name in (RECEIVE, TRANSMIT, SPEED, TRANSMIT_WAIT, LINK_UP, LINK_ERRORS, CONGESTION)
 )  # HELP: the catalogue
 
 FABRIC_BY_ARPHRD = {ARPHRD_ETHER: "ethernet", ARPHRD_INFINIBAND: "infiniband"}
@@ -138,6 +148,7 @@ class NetworkCollector:
             fams.put(spec(RECEIVE), labels, counters.receive_bytes)
             fams.put(spec(TRANSMIT), labels, counters.transmit_bytes)
             fams.put(spec(SPEED), labels, iface.speed_bytes_per_second)
+            _put_link(fams, labels, iface.link_up, iface.errors, ())
 
     def _collect_rdma(self, fams: Families, problems: list[str]) -> None:
         ports = read_rdma_ports(self._paths)
@@ -153,12 +164,27 @@ class NetworkCollector:
             fams.put(spec(RECEIVE), labels, port.receive_bytes)
             fams.put(spec(TRANSMIT), labels, port.transmit_bytes)
             fams.put(spec(SPEED), labels, rate)
+            up = None if port.state is None else active
+            _put_link(fams, labels, up, port.errors, port.congestion)
             if fabric == "infiniband":
                 key = (port.device, port.port)
                 live.add(key)
                 wait = self._wait.update(key, port.transmit_wait_ticks, rate)
                 fams.put(spec(TRANSMIT_WAIT), labels, wait)
         self._wait.forget_except(live)
+
+
+def _put_link(
+    fams: Families,
+    labels: dict[str, str],
+    up: bool | None,
+    errors: tuple[tuple[str, int], ...],
+    congestion: tuple[tuple[str, int], ...],
+) -> None:
+    fams.put(spec(LINK_UP), labels, None if up is None else float(up))
+    for family, counters in ((LINK_ERRORS, errors), (CONGESTION, congestion)):
+        for name, value in counters:
+            fams.put(spec(family), {**labels, "counter": name}, value)
 
 
 def _rdma_fabric(port: RdmaPort) -> str | None:

@@ -117,6 +117,20 @@ def gpu_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) ->
     return _by_family(out)
 
 
+# family -> the counters a simulated port of each fabric shows (all zero: healthy links)
+SIMULATED_LINK_COUNTERS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "infiniband": (
+        ("gpufeed_network_link_errors_total", ("symbol_error", "link_downed")),
+        ("gpufeed_network_congestion_packets_total", ("port_xmit_discards",)),
+    ),
+    "roce": (
+        ("gpufeed_network_link_errors_total", ("link_downed", "out_of_sequence")),
+        ("gpufeed_network_congestion_packets_total", ("np_ecn_marked_roce_packets", "np_cnp_sent")),
+    ),
+    "ethernet": (("gpufeed_network_link_errors_total", ("carrier_changes", "rx_errors")),),
+}
+
+
 def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -> list[SeriesDef]:
     """Storage, network, host and job series (what the `simulated` collector emits)."""
     out: list[SeriesDef] = []
@@ -164,6 +178,12 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
         if port.counts_transmit_wait:
             add("gpufeed_network_transmit_wait_seconds_total", "counter", lab, COUNTER,
                 lay.pc(p, L.P_WAIT))  # fmt: skip
+        # A simulated link never fails: it is up, and its fault and congestion counters
+        # (the ones its kind of port has) stay at zero.
+        add("gpufeed_network_link_up", "gauge", lab, CONST, 0, 1.0)
+        for fam, counters in SIMULATED_LINK_COUNTERS[port.fabric]:
+            for counter in counters:
+                add(fam, "counter", {**lab, "counter": counter}, CONST, 0, 0.0)
     for i, mode in enumerate(L.CPU_MODES):
         add(
             "gpufeed_host_cpu_seconds_total",

@@ -15,6 +15,19 @@ Formats (Documentation/ABI/stable/sysfs-class-infiniband, drivers/infiniband/cor
 - `counters/port_xmit_wait`: 32-bit, saturating, in "ticks" during which the port had data to
   send but sent nothing for the whole tick (no credits, or lost arbitration).
 - A counter the port's management agent cannot answer reads `N/A (no PMA)`.
+- The error counters in `counters/` are the IBA PortCounters attribute's, each as wide as
+  the attribute's field (drivers/infiniband/core/sysfs.c): `symbol_error`,
+  `port_rcv_errors`, `port_rcv_remote_physical_errors`, `port_xmit_discards` 16 bits,
+  `link_error_recovery`, `link_downed` 8 bits, `local_link_integrity_errors`,
+  `excessive_buffer_overrun_errors` 4 bits. They saturate at all ones like the others, so a
+  link that went down 255 times reads 255 for ever (until `perfquery -R`).
+- `hw_counters/` (per port; mlx5 and other drivers that implement rdma_hw_stats): the
+  driver's own counters, plain integers, names as the driver declares them (mlx5:
+  drivers/infiniband/hw/mlx5/counters.c). `lifespan` there is a setting, not a counter.
+  Which of them exist depends on the HCA's capabilities (the congestion counters only on
+  RoCE ports of firmware that has them): a file that is not there is not exported.
+- `phys_state`: `5: LinkUp` (1 Sleep, 2 Polling, 3 Disabled, 4 PortConfigurationTraining,
+  5 LinkUp, 6 LinkErrorRecovery, 7 Phy Test).
 """
 
 from __future__ import annotations
@@ -30,8 +43,38 @@ SATURATED_32 = 0xFFFFFFFF
 DATA_WORD_BYTES = 4
 
 _RATE = re.compile(r"\s*(\d+(?:\.\d+)?)\s+Gb/sec\b")
-_STATE = re.compile(r"\s*(\d+)\s*:\s*(\S+)\s*")
+_STATE = re.compile(r"\s*(\d+)\s*:\s*(\S(?:.*\S)?)\s*")  # `7: Phy Test` has a space
 _NO_PMA = "N/A"
+
+# The port counters that count link faults: (file in counters/, bits of its PMA field).
+# port_xmit_discards is not here: the port drops what it cannot send "because the port is
+# down or congested" (IBA 16.1.3.5), which is congestion far more often than a fault.
+IB_ERROR_COUNTERS: tuple[tuple[str, int], ...] = (
+    ("symbol_error", 16),
+    ("link_error_recovery", 8),
+    ("link_downed", 8),
+    ("port_rcv_errors", 16),
+    ("port_rcv_remote_physical_errors", 16),
+    ("local_link_integrity_errors", 4),
+    ("excessive_buffer_overrun_errors", 4),
+)
+IB_CONGESTION_COUNTERS: tuple[tuple[str, int], ...] = (("port_xmit_discards", 16),)
+# hw_counters (64-bit, mlx5 names): packets lost on the way, seen as sequence errors and
+# retransmission timeouts. duplicate_request, rnr_nak_retry_err and out_of_buffer are left
+# out: they count a receiver that was not ready (the host), not the fabric.
+ROCE_ERROR_COUNTERS: tuple[str, ...] = (
+    "out_of_sequence",
+    "packet_seq_err",
+    "implied_nak_seq_err",
+    "local_ack_timeout_err",
+)
+# ECN-marked packets received (the switch marked them), CNPs this port sent back, and CNPs
+# that made this port slow down (DCQCN): RoCE's congestion signals.
+ROCE_CONGESTION_COUNTERS: tuple[str, ...] = (
+    "np_ecn_marked_roce_packets",
+    "np_cnp_sent",
+    "rp_cnp_handled",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +91,11 @@ class RdmaPort:
     transmit_bytes: int | None
     transmit_wait_ticks: int | None
     problems: tuple[str, ...] = ()
+    phys_state: str | None = None  # "LinkUp", "Polling", "Disabled", ...
+    # (counter name, value) of the fault and congestion counters this port has; a counter
+    # it does not have (or a saturated one) is not in the tuple.
+    errors: tuple[tuple[str, int], ...] = ()
+    congestion: tuple[tuple[str, int], ...] = ()
 
 
 def parse_rate(text: str) -> float | None:
@@ -130,6 +178,30 @@ class _PortReader:
                 return None
         return None if words is None else words * DATA_WORD_BYTES
 
+    def pma_counters(self, table: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+        """The PMA counters of `table` this port has; a saturated one is left out (warned)."""
+        out: list[tuple[str, int]] = []
+        for name, bits in table:
+            value = self.counter("counters", name)
+            if value is None:
+                continue
+            if value >= (1 << bits) - 1:
+                self.problems.append(
+                    f"{self.where}: counters/{name} is saturated at 2^{bits}-1 (its PMA field "
+                    "is that narrow); it is left out until the counter is reset"
+                )
+                continue
+            out.append((name, value))
+        return tuple(out)
+
+    def hw_counters(self, names: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+        out: list[tuple[str, int]] = []
+        for name in names:
+            value = self.counter("hw_counters", name)
+            if value is not None:
+                out.append((name, value))
+        return tuple(out)
+
     def parsed(self, name: str) -> tuple[int, str] | None:
         raw = self.text(name)
         if raw is None:
@@ -165,6 +237,9 @@ def read_rdma_port(device: str, port: str, base: Path, node_type: str | None) ->
             "until the counter is reset"
         )
         wait = None
+    phys = r.parsed("phys_state")
+    errors = r.pma_counters(IB_ERROR_COUNTERS) + r.hw_counters(ROCE_ERROR_COUNTERS)
+    congestion = r.pma_counters(IB_CONGESTION_COUNTERS) + r.hw_counters(ROCE_CONGESTION_COUNTERS)
     return RdmaPort(
         device=device,
         port=port,
@@ -176,6 +251,9 @@ def read_rdma_port(device: str, port: str, base: Path, node_type: str | None) ->
         transmit_bytes=r.data_bytes("port_xmit_data"),
         transmit_wait_ticks=wait,
         problems=tuple(r.problems),
+        phys_state=phys[1] if phys else None,
+        errors=errors,
+        congestion=congestion,
     )
 
 

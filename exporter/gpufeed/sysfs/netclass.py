@@ -6,11 +6,23 @@
   printed it unsigned showed 65535 or 4294967295. Every one of those means "unknown".
 - `device` is a symlink to the bus device (PCI, virtio, ...). Virtual interfaces (veth, bridges,
   bonds, VLANs, tun/tap, ifb, docker0) have none.
+- `carrier` is 1 or 0; reading it fails with EINVAL while the interface is administratively
+  down, and then `operstate` (`up`, `down`, `lowerlayerdown`, `dormant`, `unknown`, ...) says
+  whether the link is down.
+- `carrier_changes` (Linux 3.15+) counts every carrier transition, up and down: a flapping
+  link moves it by two per flap. `carrier_up_count` / `carrier_down_count` (4.16+) split it;
+  they are left out, `carrier_changes` alone says the link changed state.
+- `statistics/rx_errors`, `tx_errors`, `rx_crc_errors`: the driver's error totals (rx_errors
+  includes the CRC errors). rx_dropped is left out on purpose: it counts frames the host
+  dropped (full rings, unknown protocols, inactive bond slaves) and moves on healthy links.
+  Pause frames are not in sysfs at all (only `ethtool -S`, driver-specific names, or the
+  ethtool netlink pause statistics), so they are not read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpufeed.hostpaths import HostPaths
 
@@ -19,6 +31,14 @@ ARPHRD_INFINIBAND = 32
 ARPHRD_LOOPBACK = 772
 
 _UNKNOWN_SPEEDS_MBPS = frozenset({65535, 4294967295})
+# (file under /sys/class/net/<if>/, counter name as exported)
+ETHERNET_ERROR_COUNTERS: tuple[str, ...] = (
+    "carrier_changes",
+    "statistics/rx_errors",
+    "statistics/tx_errors",
+    "statistics/rx_crc_errors",
+)
+_LINK_DOWN_OPERSTATES = frozenset({"down", "lowerlayerdown", "notpresent"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +47,9 @@ class NetInterface:
     arphrd_type: int | None
     has_device: bool
     speed_bytes_per_second: float | None
+    link_up: bool | None = None  # None: neither carrier nor operstate says
+    # (counter name without the statistics/ prefix, value); absent counters are left out
+    errors: tuple[tuple[str, int], ...] = ()
 
 
 def parse_net_type(text: str) -> int:
@@ -42,6 +65,28 @@ def parse_net_speed(text: str) -> float | None:
     if mbps <= 0 or mbps in _UNKNOWN_SPEEDS_MBPS:
         return None
     return mbps * 1e6 / 8
+
+
+def parse_carrier(text: str) -> bool:
+    value = int(text.strip())
+    if value not in (0, 1):
+        raise ValueError(f"carrier must be 0 or 1, got {value}")
+    return value == 1
+
+
+def parse_operstate_down(text: str) -> bool | None:
+    """True: the link is down; False: up; None: the state says nothing (unknown, dormant)."""
+    state = text.strip()
+    if state == "up":
+        return False
+    return True if state in _LINK_DOWN_OPERSTATES else None
+
+
+def parse_net_counter(text: str) -> int:
+    value = int(text.strip())
+    if value < 0:
+        raise ValueError(f"negative counter {value}")
+    return value
 
 
 def is_safe_interface_name(name: str) -> bool:
@@ -70,4 +115,27 @@ def read_net_interface(paths: HostPaths, name: str) -> NetInterface | None:
     except (OSError, ValueError):
         # EINVAL on a link that is down, ENOENT on odd drivers: the speed is unknown.
         speed = None
-    return NetInterface(name, arphrd, has_device, speed)
+    return NetInterface(name, arphrd, has_device, speed, _link_up(base), _errors(base))
+
+
+def _link_up(base: Path) -> bool | None:
+    try:
+        return parse_carrier(base.joinpath("carrier").read_text(errors="replace"))
+    except (OSError, ValueError):
+        pass  # EINVAL while administratively down: the operstate says so
+    try:
+        down = parse_operstate_down(base.joinpath("operstate").read_text(errors="replace"))
+    except OSError:
+        return None
+    return None if down is None else not down
+
+
+def _errors(base: Path) -> tuple[tuple[str, int], ...]:
+    out: list[tuple[str, int]] = []
+    for rel in ETHERNET_ERROR_COUNTERS:
+        try:
+            value = parse_net_counter(base.joinpath(rel).read_text(errors="replace"))
+        except (OSError, ValueError):
+            continue  # an older kernel or a driver without it: absent, not zero
+        out.append((rel.rsplit("/", 1)[-1], value))
+    return tuple(out)
