@@ -15,8 +15,8 @@ import tempfile
 import time
 
 from bench import correlator_scenarios as cs
-from gpufeed.correlator.analyze import analyze_nodes
-from gpufeed.correlator.engine import WindowParams
+from gpufeed.correlator.engine.engine import WindowParams
+from gpufeed.correlator.feeds.analyze import analyze_nodes
 from gpufeed.trace.reader import read_trace
 
 

@@ -46,7 +46,7 @@ def read_lines(path: str) -> float:
 
 
 def live(text: str) -> tuple[float, float, int]:
-    from gpufeed.correlator.live import CorrelatorProcessor
+    from gpufeed.correlator.feeds.live import CorrelatorProcessor
 
     snaps = snapshots_from_trace(text)
     proc = CorrelatorProcessor(CorrelatorConfig(windows_log=""), interval_seconds=5.0)

@@ -7,9 +7,9 @@ import os
 from collections.abc import Callable, Iterable
 
 from bench import correlator_scenarios as scenarios
-from gpufeed.correlator.analyze import analyze_nodes
-from gpufeed.correlator.engine import WindowParams
-from gpufeed.correlator.window import Window
+from gpufeed.correlator.engine.engine import WindowParams
+from gpufeed.correlator.engine.window import Window
+from gpufeed.correlator.feeds.analyze import analyze_nodes
 from gpufeed.trace.reader import read_trace
 
 __all__ = ["T0", "analyze_text", "scenarios", "trace_text"]

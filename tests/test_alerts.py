@@ -165,7 +165,7 @@ def test_rules_use_contract_metrics_only() -> None:
 def test_fatal_xid_alert_uses_exactly_the_vocabularys_list(shipped: dict[str, Any]) -> None:
     """One list of fatal XIDs (gpufeed.vocabulary) for the paging alert and the correlator;
     0.1.0 had two that disagreed (63 paged but explained nothing, 62 and 140 the reverse)."""
-    from gpufeed.correlator.features import FATAL_XIDS as CORRELATOR_XIDS
+    from gpufeed.correlator.engine.features import FATAL_XIDS as CORRELATOR_XIDS
     from gpufeed.vocabulary import FATAL_XID_MEANINGS, FATAL_XIDS
 
     rule = next(a for a in alerts(shipped) if a["alert"] == "GpuFatalXid")

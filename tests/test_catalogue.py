@@ -22,7 +22,7 @@ from correlator_helpers import scenarios, snapshots_of
 from gpufeed import catalogue_doc
 from gpufeed.catalogue import BY_NAME, CATALOGUE, MetricSpec
 from gpufeed.config import CorrelatorConfig
-from gpufeed.correlator.live import CorrelatorProcessor
+from gpufeed.correlator.feeds.live import CorrelatorProcessor
 from gpufeed.simulate.node import SimulatedNode
 from gpufeed.simulate.scenario import default_scenario
 from test_golden import CONFIG, lay_node

@@ -1,8 +1,8 @@
 """Adding a cause is the enum (gpufeed.vocabulary.Cause), its rules and its runbook; this
 names every other piece a cause needs that is still missing.
 
-For each cause: rules that can decide it (correlator/rules.py; `unknown` has none), the
-words of its window summary (correlator/summary.py), a bullet in the GpuUtilizationLow
+For each cause: rules that can decide it (correlator/engine/rules.py; `unknown` has none), the
+words of its window summary (correlator/engine/summary.py), a bullet in the GpuUtilizationLow
 runbook and in its `cause` label list (docs/runbooks.md), a row of the causes table
 (docs/correlator.md), a colour on the dashboards (dashboards/presets.py), an on-call hint
 in the alert's description (alerts/config.py), a routing decision tested through amtool
@@ -16,8 +16,8 @@ import re
 
 from alerts import config as alerts_config
 from dashboards import presets
-from gpufeed.correlator.rules import RULES
-from gpufeed.correlator.summary import HEADLINES
+from gpufeed.correlator.engine.rules import RULES
+from gpufeed.correlator.engine.summary import HEADLINES
 from gpufeed.simulate.scenario import PHASES
 from gpufeed.vocabulary import Cause
 from stack_support import REPO_ROOT
@@ -38,9 +38,9 @@ def missing_pieces(cause: str) -> list[str]:
     missing: list[str] = []
     decidable = cause != Cause.UNKNOWN
     if decidable and not any(r.cause == cause for r in RULES):
-        missing.append("rules: no Rule for it in gpufeed/correlator/rules.py RULES")
+        missing.append("rules: no Rule for it in gpufeed/correlator/engine/rules.py RULES")
     if cause not in HEADLINES:
-        missing.append("summary: no headline in gpufeed/correlator/summary.py HEADLINES")
+        missing.append("summary: no headline in gpufeed/correlator/engine/summary.py HEADLINES")
     runbook = _section(RUNBOOKS.read_text(encoding="utf-8"), "## GpuUtilizationLow")
     if not re.search(rf"^- `{re.escape(cause)}`: ", runbook, re.MULTILINE):
         missing.append(

@@ -1,7 +1,7 @@
 """Adding a collector: the registration table is the only way in (docs/architecture.md).
 
 A collector class (`*Collector` in collectors/) must be reachable from the table in
-gpufeed/wiring.py (its module imported there), and nothing outside wiring.py and the class's
+gpufeed/agent/wiring.py (its module imported there), and nothing outside wiring.py and the class's
 own module builds one. A failure names the class and what it lacks. That its families are
 in the metric catalogue is tests/test_catalogue.py's `test_real_agent_on_the_fixture_trees`
 (the real agent on fixture trees, every family named that is missing or differs).
@@ -12,10 +12,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from gpufeed import wiring
+from gpufeed.agent import wiring
 
 PACKAGE = Path(__file__).resolve().parents[1] / "exporter" / "gpufeed"
-WIRING = PACKAGE / "wiring.py"
+WIRING = PACKAGE / "agent" / "wiring.py"
 
 
 def collector_classes(folder: Path) -> dict[str, str]:
@@ -43,7 +43,7 @@ def imported_modules(path: Path) -> set[str]:
 def unregistered(classes: dict[str, str], wiring_imports: set[str]) -> list[str]:
     return [
         f"{cls} ({module}) is not in the registration table: add a CollectorSpec to "
-        "COLLECTORS in gpufeed/wiring.py"
+        "COLLECTORS in gpufeed/agent/wiring.py"
         for cls, module in sorted(classes.items())
         if module not in wiring_imports
     ]
@@ -77,7 +77,7 @@ def test_only_wiring_builds_collectors() -> None:
                 if home is not None and home != module:
                     rel = path.relative_to(PACKAGE.parent)
                     built_elsewhere.append(f"{rel}:{node.lineno} builds {node.func.id}")
-    assert not built_elsewhere, "build collectors in gpufeed/wiring.py only:\n" + "\n".join(
+    assert not built_elsewhere, "build collectors in gpufeed/agent/wiring.py only:\n" + "\n".join(
         built_elsewhere
     )
 
@@ -86,5 +86,5 @@ def test_a_collector_left_out_of_the_table_is_named() -> None:
     problems = unregistered({"DiskCollector": "gpufeed.collectors.disk"}, imported_modules(WIRING))
     assert problems == [
         "DiskCollector (gpufeed.collectors.disk) is not in the registration table: add a "
-        "CollectorSpec to COLLECTORS in gpufeed/wiring.py"
+        "CollectorSpec to COLLECTORS in gpufeed/agent/wiring.py"
     ]

@@ -68,7 +68,7 @@ def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
 def test_instance_setting_flag_wins_over_config_over_the_default_rule() -> None:
     import socket
 
-    from gpufeed.agent import node_instance
+    from gpufeed.agent.command import node_instance
 
     assert parse_config("instance: node-07:9842\n").instance == "node-07:9842"
     assert parse_config("interval_seconds: 1\n").instance == ""
@@ -79,7 +79,7 @@ def test_instance_setting_flag_wins_over_config_over_the_default_rule() -> None:
 
 def test_network_settings_reach_the_network_collector() -> None:
     """Virtual interfaces are a config key wired to the collector the agent builds."""
-    from gpufeed import wiring
+    from gpufeed.agent import wiring
     from gpufeed.collectors.base import CollectorContext
     from gpufeed.hostpaths import HostPaths
 

@@ -21,10 +21,10 @@ import pytest
 from correlator_helpers import T0, analyze_text, scenarios, snapshots_of
 from gpufeed.config import CorrelatorConfig
 from gpufeed.correlator import windows_cmd
-from gpufeed.correlator.causes import Cause
-from gpufeed.correlator.live import CAUSE, SECONDS, WINDOWS, CorrelatorProcessor
-from gpufeed.correlator.window import Window
-from gpufeed.correlator.windowlog import WindowLog, read_log
+from gpufeed.correlator.engine.causes import Cause
+from gpufeed.correlator.engine.window import Window
+from gpufeed.correlator.feeds.live import CAUSE, SECONDS, WINDOWS, CorrelatorProcessor
+from gpufeed.correlator.outputs.windowlog import WindowLog, read_log
 from procports import refused_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,7 +89,7 @@ def test_an_ended_job_is_forgotten(tmp_path: Path) -> None:
     ENDED_JOB_SECONDS: nothing grows with every job a node has ever run."""
     import dataclasses
 
-    from gpufeed.correlator.live import ENDED_JOB_SECONDS, TRIM_EVERY_SECONDS
+    from gpufeed.correlator.feeds.live import ENDED_JOB_SECONDS, TRIM_EVERY_SECONDS
     from gpufeed.model import Sample
 
     text, _labels = scenarios.single("checkpointing", "hot_tier", seed=8, minutes=30)
@@ -126,7 +126,7 @@ def test_an_ended_job_is_forgotten(tmp_path: Path) -> None:
 
 def test_forgetting_a_job_keeps_other_baselines_with_the_same_name() -> None:
     """A job called "0" goes with its own read baselines only, not GPU 0's clock baseline."""
-    from gpufeed.correlator.baseline import Baselines, Kind
+    from gpufeed.correlator.engine.baseline import Baselines, Kind
 
     JOB_READ = Kind.JOB_READ
 
@@ -192,9 +192,9 @@ def test_log_survives_kill_9(tmp_path: Path) -> None:
     code = textwrap.dedent(
         f"""
         import sys, time
-        from gpufeed.correlator.windowlog import WindowLog
-        from gpufeed.correlator.window import Window
-        from gpufeed.correlator.causes import Cause
+        from gpufeed.correlator.outputs.windowlog import WindowLog
+        from gpufeed.correlator.engine.window import Window
+        from gpufeed.correlator.engine.causes import Cause
         log = WindowLog({str(path)!r}, max_bytes=1 << 30)
         i = 0
         while True:
@@ -224,7 +224,7 @@ def test_log_survives_kill_9(tmp_path: Path) -> None:
 def test_api_and_windows_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from aiohttp import web
 
-    from gpufeed.correlator.api import windows_routes
+    from gpufeed.correlator.outputs.api import windows_routes
 
     text, _ = scenarios.single("network", "saturated", seed=2, minutes=30)
     proc = CorrelatorProcessor(CorrelatorConfig(windows_log=""), interval_seconds=5.0)
@@ -296,7 +296,7 @@ def test_api_and_windows_command(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_windows_command_defaults_to_the_agents_port_and_names_a_missing_log(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gpufeed.agent import DEFAULT_PORT
+    from gpufeed.agent.command import DEFAULT_PORT
 
     p = argparse.ArgumentParser()
     windows_cmd.register(p.add_subparsers())

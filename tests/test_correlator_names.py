@@ -1,4 +1,4 @@
-"""Rules, features and summaries agree on the evidence names (gpufeed.correlator.names).
+"""Rules, features and summaries agree on the evidence names (gpufeed.correlator.engine.names).
 
 A rule whose feature nobody computes never fires, silently; a feature no rule reads is dead
 weight; a feature without summary words leaves the window's one-line summary short. Each of
@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 
 from correlator_helpers import scenarios
-from gpufeed.correlator import state
-from gpufeed.correlator.analyze import estimate_interval
-from gpufeed.correlator.engine import NodeCorrelator
-from gpufeed.correlator.names import CONTEXT_KEYS, FEATURES, Feature
-from gpufeed.correlator.rules import RULES, Rule
-from gpufeed.correlator.summary import phrase
-from gpufeed.correlator.view import Timing
+from gpufeed.correlator.engine import state
+from gpufeed.correlator.engine.engine import NodeCorrelator
+from gpufeed.correlator.engine.names import CONTEXT_KEYS, FEATURES, Feature
+from gpufeed.correlator.engine.rules import RULES, Rule
+from gpufeed.correlator.engine.summary import phrase
+from gpufeed.correlator.engine.view import Timing
+from gpufeed.correlator.feeds.analyze import estimate_interval
 from gpufeed.trace.reader import read_trace
 from gpufeed.vocabulary import Cause
 

@@ -12,8 +12,8 @@ import gc
 import tracemalloc
 
 from gpufeed.config import CorrelatorConfig
-from gpufeed.correlator.engine import RUN_HISTORY_SECONDS
-from gpufeed.correlator.live import CorrelatorProcessor
+from gpufeed.correlator.engine.engine import RUN_HISTORY_SECONDS
+from gpufeed.correlator.feeds.live import CorrelatorProcessor
 from gpufeed.model import Family, Sample, label_pairs
 from gpufeed.snapshot import Snapshot
 
@@ -87,7 +87,7 @@ def _churning(proc: CorrelatorProcessor, start: float, seconds: int, first_job: 
 def test_job_churn_memory_is_flat() -> None:
     """Before 0.2.0 every job stayed for 15 minutes after its last sample: 57,600 jobs
     (about 200 MB) at this rate. Now at most MAX_JOBS are kept, whatever the churn."""
-    from gpufeed.correlator.live import MAX_JOBS
+    from gpufeed.correlator.feeds.live import MAX_JOBS
 
     proc = CorrelatorProcessor(CorrelatorConfig(windows_log=""), interval_seconds=1.0)
     tracemalloc.start()

@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterable
 import pytest
 
 from correlator_helpers import T0, analyze_text, trace_text
-from gpufeed.correlator.causes import Cause
-from gpufeed.correlator.engine import WindowParams
-from gpufeed.correlator.rules import Rule, decide
-from gpufeed.correlator.series import Series
+from gpufeed.correlator.engine.causes import Cause
+from gpufeed.correlator.engine.engine import WindowParams
+from gpufeed.correlator.engine.rules import Rule, decide
+from gpufeed.correlator.engine.series import Series
 
 G = 'gpu="0",uuid="GPU-a",instance="n1:9400"'
 

@@ -162,8 +162,8 @@ def test_importing_the_gpu_layer_does_not_load_pynvml() -> None:
 def test_gpu_collector_in_the_real_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
     """The agent's sampler runs the collector on its worker thread; a lost GPU is a value,
     not a collector failure."""
+    from gpufeed.agent.sampler import Sampler
     from gpufeed.gpu.nvml import NvmlBackend
-    from gpufeed.sampler import Sampler
 
     fake = FakeNvml([FakeGpu("GPU-x"), FakeGpu("GPU-y")])
     fake.install(monkeypatch.setattr)

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpufeed import wiring
+from gpufeed.agent import wiring
 from gpufeed.collectors.base import CollectorContext, PartialCollectionError
 from gpufeed.collectors.host import HostCollector, user_hz
 from gpufeed.hostpaths import HostPaths

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from gpufeed.correlator.api import WindowsJson
-from gpufeed.correlator.window import Window
-from gpufeed.web.compression import accepts_gzip
+from gpufeed.agent.web.compression import accepts_gzip
+from gpufeed.correlator.engine.window import Window
+from gpufeed.correlator.outputs.api import WindowsJson
 from http_helpers import agent_process, get, percentile, timed_scrapes, wait_until_serving
 
 HELPERS = Path(__file__).parent / "helpers"
@@ -221,8 +221,8 @@ def test_error_pages_never_quote_the_parsers_message() -> None:
     from aiohttp import web
     from aiohttp.http_exceptions import BadHttpMessage
 
+    from gpufeed.agent.web.listener import _QuietRequestHandler
     from gpufeed.logonce import LogOnce
-    from gpufeed.web.listener import _QuietRequestHandler
 
     async def page() -> tuple[bytes, str]:
         server = web.Server(lambda request: None)  # type: ignore[arg-type, return-value]

@@ -136,8 +136,8 @@ def test_slurm_prolog_and_epilog_write_and_clear_the_mapping(tmp_path: Path) -> 
 
 def test_wiring_builds_three_collectors_sharing_the_sdk(tmp_path: Path) -> None:
     from gpufeed import sdk
+    from gpufeed.agent.wiring import Wiring, build_collectors
     from gpufeed.collectors.sdk import SdkCollector
-    from gpufeed.wiring import Wiring, build_collectors
 
     sock = str(tmp_path / "sdk.sock")
     wiring = Wiring(CollectorContext(), sdk_socket=sock)

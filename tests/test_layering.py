@@ -9,7 +9,7 @@ anything. A failure names the importing file, its line and the forbidden module.
 - The real GPU backend (gpu/) never imports the simulator; the simulator (simulate/) may
   implement gpu/'s interface, so the dependency runs one way only.
 - The job layer's parts (jobs/) do not import collectors/: collectors are built by the
-  agent's wiring (gpufeed/wiring.py), which imports both.
+  agent's wiring (gpufeed/agent/wiring.py), which imports both.
 """
 
 from __future__ import annotations

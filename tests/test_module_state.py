@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from correlator_helpers import analyze_text, scenarios
-from gpufeed.correlator import analyze
+from gpufeed.correlator.feeds import analyze
 from gpufeed.trace.reader import parse_chunk
 
 PACKAGE = Path(__file__).resolve().parent.parent / "exporter" / "gpufeed"

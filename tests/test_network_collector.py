@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpufeed import wiring
+from gpufeed.agent import wiring
 from gpufeed.collectors.base import CollectorContext, PartialCollectionError
 from gpufeed.collectors.network import NetworkCollector, XmitWaitClock
 from gpufeed.hostpaths import HostPaths

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import agent_env, gpufeed_cmd
 from correlator_helpers import scenarios
-from gpufeed.correlator.windowlog import WindowLog
+from gpufeed.correlator.outputs.windowlog import WindowLog
 from gpufeed.trace.reader import MAX_LINE_BYTES
 from windowlog_helpers import seq_window, small_tmpfs
 

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from conftest import ROOT, agent_env, gpufeed_cmd, http_get, wait_for_metrics
+from gpufeed.agent.sampler import Sampler
 from gpufeed.cli import main as gpufeed_main
 from gpufeed.model import Family, Sample
-from gpufeed.sampler import Sampler
 from gpufeed.simulate.node import SimulatedNode, SimulatedNodeCollector
 from gpufeed.simulate.scenario import default_scenario
 from gpufeed.snapshot import Snapshot

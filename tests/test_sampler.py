@@ -6,9 +6,9 @@ import time
 import pytest
 
 from conftest import http_get
+from gpufeed.agent.sampler import Sampler
 from gpufeed.collectors.base import PartialCollectionError
 from gpufeed.model import Families, Family
-from gpufeed.sampler import Sampler
 
 
 class Const:
@@ -175,7 +175,7 @@ def test_scrape_answers_at_once_while_a_collector_hangs() -> None:
 
     from aiohttp import web
 
-    from gpufeed.server import build_app
+    from gpufeed.agent.server import build_app
 
     hang = Hanging()
     sampler = Sampler([Const("good", 3.0), hang], interval_seconds=0.2, timeout_seconds=0.1)
@@ -217,7 +217,7 @@ def test_index_links_only_the_pages_served() -> None:
 
     from aiohttp import web
 
-    from gpufeed.server import build_app
+    from gpufeed.agent.server import build_app
 
     async def windows(request: web.Request) -> web.Response:
         return web.json_response([])
@@ -306,7 +306,7 @@ def test_a_stalled_sampler_is_visible_in_the_timestamp_it_serves() -> None:
 
     from aiohttp import web
 
-    from gpufeed.server import build_app
+    from gpufeed.agent.server import build_app
 
     class Stalling:
         name = "stall"
@@ -389,7 +389,7 @@ def test_a_collector_failure_is_logged_when_it_starts_or_changes_not_every_tick(
     hanging = Hanging()
     sampler = Sampler([Flaky(), hanging], interval_seconds=1.0, timeout_seconds=0.2)
     try:
-        with caplog.at_level(logging.WARNING, "gpufeed.sampler"):
+        with caplog.at_level(logging.WARNING, "gpufeed.agent.sampler"):
             for _ in range(5):  # hang times out once, then is still hung four times
                 sampler.sample_once()
     finally:

@@ -11,12 +11,12 @@ from dataclasses import replace
 
 import pytest
 
+from gpufeed.agent.sampler import Sampler
 from gpufeed.collectors.base import CollectorContext, TickData
 from gpufeed.collectors.gpu import GpuCollector
 from gpufeed.collectors.jobs import JobsCollector
 from gpufeed.gpu.backend import GpuIdentity, GpuProcess, GpuSample
 from gpufeed.model import Families, Family, iter_samples
-from gpufeed.sampler import Sampler
 
 
 def reading(tick: int) -> GpuSample:

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from conftest import agent_env, gpufeed_cmd, isolated_agent_args
-from gpufeed.model import Family
-from gpufeed.sampler import Sampler
-from gpufeed.sdnotify import (
+from gpufeed.agent.sampler import Sampler
+from gpufeed.agent.sdnotify import (
     Notifier,
     ServiceNotifier,
     notify_address,
     watchdog_interval_seconds,
 )
+from gpufeed.model import Family
 from gpufeed.snapshot import Snapshot
 
 

@@ -2,7 +2,7 @@
 
 0.1.0 ran the live correlator on the wall clock, where a 100 s stall at pace 10 lasts 10 s
 (shorter than its rate window): data loading came out as preprocessing, preprocessing and
-network as unknown. The correlator now runs on the scenario's clock (gpufeed.correlator.pacing).
+network as unknown. The correlator now runs on the scenario's clock (gpufeed.correlator.feeds.pacing).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 from conftest import http_get, wait_for_metrics
 from gpufeed.collectors.gpu import build_gpu_collector
 from gpufeed.config import CorrelatorConfig
-from gpufeed.correlator.live import CorrelatorProcessor
-from gpufeed.correlator.pacing import ScenarioClock
-from gpufeed.correlator.window import Window
+from gpufeed.correlator.engine.window import Window
+from gpufeed.correlator.feeds.live import CorrelatorProcessor
+from gpufeed.correlator.feeds.pacing import ScenarioClock
 from gpufeed.simulate import build_simulated_node
 from gpufeed.snapshot import Snapshot
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import agent_env, gpufeed_cmd
-from gpufeed.agent import build_parts, close_parts
+from gpufeed.agent.command import build_parts, close_parts
 from gpufeed.cli import build_parser
-from gpufeed.correlator.live import CorrelatorProcessor
+from gpufeed.correlator.feeds.live import CorrelatorProcessor
 from gpufeed.statepaths import is_production_path
 
 
@@ -110,7 +110,7 @@ def test_a_real_agent_does_not_serve_the_windows_of_a_simulated_one(tmp_path: Pa
     """A simulated run wrote into a log (an explicit path); a real agent started on that log
     later shows none of its windows."""
     from gpufeed.config import CorrelatorConfig
-    from gpufeed.correlator.windowlog import WindowLog
+    from gpufeed.correlator.outputs.windowlog import WindowLog
     from windowlog_helpers import seq_window
 
     path = tmp_path / "w.jsonl"
@@ -120,7 +120,7 @@ def test_a_real_agent_does_not_serve_the_windows_of_a_simulated_one(tmp_path: Pa
     sim.close()
     code = (
         "import json, sys; from gpufeed.config import CorrelatorConfig; "
-        "from gpufeed.correlator.live import CorrelatorProcessor; "
+        "from gpufeed.correlator.feeds.live import CorrelatorProcessor; "
         f"p = CorrelatorProcessor(CorrelatorConfig(windows_log={str(path)!r})); "
         "print(json.dumps([w.job_id for w in p.windows()[0]])); p.close()"
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.agent import build_parts, close_parts
+from gpufeed.agent.command import build_parts, close_parts
 from gpufeed.cli import build_parser
 
 WARNING = "--simulate: the SDK socket is not opened; --sdk.socket and the sdk: config are ignored"
@@ -17,7 +17,7 @@ WARNING = "--simulate: the SDK socket is not opened; --sdk.socket and the sdk: c
 def _sdk_warnings(caplog: pytest.LogCaptureFixture, *argv: str) -> list[str]:
     args = build_parser().parse_args(["agent", *argv])
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="gpufeed.agent"):
+    with caplog.at_level(logging.INFO, logger="gpufeed.agent.command"):
         parts = build_parts(args, port=0)
     close_parts(parts)
     return [r.getMessage() for r in caplog.records if "SDK socket" in r.getMessage()]

@@ -9,8 +9,8 @@ import re
 from alerts import config as alerts_config
 from correlator_helpers import scenarios
 from gpufeed import config, vocabulary
-from gpufeed.correlator import causes, engine, features
 from gpufeed.correlator.analyze_cmd import register
+from gpufeed.correlator.engine import causes, engine, features
 from gpufeed.gpu import nvml
 from gpufeed.simulate import scenario
 from stack_support import REPO_ROOT

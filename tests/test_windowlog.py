@@ -17,11 +17,11 @@ import pytest
 
 from correlator_helpers import scenarios, snapshots_of
 from gpufeed.config import CorrelatorConfig
-from gpufeed.correlator import openwindows
-from gpufeed.correlator.live import CorrelatorProcessor
-from gpufeed.correlator.loghealth import PENDING, SKIPPED, WRITE_ERRORS
-from gpufeed.correlator.windowlog import RESERVE_BYTES, WindowLog, WindowLogInUse
-from gpufeed.correlator.windowlog_read import read_log, scan_log
+from gpufeed.correlator.feeds.live import CorrelatorProcessor
+from gpufeed.correlator.outputs import openwindows
+from gpufeed.correlator.outputs.loghealth import PENDING, SKIPPED, WRITE_ERRORS
+from gpufeed.correlator.outputs.windowlog import RESERVE_BYTES, WindowLog, WindowLogInUse
+from gpufeed.correlator.outputs.windowlog_read import read_log, scan_log
 from windowlog_helpers import fill, seq_window, small_tmpfs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -141,7 +141,7 @@ def test_a_real_agent_starts_on_a_log_of_garbage(tmp_path: Path) -> None:
     code = textwrap.dedent(
         f"""
         from gpufeed.config import load_config
-        from gpufeed.correlator.live import CorrelatorProcessor
+        from gpufeed.correlator.feeds.live import CorrelatorProcessor
         p = CorrelatorProcessor(load_config({str(cfg)!r}).correlator)
         print(len(p.windows()[0]))
         p.close()
@@ -187,7 +187,7 @@ def test_one_writer_per_log_and_the_error_names_the_holder(tmp_path: Path) -> No
         [
             sys.executable,
             "-c",
-            "import sys; from gpufeed.correlator.windowlog import WindowLog; "
+            "import sys; from gpufeed.correlator.outputs.windowlog import WindowLog; "
             f"log = WindowLog({str(path)!r}); print('held', flush=True); sys.stdin.read()",
         ],
         env={**os.environ, "PYTHONPATH": str(REPO / "exporter")},
@@ -258,7 +258,7 @@ def test_windows_open_at_kill_9_are_logged_at_the_next_start_once(tmp_path: Path
         sys.path[:0] = [{str(REPO)!r}, {str(REPO / "tests")!r}]  # bench/ and the helpers
         from correlator_helpers import scenarios, snapshots_of
         from gpufeed.config import CorrelatorConfig
-        from gpufeed.correlator.live import CorrelatorProcessor
+        from gpufeed.correlator.feeds.live import CorrelatorProcessor
         proc = CorrelatorProcessor(CorrelatorConfig(windows_log={str(path)!r}), interval_seconds=5)
         text, _ = scenarios.single("network", "saturated", seed=2, minutes=30)
         for snap in snapshots_of(text):
@@ -328,7 +328,7 @@ def test_a_log_that_opens_late_gets_the_windows_closed_before(tmp_path: Path) ->
         [
             sys.executable,
             "-c",
-            "import sys; from gpufeed.correlator.windowlog import WindowLog; "
+            "import sys; from gpufeed.correlator.outputs.windowlog import WindowLog; "
             f"log = WindowLog({str(path)!r}); print('held', flush=True); sys.stdin.read()",
         ],
         env={**os.environ, "PYTHONPATH": str(REPO / "exporter")},

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.correlator.windowlog_read import decode_line, iter_lines, log_files
+from gpufeed.correlator.outputs.windowlog_read import decode_line, iter_lines, log_files
 from windowlog_helpers import fill, small_tmpfs
 
 REPO = Path(__file__).resolve().parent.parent

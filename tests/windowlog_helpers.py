@@ -10,8 +10,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from gpufeed.correlator.causes import Cause
-from gpufeed.correlator.window import Window
+from gpufeed.correlator.engine.causes import Cause
+from gpufeed.correlator.engine.window import Window
 
 T0 = 1_700_000_000.0
 

@@ -531,7 +531,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "correlator",
         "correlator",
     ),
-    # The windows log's health (correlator/loghealth.py)
+    # The windows log's health (correlator/outputs/loghealth.py)
     MetricSpec(
         "gpufeed_windows_log_write_errors_total",
         "counter",

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from gpufeed import __version__
 
 SUBCOMMAND_MODULES = [
-    "gpufeed.agent",
+    "gpufeed.agent.command",
     "gpufeed.run_cli",
     "gpufeed.correlator.analyze_cmd",
     "gpufeed.correlator.windows_cmd",

@@ -221,7 +221,7 @@ class _Reader:
         if not math.isfinite(value):
             raise self.fail(node, prefix + key, f"expected a finite number, got {_show(node)}")
         if not minimum <= float(value) <= maximum:
-            raise self.fail(node, prefix + key, f"must be between {minimum} and {maximum}")
+            raise self.fail(node, prefix + key, f"must be between {minimum:g} and {maximum:g}")
         return float(value)
 
     def integer(

@@ -9,7 +9,7 @@ dashboards and the docs' tables import these or are tested against them
 
 `Cause` values are the stable `cause` label values of the live metrics, the windows log,
 `gpufeed analyze` and the alerts. Adding one: the enum here, its rules
-(correlator/rules.py) and its runbook (docs/runbooks.md); the checklist test names every
+(correlator/engine/rules.py) and its runbook (docs/runbooks.md); the checklist test names every
 other piece that is still missing (summary headline, dashboard colour, alert hint,
 Alertmanager route, docs table, simulator phase).
 

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpufeed.config import CorrelatorConfig
-from gpufeed.correlator.live import CorrelatorProcessor
+from gpufeed.correlator.feeds.live import CorrelatorProcessor
 from windowlog_helpers import seq_window
 
 

@@ -1,1 +1,1 @@
-"""Collectors, one per file; gpufeed.wiring is the table that builds them for the agent."""
+"""Collectors, one per file; gpufeed.agent.wiring is the table that builds them for the agent."""

@@ -16,14 +16,17 @@ older tick's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
+from gpufeed.catalogue import MetricSpec
 from gpufeed.config import AgentConfig
 from gpufeed.gpu.backend import GpuSample
 from gpufeed.hostpaths import HostPaths
+from gpufeed.logonce import LogOnce
 from gpufeed.model import Families, Family
 
 
@@ -95,3 +98,29 @@ def partial_result(families: Families, failed: list[str]) -> list[Family]:
     if failed:
         raise PartialCollectionError("; ".join(failed), built)
     return built
+
+
+# Reads one source (a /proc or /sys file group) into the families; appends what it could not
+# make sense of (a bad line) to the problems list; raises OSError or ValueError when the
+# source as a whole cannot be read.
+SourceReader = Callable[[Families, list[str]], None]
+
+
+def collect_sources(
+    specs: Iterable[MetricSpec], sources: Sequence[tuple[str, SourceReader]], warn: LogOnce
+) -> list[Family]:
+    """One collect() over several independent sources: a source that fails loses only its
+    own samples (the rest is published, success 0 for the interval), and its problems are
+    logged once through `warn` rather than every interval."""
+    fams = Families()
+    for m in specs:
+        fams.declare_spec(m)
+    problems: list[str] = []
+    failed: list[str] = []
+    for source, read in sources:
+        try:
+            read(fams, problems)
+        except (OSError, ValueError) as exc:
+            failed.append(f"{source}: {exc}")
+    warn.report(logging.WARNING, problems + failed)
+    return partial_result(fams, failed)

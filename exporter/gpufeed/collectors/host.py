@@ -12,7 +12,7 @@ import logging
 import os
 
 from gpufeed.catalogue import spec
-from gpufeed.collectors.base import partial_result
+from gpufeed.collectors.base import collect_sources
 from gpufeed.hostpaths import HostPaths
 from gpufeed.logonce import LogOnce
 from gpufeed.model import Families, Family
@@ -61,22 +61,8 @@ class HostCollector:
         self._cpu_seconds: dict[str, float] = {}
 
     def collect(self) -> list[Family]:
-        fams = Families()
-        for m in FAMILIES:
-            fams.declare_spec(m)
-        problems: list[str] = []
-        failed: list[str] = []
-        for source, read in (
-            ("stat", self._cpu),
-            ("pressure", self._pressure),
-            ("meminfo", self._memory),
-        ):
-            try:
-                read(fams, problems)
-            except (OSError, ValueError) as exc:
-                failed.append(f"{source}: {exc}")
-        self._warn.report(logging.WARNING, problems + failed)
-        return partial_result(fams, failed)
+        sources = (("stat", self._cpu), ("pressure", self._pressure), ("meminfo", self._memory))
+        return collect_sources(FAMILIES, sources, self._warn)
 
     def close(self) -> None:
         pass

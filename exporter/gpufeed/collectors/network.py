@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 
 from gpufeed.catalogue import spec
-from gpufeed.collectors.base import partial_result
+from gpufeed.collectors.base import collect_sources
 from gpufeed.config import DEFAULT_XMIT_WAIT_TICK_BYTES
 from gpufeed.hostpaths import HostPaths
 from gpufeed.logonce import LogOnce
@@ -114,21 +114,8 @@ class NetworkCollector:
         self._warn = LogOnce(log)
 
     def collect(self) -> list[Family]:
-        fams = Families()
-        for m in FAMILIES:
-            fams.declare_spec(m)
-        problems: list[str] = []
-        failed: list[str] = []
-        try:
-            self._collect_netdev(fams, problems)
-        except (OSError, ValueError) as exc:
-            failed.append(f"netdev: {exc}")
-        try:
-            self._collect_rdma(fams, problems)
-        except OSError as exc:
-            failed.append(f"rdma: {exc}")
-        self._warn.report(logging.WARNING, problems + failed)
-        return partial_result(fams, failed)
+        sources = (("netdev", self._collect_netdev), ("rdma", self._collect_rdma))
+        return collect_sources(FAMILIES, sources, self._warn)
 
     def close(self) -> None:
         pass

@@ -7,7 +7,7 @@ queries (`promql`). Importing this package is light; submodules load what they n
 
 from __future__ import annotations
 
-from gpufeed.correlator.causes import Cause
-from gpufeed.correlator.window import Window
+from gpufeed.correlator.engine.causes import Cause
+from gpufeed.correlator.engine.window import Window
 
 __all__ = ["Cause", "Window"]

@@ -9,8 +9,8 @@ import sys
 from typing import Any
 
 from gpufeed import vocabulary
-from gpufeed.correlator.engine import WindowParams
-from gpufeed.correlator.node import NodeSeries
+from gpufeed.correlator.engine.engine import WindowParams
+from gpufeed.correlator.feeds.node import NodeSeries
 
 
 def register(subparsers: Any) -> None:
@@ -97,8 +97,8 @@ def warn_incomplete(trace: str, node: NodeSeries) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpufeed.correlator.analyze import analyze_nodes
-    from gpufeed.correlator.output import write_result
+    from gpufeed.correlator.feeds.analyze import analyze_nodes
+    from gpufeed.correlator.outputs.output import write_result
 
     problem = _usage_problem(args)
     if problem:
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     params = WindowParams(args.threshold, args.min_window, args.merge_gap)
     if args.prometheus:
-        from gpufeed.correlator.promql import PromError, load_range, parse_time
+        from gpufeed.correlator.feeds.promql import PromError, load_range, parse_time
 
         if args.trace:
             print("gpufeed analyze: give a trace file or --prometheus, not both", file=sys.stderr)

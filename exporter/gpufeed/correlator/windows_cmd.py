@@ -13,9 +13,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from gpufeed.correlator.window import Window
+from gpufeed.correlator.engine.window import Window
 
-# The agent's default listen port (gpufeed.agent.DEFAULT_PORT; not imported, to keep this
+# The agent's default listen port (gpufeed.agent.command.DEFAULT_PORT; not imported, to keep this
 # command light; a test checks that the two agree).
 DEFAULT_AGENT = "http://localhost:9842"
 DEADLINE_SECONDS = 10.0  # for the whole exchange with the agent
@@ -131,11 +131,11 @@ def _reject_constant(name: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpufeed.correlator.output import render
+    from gpufeed.correlator.outputs.output import render
 
     try:
         if args.log:
-            from gpufeed.correlator.windowlog_read import scan_log
+            from gpufeed.correlator.outputs.windowlog_read import scan_log
 
             if not os.path.exists(args.log):  # reading skips missing files: say so here
                 raise FileNotFoundError(f"{args.log}: no such windows log")

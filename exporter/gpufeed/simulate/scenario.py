@@ -11,7 +11,6 @@ Errors name the key and the line, in the same style as the agent's config file.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -230,35 +229,6 @@ class _ScenarioReader(_Reader):
             jobs=jobs,
             events=events,
         )
-
-    def number(
-        self,
-        m: Mapping_,
-        key: str,
-        default: float,
-        *,
-        minimum: float,
-        maximum: float,
-        prefix: str = "",
-    ) -> float:
-        # PyYAML follows YAML 1.1, where `25e9` (no sign, no dot) is a string; sizes and
-        # rates are written that way, so plain-scalar strings that read as numbers count.
-        if key in m:
-            node = m[key][1]
-            if isinstance(node, yaml.ScalarNode) and node.style is None:
-                raw = self.scalar(node)
-                if isinstance(raw, str):
-                    try:
-                        value = float(raw)
-                    except ValueError:
-                        value = math.nan
-                    if math.isfinite(value):
-                        if not minimum <= value <= maximum:
-                            raise self.fail(
-                                node, prefix + key, f"must be between {minimum:g} and {maximum:g}"
-                            )
-                        return value
-        return super().number(m, key, default, minimum=minimum, maximum=maximum, prefix=prefix)
 
     def choice(
         self, m: Mapping_, key: str, default: str, choices: tuple[str, ...], prefix: str = ""

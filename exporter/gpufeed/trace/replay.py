@@ -7,7 +7,7 @@ The `instance` label is dropped, as the agent's own /metrics has none.
 
 from __future__ import annotations
 
-from gpufeed.correlator.labels import parse_series
+from gpufeed.correlator.feeds.labels import parse_series
 from gpufeed.model import Family, LabelPairs, Sample, label_pairs
 from gpufeed.snapshot import Snapshot
 

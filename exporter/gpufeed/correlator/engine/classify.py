@@ -1,0 +1,298 @@
+"""Classifying one low sample of a unit: its features (node, job and GPU level) and the
+rules' decision. Caches per instant what every unit of the node shares (the node's view,
+each job's features, who holds which GPU, which GPUs throttle)."""
+
+from __future__ import annotations
+
+import math
+
+from gpufeed.correlator.engine.baseline import Baselines, Kind
+from gpufeed.correlator.engine.features import FATAL_XIDS, THROTTLE_REASONS, Evidence, job_features
+from gpufeed.correlator.engine.names import Context as Ctx
+from gpufeed.correlator.engine.names import Feature as F
+from gpufeed.correlator.engine.rules import decide
+from gpufeed.correlator.engine.series import Series
+from gpufeed.correlator.engine.state import Mark, Unit, Watch
+from gpufeed.correlator.engine.view import NodeView, Timing, compute_view
+from gpufeed.correlator.feeds.node import GpuColumns, NodeSeries
+
+STARTUP_MAX_SECONDS = 1800.0
+FRESH_MEMORY_RATIO = 0.1  # below this share of GPU memory, a job's process has not loaded yet
+XID_LOOKBACK_SECONDS = 300.0
+
+
+class Classifier:
+    """Per-sample causes for the units of one node."""
+
+    def __init__(
+        self,
+        node: NodeSeries,
+        timing: Timing,
+        baselines: Baselines,
+        units: dict[str, Unit],
+        watch: Watch,
+    ) -> None:
+        self.node = node
+        self.timing = timing
+        self.baselines = baselines
+        self.units = units
+        self.watch = watch  # the engine's; read only here
+        self._view_t: float | None = None
+        self._view: NodeView | None = None
+        self._jobev: dict[str, Evidence] = {}
+        self._jobgpus_t: float | None = None
+        self._jobgpus: dict[str, list[str]] = {}
+        self._gpujob: dict[str, str] = {}
+        self._throttle_t: float | None = None
+        self._throttle: dict[str, list[str]] = {}
+
+    def view_at(self, t: float) -> NodeView:
+        if self._view_t != t or self._view is None:
+            self._view = compute_view(self.node, t, self.timing)
+            self._view_t = t
+            self._jobev = {}
+        return self._view
+
+    def gpu_jobs(self, t: float) -> dict[str, str]:
+        """gpu -> job holding it at t (from gpufeed_job_info)."""
+        if self._jobgpus_t != t:
+            # presence, not a value: job_info counts only in the snapshot that carries it,
+            # so a job that ended is gone at once (a whole missed scrape has no step at all)
+            stale = 0.5 * self.timing.interval_seconds
+            gj: dict[str, str] = {}
+            jg: dict[str, list[str]] = {}
+            for (job, gpu), s in self.node.job_info.items():
+                v = s.value_at(t, stale)
+                if v is not None and v > 0 and gpu not in gj:
+                    gj[gpu] = job
+                    jg.setdefault(job, []).append(gpu)
+            self._gpujob, self._jobgpus, self._jobgpus_t = gj, jg, t
+        return self._gpujob
+
+    def nvlink(self, g: GpuColumns, t: float) -> float | None:
+        tm = self.timing
+        best = None
+        for name in ("nvlink_tx", "nvlink_rx"):
+            s = g.fields.get(name)
+            if s is not None:
+                r = s.rate_at(t, tm.rate_window_seconds, tm.stale_seconds, tm.gap_seconds)
+                if r is not None and (best is None or r > best):
+                    best = r
+        return best
+
+    def observe_healthy_gpu(self, g: GpuColumns, t: float) -> None:
+        """Feeds a busy GPU's baselines (its SM clock, its NVLink rate and peak): the ones
+        this GPU's evidence is measured against, next to where they are read."""
+        clk = g.fields.get("sm_clock")
+        if clk is not None:
+            self.baselines.observe(
+                (Kind.SM_CLOCK, g.gpu), clk.value_at(t, self.timing.stale_seconds)
+            )
+        nv = self.nvlink(g, t)
+        if nv is not None:
+            self.baselines.observe((Kind.NVLINK, g.gpu), nv)
+            self.baselines.peak((Kind.NVLINK, g.gpu), nv)
+
+    def _throttled(self, g: GpuColumns, t: float) -> list[str]:
+        if self._throttle_t != t:
+            self._throttle_t = t
+            self._throttle = {}
+        got = self._throttle.get(g.gpu)
+        if got is None:
+            stale = self.timing.stale_seconds
+            got = self._throttle[g.gpu] = sorted(
+                r
+                for r, s in g.clock_events.items()
+                if r in THROTTLE_REASONS and (s.value_at(t, stale) or 0.0) >= 0.5
+            )
+        return got
+
+    def classify(self, u: Unit, t: float, util: float, lost: bool) -> Mark:
+        """The rules' decision for one low sample of `u`, with the evidence behind it."""
+        job = self.gpu_jobs(t).get(u.gpu, "") if u.cols is not None else u.cpu_job
+        if not job and u.cols is not None and self.node.job_info and not lost and not u.cols.xids:
+            # no job holds the GPU: idle unless it failed; the node's signals do not matter
+            d = decide({F.NO_JOB: 1.0})
+            return Mark(t, util, d.cause, "", d.confidence, {F.NO_JOB: 1.0}, {})
+        ev = self.evidence(u, job, t, util, lost)
+        d = decide(ev.features)
+        m = Mark(t, util, d.cause, job, d.confidence, ev.features, ev.context)
+        m.lost = lost
+        return m
+
+    # ---- evidence: the node's and the job's (features.py), then this GPU's --------------------
+    def evidence(self, u: Unit, job: str, t: float, util: float, lost: bool) -> Evidence:
+        """Every feature and context of one sample of `u`: the one path the rules read."""
+        ev = self._job_evidence(job, t).copy()
+        g = u.cols
+        if g is None:
+            if job:
+                ev.features[F.JOB_NOT_YET_BUSY] = self._not_yet_busy(job, "", t)
+            return ev
+        ev.features[F.GPU_LOST] = 1.0 if lost else 0.0
+        if g.xids:
+            self._xid_evidence(u, g, t, ev)
+        self._memory_evidence(u, g, job, t, util, ev)
+        if g.clock_events:
+            self._throttle_evidence(u, g, job, t, ev)
+        self._clock_evidence(u, g, t, ev)
+        self._nvlink_evidence(u, g, t, ev)
+        if job:
+            self._job_gpus_evidence(u, job, t, ev)
+        return ev
+
+    def _job_evidence(self, job: str, t: float) -> Evidence:
+        """Node- and job-level features, computed once per job and instant."""
+        view = self.view_at(t)
+        ev = self._jobev.get(job)
+        if ev is None:
+            ev = self._jobev[job] = Evidence()
+            job_features(self.baselines, view, job, ev)
+        return ev
+
+    def _xid_evidence(self, u: Unit, g: GpuColumns, t: float, ev: Evidence) -> None:
+        n = 0.0
+        for x, s in g.xids.items():
+            if x in FATAL_XIDS:
+                inc = _increase(s, t, XID_LOOKBACK_SECONDS, self._appeared_after())
+                if inc > 0:
+                    n += inc
+                    u.fatal_xids.add(x)
+        # a fatal XID explains the stall for the rest of this run
+        ev.features[F.XID_FATAL_EVENTS] = max(n, float(len(u.fatal_xids)))
+        if u.fatal_xids:
+            ev.context[Ctx.XIDS] = ",".join(sorted(u.fatal_xids))
+
+    def _memory_evidence(
+        self, u: Unit, g: GpuColumns, job: str, t: float, util: float, ev: Evidence
+    ) -> None:
+        """Whether a job holds the GPU (or, without job data, whether anything is resident
+        on it), and whether the job's process has loaded yet."""
+        stale = self.timing.stale_seconds
+        mem_ratio = None
+        used, total = g.fields.get("mem_used"), g.fields.get("mem_total")
+        if used is not None and total is not None:
+            uv, tv = used.value_at(t, stale), total.value_at(t, stale)
+            if uv is not None and tv:
+                mem_ratio = uv / tv
+        if self.node.job_info:
+            ev.features[F.NO_JOB] = 0.0 if job else 1.0
+        elif mem_ratio is not None:
+            ev.features[F.GPU_MEMORY_IDLE] = 1.0 if mem_ratio < 0.03 and util < 0.05 else 0.0
+        fresh = job and mem_ratio is not None and mem_ratio < FRESH_MEMORY_RATIO
+        if fresh and u.fresh_at is None:
+            u.fresh_at = t  # the job's process has (next to) nothing on the GPU: a (re)start
+
+    def _throttle_evidence(self, u: Unit, g: GpuColumns, job: str, t: float, ev: Evidence) -> None:
+        """Clock event reasons on this GPU, or on another GPU of its job that it waits for."""
+        mine = self._throttled(g, t)
+        ev.features[F.CLOCK_EVENTS_ACTIVE] = 1.0 if mine else 0.0
+        reasons = set(mine)
+        if job:
+            peers = []
+            for other in self._jobgpus.get(job, ()):
+                og = self.node.gpus.get(other)
+                if other != u.gpu and og is not None:
+                    th = self._throttled(og, t)
+                    if th:
+                        peers.append(other)
+                        reasons.update(th)
+            ev.features[F.JOB_PEER_CLOCK_EVENTS_ACTIVE] = 1.0 if peers else 0.0
+            if peers:
+                ev.context[Ctx.THROTTLED_PEERS] = ",".join(peers)
+        if reasons:
+            ev.context[Ctx.THROTTLE_REASONS] = ",".join(sorted(reasons))
+
+    def _clock_evidence(self, u: Unit, g: GpuColumns, t: float, ev: Evidence) -> None:
+        clk = g.fields.get("sm_clock")
+        base = self.baselines.median((Kind.SM_CLOCK, u.gpu))
+        if clk is not None and base:
+            c = clk.value_at(t, self.timing.stale_seconds)
+            if c is not None:
+                ev.features[F.SM_CLOCK_DROP_RATIO] = max(0.0, 1.0 - c / base)
+
+    def _nvlink_evidence(self, u: Unit, g: GpuColumns, t: float, ev: Evidence) -> None:
+        nv = self.nvlink(g, t)
+        if nv is not None:
+            peak = self.baselines.peak((Kind.NVLINK, u.gpu), nv)
+            nbase = self.baselines.median((Kind.NVLINK, u.gpu))
+            if peak and peak > 1e8 and nbase is not None and nv > 1.3 * nbase:
+                ev.features[F.NVLINK_PEAK_RATIO] = nv / peak
+
+    def _job_gpus_evidence(self, u: Unit, job: str, t: float, ev: Evidence) -> None:
+        """The job's other GPUs: failed ones it waits for, how many stalled together, and
+        whether the job has computed yet."""
+        gpus = self._jobgpus.get(job, [])
+        failed = [x for x in gpus if x != u.gpu and self._gpu_failed(x, t)]
+        ev.features[F.JOB_PEER_GPU_ERROR] = 1.0 if failed else 0.0
+        if failed:
+            ev.context[Ctx.FAILED_PEERS] = ",".join(failed)
+        if gpus:
+            low_now = self.watch.low_now
+            ev.features[F.JOB_GPUS_STALLED_RATIO] = sum(
+                1 for x in gpus if x in low_now or x == u.gpu
+            ) / len(gpus)
+        ev.features[F.JOB_NOT_YET_BUSY] = self._not_yet_busy(job, u.gpu, t, u.fresh_at)
+
+    def _appeared_after(self) -> float:
+        start = self.watch.start if self.watch.start is not None else math.inf
+        return start + 2 * self.timing.interval_seconds
+
+    def _gpu_failed(self, gpu: str, t: float) -> bool:
+        """Lost (gpu_up 0) or inside a run that a fatal XID explains."""
+        g = self.node.gpus.get(gpu)
+        if g is None:
+            return False
+        up = g.fields.get("up")
+        v = up.value_at(t, self.timing.stale_seconds) if up is not None else None
+        if v is not None and v < 0.5:
+            return True
+        u = self.units.get(gpu)
+        return u is not None and bool(u.fatal_xids)
+
+    def _not_yet_busy(self, job: str, gpu: str, t: float, fresh_at: float | None = None) -> float:
+        node = self.node
+        j = node.jobs.get(job)
+        # the GPU held (next to) nothing earlier in this run and has not computed since
+        if (
+            fresh_at is not None
+            and t - fresh_at <= STARTUP_MAX_SECONDS
+            and (j is None or j.steps is None or _increase(j.steps, t, t - fresh_at) <= 0)
+        ):
+            return 1.0
+        if (job, gpu) in self.watch.ever_busy:
+            return 0.0
+        first = node.first_seen.get((job, gpu))
+        if first is None:
+            s: Series | None = node.job_info.get((job, gpu))
+            if s is None:
+                j = node.jobs.get(job)
+                s = next(iter(j.phases.values()), None) if j is not None else None
+            first = s.first_time() if s is not None else None
+        start = self.watch.start
+        if first is None or start is None or first <= start + 2 * self.timing.interval_seconds:
+            return 0.0  # the job was already there when we started watching: we cannot tell
+        if t - first > STARTUP_MAX_SECONDS:
+            return 0.0
+        if j is not None and j.steps is not None and _increase(j.steps, t, t - first) > 0:
+            return 0.0
+        return 1.0
+
+
+def _increase(s: Series, t: float, lookback: float, appeared_after: float = math.inf) -> float:
+    """Counter increase over (t - lookback, t]; a series born inside that span after
+    `appeared_after` (an XID counter appears with its first event) counts from zero."""
+    i = s.index_at(t)
+    if i < 0:
+        return 0.0
+    j = s.index_at(t - lookback)
+    inc = 0.0
+    if j < 0:
+        j = 0
+        if s.ts[0] > appeared_after:
+            inc = s.vs[0]
+    vs = s.vs
+    for k in range(j + 1, i + 1):
+        d = vs[k] - vs[k - 1]
+        inc += d if d >= 0 else vs[k]
+    return inc

@@ -1,0 +1,400 @@
+"""The window engine: per unit (GPU, or CPU-only job) underutilization windows with causes.
+
+Feed it a node's columns (`NodeSeries`) and call `step(t)` for each sample instant in
+order. Per unit, a run starts at the first sample below the threshold (or a lost GPU);
+high stretches shorter than the merge gap stay inside it; it becomes an open window once
+it has lasted `min_window_seconds` with at least 3/4 of that time low, and closes at the
+first high sample that stays high for the merge gap. Every low sample is classified by
+the rules; a window splits when another (cause, job) holds for `split_seconds` (twice
+that for `unknown`). Baselines learn from healthy buckets only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpufeed import vocabulary
+from gpufeed.correlator.engine.baseline import BUCKET_SECONDS, Baselines, Kind
+from gpufeed.correlator.engine.causes import Cause
+from gpufeed.correlator.engine.classify import Classifier
+from gpufeed.correlator.engine.features import observe_healthy
+from gpufeed.correlator.engine.state import Mark, Segment, Unit, Watch, segment_window
+from gpufeed.correlator.engine.view import Timing
+from gpufeed.correlator.engine.window import Window
+from gpufeed.correlator.feeds.node import NodeSeries
+
+CLASSIFY_EVERY_SECONDS = 5.0
+LOW_FRACTION_TO_OPEN = 0.75
+# A run that has not opened a window keeps its samples (they become the window's evidence
+# if it opens); a GPU that flaps, dipping for less than the minimum window and recovering
+# for less than the merge gap, would keep them for ever. So a run not yet open looks back
+# this far at most (or twice the minimum window, if longer), trimmed every TRIM_SLACK.
+RUN_HISTORY_SECONDS = 600.0
+RUN_TRIM_SLACK_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class WindowParams:
+    threshold_ratio: float = vocabulary.DEFAULT_THRESHOLD_RATIO
+    min_window_seconds: float = vocabulary.DEFAULT_MIN_WINDOW_SECONDS
+    merge_gap_seconds: float = vocabulary.DEFAULT_MERGE_GAP_SECONDS
+    split_seconds: float = vocabulary.DEFAULT_SPLIT_SECONDS
+
+
+WindowSink = Callable[[Window], None]
+OpenKey = tuple[str, str, str, str]  # (gpu, uuid, job_id, cause) of an open window
+
+
+class NodeCorrelator:
+    """Windows for the units of one node."""
+
+    def __init__(
+        self,
+        node: NodeSeries,
+        timing: Timing,
+        params: WindowParams | None = None,
+        on_window: WindowSink | None = None,
+        start_seconds: float | None = None,
+    ) -> None:
+        self.node = node
+        self.timing = timing
+        self.p = params or WindowParams()
+        self.baselines = Baselines()
+        self.windows: list[Window] = []
+        self._sink = on_window or self.windows.append
+        self.units: dict[str, Unit] = {}
+        self._next_bucket = -math.inf
+        self.watch = Watch(start_seconds)
+        self._classifier = Classifier(node, timing, self.baselines, self.units, self.watch)
+
+    # ---- units -------------------------------------------------------------------------
+    def refresh_units(self) -> None:
+        """Creates units for GPUs (or CPU-only jobs) that appeared in the columns."""
+        node = self.node
+        for idx, g in node.gpus.items():
+            if idx not in self.units and ("util" in g.fields or "up" in g.fields):
+                self.units[idx] = Unit(idx, idx, g.uuid, cols=g)
+            elif idx in self.units and not self.units[idx].uuid:
+                self.units[idx].uuid = g.uuid
+        if not any(u.cols is not None for u in self.units.values()):
+            for job_id, j in node.jobs.items():
+                key = "job:" + job_id
+                if key not in self.units and "compute" in j.phases:
+                    self.units[key] = Unit(key, "", "", cpu_job=job_id)
+
+    def timeline(self) -> list[float]:
+        """Every instant at which some unit has a utilization (or up) sample."""
+        ts: set[float] = set()
+        for u in self.units.values():
+            if u.cols is not None:
+                for name in ("util", "up"):
+                    s = u.cols.fields.get(name)
+                    if s is not None:
+                        ts.update(s.ts)
+            else:
+                ts.update(self.node.jobs[u.cpu_job].phases["compute"].ts)
+        return sorted(ts)
+
+    def _util(self, u: Unit, t: float) -> tuple[float | None, bool]:
+        """(utilization, lost) at t; utilization None when there is no current value."""
+        stale = self.timing.stale_seconds
+        if u.cols is not None:
+            f = u.cols.fields
+            s = f.get("util")
+            v = None
+            fresh = False
+            if s is not None:
+                i = s.index_at(t)
+                if i >= 0 and t - s.ts[i] <= stale:
+                    v = s.vs[i]
+                    fresh = s.ts[i] == t
+            up_s = f.get("up")
+            # a carried-forward utilization may belong to a GPU that has just been lost
+            if (v is None or not fresh or v < self.p.threshold_ratio) and up_s is not None:
+                up = up_s.value_at(t, stale)
+                if up is not None and up < 0.5:
+                    return 0.0, True
+            return v, False
+        phases = self.node.jobs[u.cpu_job].phases
+        tm = self.timing
+        rates = [
+            s.rate_at(t, tm.rate_window_seconds, tm.stale_seconds, tm.gap_seconds)
+            for s in phases.values()
+        ]
+        comp = phases["compute"].rate_at(t, tm.rate_window_seconds, stale, tm.gap_seconds)
+        total = sum(r for r in rates if r is not None)
+        if comp is None or total <= 1e-9:
+            return None, False
+        return comp / total, False
+
+    # ---- the main step -------------------------------------------------------------------
+    def step(self, t: float) -> None:
+        if self.watch.start is None:
+            self.watch.start = t
+        thr = self.p.threshold_ratio
+        low_now = self.watch.low_now
+        low_now.clear()
+        any_busy = False
+        todo: list[tuple[Unit, float, bool, bool]] = []
+        for u in self.units.values():
+            v, lost = self._util(u, t)
+            if v is None:
+                self._no_data(u, t)
+                continue
+            low = lost or v < thr
+            if not low:
+                any_busy = True
+                if u.run_start is None:
+                    u.prev_t = t
+                    continue
+            else:
+                low_now.add(u.gpu or u.key)
+            todo.append((u, v, low, lost))
+        for u, v, low, lost in todo:  # after every unit's state is known (peers matter)
+            self._sample(u, t, v, low, lost)
+        if t >= self._next_bucket and any_busy and self._healthy():
+            self._next_bucket = t + BUCKET_SECONDS
+            view = self._classifier.view_at(t)
+            observe_healthy(self.baselines, view)
+            self._observe_units(t)
+
+    def _healthy(self) -> bool:
+        for u in self.units.values():
+            if (u.gpu or u.key) not in self.watch.low_now:
+                continue
+            if u.seg is not None and u.seg.cause in (Cause.IDLE, Cause.GPU_ERROR):
+                continue
+            return False
+        return True
+
+    def _observe_units(self, t: float) -> None:
+        gj = self._classifier.gpu_jobs(t)
+        for u in self.units.values():
+            if u.cols is None or u.gpu in self.watch.low_now:
+                continue
+            self._classifier.observe_healthy_gpu(u.cols, t)
+            job = gj.get(u.gpu, "")
+            if job:
+                self.watch.ever_busy.add((job, u.gpu))
+
+    def _no_data(self, u: Unit, t: float) -> None:
+        if (
+            u.run_start is not None
+            and u.prev_t is not None
+            and t - u.prev_t > self.timing.gap_seconds
+        ):
+            self._finish(u)
+
+    def _sample(self, u: Unit, t: float, util: float, low: bool, lost: bool) -> None:
+        p = self.p
+        if u.prev_t is not None and t - u.prev_t > self.timing.gap_seconds:
+            self._finish(u)  # a hole in the data: never stretch a window across it
+        if u.pending is not None:
+            u.pending.dt = t - u.pending.t
+            self._commit(u, u.pending)
+            u.pending = None
+        u.prev_t = t
+        if low:
+            if u.run_start is None:
+                u.run_start = t
+                u.low_time = 0.0
+                u.marks = []
+            elif u.high_since is not None:
+                for m in u.blip:  # the recovery did not last: the blip joins the window
+                    self._commit_in_run(u, m)
+                u.blip = []
+                u.high_since = None
+            last = u.last_mark
+            if last is not None and t - last.t < CLASSIFY_EVERY_SECONDS and last.lost == lost:
+                # sampled faster than causes change: reuse the last decision (live at 1 s)
+                m = Mark(
+                    t, util, last.cause, last.job_id, last.confidence, last.features, last.context
+                )
+                m.lost = lost
+            else:
+                m = self._classifier.classify(u, t, util, lost)
+                u.last_mark = m
+            u.pending = m
+            u.last_low_t = t
+            if u.seg is None:
+                self._bound_run(u, t)
+                elapsed = t - u.run_start
+                if elapsed >= p.min_window_seconds and u.low_time >= LOW_FRACTION_TO_OPEN * elapsed:
+                    self._open(u)
+            return
+        # high sample inside a run
+        if u.high_since is None:
+            u.high_since = t
+        if t - u.high_since >= p.merge_gap_seconds:
+            self._close(u, u.high_since)
+            if u.cols is not None:
+                job = self._classifier.gpu_jobs(t).get(u.gpu, "")
+                if job:
+                    self.watch.ever_busy.add((job, u.gpu))
+            u.prev_t = t
+            return
+        u.pending = Mark(t, util)
+
+    def _bound_run(self, u: Unit, t: float) -> None:
+        """Forgets the start of a run that has not opened, so that it looks back at most
+        the run history: its low fraction is then that of its recent past."""
+        assert u.run_start is not None
+        keep = max(RUN_HISTORY_SECONDS, 2.0 * self.p.min_window_seconds)
+        if t - u.run_start <= keep + RUN_TRIM_SLACK_SECONDS:
+            return
+        marks = u.marks
+        i = 0
+        # drop what is too old, then any high samples at the front: a run starts low
+        while i < len(marks) and (marks[i].t < t - keep or marks[i].cause is None):
+            i += 1
+        del marks[:i]
+        u.low_time = sum(m.dt for m in marks if m.cause is not None)
+        u.run_start = marks[0].t if marks else t
+
+    def _commit(self, u: Unit, m: Mark) -> None:
+        if m.cause is None:
+            u.blip.append(m)  # held back until we know whether the recovery lasts
+            return
+        self._commit_in_run(u, m)
+
+    def _commit_in_run(self, u: Unit, m: Mark) -> None:
+        if m.cause is not None:
+            u.low_time += m.dt
+        if u.seg is None:
+            u.marks.append(m)
+        else:
+            self._feed(u, m)
+
+    def _open(self, u: Unit) -> None:
+        assert u.run_start is not None
+        tally: dict[tuple[Cause, str], float] = {}
+        marks = [*u.marks]
+        if u.pending is not None and u.pending.cause is not None:
+            marks.append(u.pending)
+        for m in marks:
+            if m.cause is not None:
+                k = (m.cause, m.job_id)
+                tally[k] = tally.get(k, 0.0) + max(m.dt, 1e-6)
+        known = {k: v for k, v in tally.items() if k[0] is not Cause.UNKNOWN}
+        pick = known if known and sum(known.values()) >= 0.34 * sum(tally.values()) else tally
+        cause, job = max(pick.items(), key=lambda kv: kv[1])[0]
+        u.seg = Segment(u.run_start, cause, job)
+        for m in u.marks:
+            self._feed(u, m)
+        u.marks = []
+
+    def _feed(self, u: Unit, m: Mark) -> None:
+        seg = u.seg
+        assert seg is not None
+        if m.cause is None:
+            (u.chal or seg).add(m)
+            return
+        if m.cause is seg.cause and m.job_id == seg.job_id:
+            if u.chal is not None:
+                seg.absorb(u.chal)
+                u.chal = None
+            seg.add(m)
+            return
+        chal = u.chal
+        if chal is None or chal.cause is not m.cause or chal.job_id != m.job_id:
+            if chal is not None:
+                seg.absorb(chal)
+            chal = u.chal = Segment(m.t, m.cause, m.job_id)
+        chal.add(m)
+        need = self.p.split_seconds * (2.0 if chal.cause is Cause.UNKNOWN else 1.0)
+        if chal.time >= need:
+            self._emit(u, seg, chal.start)
+            u.seg = chal
+            u.chal = None
+
+    def _close(self, u: Unit, end: float) -> None:
+        if u.seg is not None:
+            if u.chal is not None:
+                u.seg.absorb(u.chal)
+                u.chal = None
+            self._emit(u, u.seg, end)
+        self._reset(u)
+
+    def _finish(self, u: Unit) -> None:
+        """The data ends (or pauses): close at the last sample we have."""
+        if u.pending is not None:
+            u.pending.dt = 0.0
+            self._commit(u, u.pending)
+            u.pending = None
+        end = u.high_since if u.high_since is not None else u.last_low_t
+        if u.seg is None and u.run_start is not None:
+            elapsed = end - u.run_start
+            if (
+                elapsed >= self.p.min_window_seconds
+                and u.low_time >= LOW_FRACTION_TO_OPEN * elapsed
+            ):
+                self._open(u)
+        self._close(u, end)
+
+    def _reset(self, u: Unit) -> None:
+        u.run_start = None
+        u.high_since = None
+        u.seg = None
+        u.chal = None
+        u.marks = []
+        u.blip = []
+        u.pending = None
+        u.low_time = 0.0
+        u.fatal_xids = set()
+        u.fresh_at = None
+        u.last_mark = None
+
+    def finish(self) -> None:
+        """End of the data: close every run."""
+        for u in self.units.values():
+            if u.run_start is not None:
+                self._finish(u)
+
+    # ---- windows -------------------------------------------------------------------------
+    def _emit(self, u: Unit, seg: Segment, end: float) -> None:
+        self._sink(segment_window(self.node.instance, u, seg, end, open_=False))
+
+    def open_windows(self) -> list[Window]:
+        out = []
+        for u in self.units.values():
+            if u.seg is not None:
+                out.append(segment_window(self.node.instance, u, u.seg, u.last_low_t, open_=True))
+        return out
+
+    # ---- what a live feed needs to know and to forget ---------------------------------------
+    def open_window_keys(self) -> frozenset[tuple[str, str, str, float]]:
+        """(gpu, uuid, job, start) of every open window: changes when one opens or splits."""
+        return frozenset(
+            (u.gpu, u.uuid, u.seg.job_id, round(u.seg.start, 3))
+            for u in self.units.values()
+            if u.seg is not None
+        )
+
+    def open_window_seconds(self) -> list[tuple[OpenKey, float]]:
+        """Per open window, ((gpu, uuid, job, cause), seconds of it so far): up to its last
+        low sample, or to where a challenger that may still split it off began."""
+        out = []
+        for u in self.units.values():
+            seg = u.seg
+            if seg is None:
+                continue
+            end = u.last_low_t if u.chal is None else min(u.last_low_t, u.chal.start)
+            out.append(((u.gpu, u.uuid, seg.job_id, seg.cause.value), max(0.0, end - seg.start)))
+        return out
+
+    def jobs_in_runs(self) -> set[str]:
+        """Jobs a window (or its challenger) or a CPU-only job's run still refers to."""
+        units = self.units.values()
+        busy = {seg.job_id for u in units for seg in (u.seg, u.chal) if seg is not None}
+        busy.update(u.cpu_job for u in units if u.cpu_job and u.run_start is not None)
+        return busy
+
+    def forget_jobs(self, ended: set[str]) -> None:
+        """Drops what the engine keeps per job for jobs that have ended: their baselines,
+        CPU-only units and busy marks. The caller drops their series from the node."""
+        for job_id in ended:
+            self.baselines.forget_prefix((Kind.JOB_READ, job_id))
+            self.units.pop("job:" + job_id, None)
+        self.watch.ever_busy = {k for k in self.watch.ever_busy if k[0] not in ended}

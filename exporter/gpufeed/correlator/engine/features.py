@@ -1,0 +1,233 @@
+"""Evidence features for one unit (a GPU, or a CPU-only job) at one instant.
+
+Every feature is named after the signal it measures and is expressed relative to the
+node's healthy baseline where that matters ("latency 6x its median"), or gated on a rise
+above the baseline ("CPU 97% busy" counts only if the healthy job does not run its CPUs
+that hot anyway). Context strings (which tier, which device) travel beside the numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpufeed import vocabulary
+from gpufeed.correlator.engine.baseline import Baselines, Kind
+from gpufeed.correlator.engine.names import Context as Ctx
+from gpufeed.correlator.engine.names import Feature as F
+from gpufeed.correlator.engine.rules import DATA_TIER_RULES
+from gpufeed.correlator.engine.view import JobView, NodeView
+
+# Clock event reasons that slow a GPU down (sync_boost, idle and clock settings do not).
+THROTTLE_REASONS = frozenset(vocabulary.SLOWDOWN_REASONS)
+# The XIDs that explain a stall as a GPU error: the one list the paging alert uses too.
+FATAL_XIDS = frozenset(vocabulary.FATAL_XIDS)
+MIN_TIER_READ_BYTES = 1e5  # a tier reading less than this is not feeding anyone
+USUAL_TIER_READ_BYTES = 1e6  # healthy median above this: a tier the node's jobs read from
+BURST_MIN_WRITE_BYTES = 5e7
+WRITE_FLOOR_BYTES = 2e7
+
+
+@dataclass(slots=True)
+class Evidence:
+    """Features (names: correlator/engine/names.py Feature) and context (Context) of one sample."""
+
+    features: dict[str, float] = field(default_factory=dict)
+    context: dict[str, str] = field(default_factory=dict)
+
+    def copy(self) -> Evidence:
+        return Evidence(dict(self.features), dict(self.context))
+
+
+def observe_healthy(b: Baselines, view: NodeView) -> None:
+    """Feeds one healthy bucket of node signals into the baselines."""
+    for tier, tv in view.tiers.items():
+        b.observe((Kind.READ_LATENCY, tier), tv.read_latency_seconds)
+        b.observe((Kind.BUSY, tier), tv.busy_ratio)
+        b.observe((Kind.QUEUE_DEPTH, tier), tv.queue_depth)
+        b.observe((Kind.READ_BYTES, tier), tv.read_bytes_per_second)
+        b.observe((Kind.WRITE_BYTES, tier), tv.write_bytes_per_second)
+        b.peak((Kind.READ_BYTES, tier), tv.read_bytes_per_second)
+    for net, nv in view.nets.items():
+        b.observe((Kind.TRANSMIT_WAIT, net), nv.transmit_wait_ratio)
+        b.observe((Kind.NETWORK_BYTES, net), nv.bytes_per_second)
+        b.observe((Kind.NETWORK_UTILIZATION, net), nv.utilization_ratio)
+    b.observe((Kind.CPU_BUSY,), view.cpu_busy_ratio)
+    b.observe((Kind.IOWAIT,), view.iowait_ratio)
+    b.observe((Kind.PRESSURE, "cpu"), view.psi_some.get("cpu"))
+    b.observe((Kind.PRESSURE, "io"), view.psi_some.get("io"))
+    for job_id, jv in view.jobs.items():
+        for tier, r in jv.tier_read_bytes_per_second.items():
+            b.observe((Kind.JOB_READ, job_id, tier), r)
+
+
+def _rise(value: float | None, base: float | None, min_rise: float) -> float | None:
+    """`value` if it stands above its baseline by `min_rise` (or no baseline yet), else 0."""
+    if value is None:
+        return None
+    if base is None or value - base >= min_rise:
+        return value
+    return 0.0
+
+
+def _tier_features(b: Baselines, tier: str, view: NodeView) -> dict[str, float]:
+    tv = view.tiers[tier]
+    f: dict[str, float] = {}
+    if tv.read_latency_seconds is not None:
+        base = b.median((Kind.READ_LATENCY, tier))
+        if base is not None:
+            f[F.DATA_TIER_READ_LATENCY_X_BASELINE] = tv.read_latency_seconds / max(base, 5e-5)
+    busy = _rise(tv.busy_ratio, b.median((Kind.BUSY, tier)), 0.15)
+    if busy is not None:
+        f[F.DATA_TIER_BUSY_RATIO] = busy
+    if tv.queue_depth is not None:
+        base = b.median((Kind.QUEUE_DEPTH, tier))
+        f[F.DATA_TIER_QUEUE_X_BASELINE] = tv.queue_depth / max(1.0 if base is None else base, 0.5)
+    rd = tv.read_bytes_per_second
+    peak = b.peak((Kind.READ_BYTES, tier), rd)
+    base_rd = b.median((Kind.READ_BYTES, tier))
+    if rd is not None and peak and peak > 1e6 and (base_rd is None or rd > 1.3 * base_rd):
+        f[F.DATA_TIER_READ_PEAK_RATIO] = rd / peak
+    return f
+
+
+def _tier_stress(f: dict[str, float]) -> float:
+    miss = 1.0
+    for r in DATA_TIER_RULES:
+        x = f.get(r.feature)
+        if x is not None:
+            miss *= 1.0 - r.weight * r.strength(x)
+    return 1.0 - miss
+
+
+def job_features(b: Baselines, view: NodeView, job_id: str, ev: Evidence) -> None:
+    """Node- and job-level features (the same for every GPU of the job at this instant)."""
+    jv = view.jobs.get(job_id) if job_id else None
+    _data_tier_features(b, view, _tier_candidates(b, view, job_id, jv), ev)
+    _checkpoint_features(b, view, jv, ev)
+    _host_features(b, view, ev)
+    _network_features(b, view, ev)
+    if jv is not None:
+        _sdk_features(jv, ev)
+
+
+def _tier_candidates(b: Baselines, view: NodeView, job_id: str, jv: JobView | None) -> list[str]:
+    """Which tiers may feed this job: its own per-tier reads where accounted (or the tier it
+    usually reads), else the tiers the node usually reads from, else any tier reading now."""
+    cands: list[str] = []
+    if jv is not None and jv.tier_read_bytes_per_second:
+        cands = [
+            t
+            for t, r in jv.tier_read_bytes_per_second.items()
+            if r > MIN_TIER_READ_BYTES and t in view.tiers
+        ]
+        if not cands:
+            usual = [
+                (b.median((Kind.JOB_READ, job_id, t)) or 0.0, t)
+                for t in jv.tier_read_bytes_per_second
+            ]
+            if usual and max(usual)[0] > 0 and max(usual)[1] in view.tiers:
+                cands = [max(usual)[1]]
+    if not cands:
+        cands = [
+            t for t in view.tiers if (b.median((Kind.READ_BYTES, t)) or 0.0) > USUAL_TIER_READ_BYTES
+        ]
+    if not cands:
+        cands = [
+            t
+            for t, tv in view.tiers.items()
+            if (tv.read_bytes_per_second or 0.0) > MIN_TIER_READ_BYTES
+        ]
+    return cands
+
+
+def _data_tier_features(b: Baselines, view: NodeView, cands: list[str], ev: Evidence) -> None:
+    """The data tier is the candidate under most stress (ties: the busiest); its features."""
+    best: tuple[float, float, str, dict[str, float]] | None = None
+    for tier in cands:
+        tf = _tier_features(b, tier, view)
+        key = (_tier_stress(tf), view.tiers[tier].read_bytes_per_second or 0.0, tier, tf)
+        if best is None or key[:2] > best[:2]:
+            best = key
+    if best is not None:
+        ev.features.update(best[3])
+        ev.context[Ctx.DATA_TIER] = best[2]
+
+
+def _checkpoint_features(b: Baselines, view: NodeView, jv: JobView | None, ev: Evidence) -> None:
+    """A write burst to a tier (the job's own writes where accounted)."""
+    writes: dict[str, float] = {}
+    if jv is not None and jv.tier_write_bytes_per_second:
+        writes = dict(jv.tier_write_bytes_per_second)
+    else:
+        writes = {t: tv.write_bytes_per_second or 0.0 for t, tv in view.tiers.items()}
+    burst = 0.0
+    for tier, wb in writes.items():
+        if wb >= BURST_MIN_WRITE_BYTES:
+            x = wb / max(b.median((Kind.WRITE_BYTES, tier)) or 0.0, WRITE_FLOOR_BYTES)
+            if x > burst:
+                burst = x
+                ev.context[Ctx.CHECKPOINT_TIER] = tier
+    if writes:
+        ev.features[F.WRITE_BURST_X_BASELINE] = burst
+    if jv is not None and jv.checkpoint_bytes_per_second is not None:
+        ev.features[F.JOB_CHECKPOINT_WRITE_BYTES_PER_SECOND] = jv.checkpoint_bytes_per_second
+
+
+def _host_features(b: Baselines, view: NodeView, ev: Evidence) -> None:
+    """Host CPU and pressure, each counted only above its healthy median."""
+    f = ev.features
+    for name, value, kind, min_rise in (
+        (F.CPU_BUSY_RATIO, view.cpu_busy_ratio, (Kind.CPU_BUSY,), 0.08),
+        (F.CPU_PRESSURE_RATIO, view.psi_some.get("cpu"), (Kind.PRESSURE, "cpu"), 0.05),
+        (F.IO_PRESSURE_RATIO, view.psi_some.get("io"), (Kind.PRESSURE, "io"), 0.05),
+        (F.IOWAIT_RATIO, view.iowait_ratio, (Kind.IOWAIT,), 0.03),
+    ):
+        v = _rise(value, b.median(kind), min_rise)
+        if v is not None:
+            f[name] = v
+
+
+def _network_features(b: Baselines, view: NodeView, ev: Evidence) -> None:
+    """The fabric: saturation near link speed, congestion as transmit-wait above normal."""
+    f, ctx = ev.features, ev.context
+    util_best = -1.0
+    wait_best = -1.0
+    for net, nv in view.nets.items():
+        u = _rise(nv.utilization_ratio, b.median((Kind.NETWORK_UTILIZATION, net)), 0.05)
+        if u is not None and u > util_best:
+            util_best = u
+            if u > 0:
+                ctx[Ctx.NETWORK_DEVICE] = net
+        w = nv.transmit_wait_ratio
+        if w is not None:
+            x = w / max(b.median((Kind.TRANSMIT_WAIT, net)) or 0.0, 0.005) if w >= 0.02 else 0.0
+            if x > wait_best:
+                wait_best = x
+                if x > 0:
+                    ctx[Ctx.NETWORK_DEVICE] = net
+                base = b.median((Kind.NETWORK_BYTES, net))
+                if base and base > 1e6 and nv.bytes_per_second is not None:
+                    f[F.NETWORK_THROUGHPUT_DROP_RATIO] = max(0.0, 1.0 - nv.bytes_per_second / base)
+    if util_best >= 0:
+        f[F.NETWORK_UTILIZATION_RATIO] = util_best
+    if wait_best >= 0:
+        f[F.NETWORK_TRANSMIT_WAIT_X_BASELINE] = wait_best
+
+
+# The job's own account (SDK): phase -> the feature of its share of the reported time.
+SDK_SHARES = (
+    ("data_wait", F.SDK_DATA_WAIT_SHARE),
+    ("checkpoint", F.SDK_CHECKPOINT_SHARE),
+    ("communication", F.SDK_COMMUNICATION_SHARE),
+    ("startup", F.SDK_STARTUP_SHARE),
+)
+
+
+def _sdk_features(jv: JobView, ev: Evidence) -> None:
+    f = ev.features
+    for phase, name in SDK_SHARES:
+        if phase in jv.shares:
+            f[name] = jv.shares[phase]
+    dw, psi = f.get(F.SDK_DATA_WAIT_SHARE), f.get(F.IO_PRESSURE_RATIO)
+    if dw is not None and psi is not None:
+        f[F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT] = psi if dw >= 0.3 else 0.0

@@ -1,0 +1,180 @@
+"""The cause rules, as data: (cause, evidence feature, ramp, weight), and how they are scored.
+
+A rule turns one feature into a strength in 0..1 with a linear ramp from `lo` (nothing
+unusual) to `hi` (clearly abnormal). A cause's score is the noisy-OR of `weight * strength`
+over its rules. Supporting rules (`primary=False`) cannot decide a cause alone: without a
+primary rule at half strength the score is capped below the decision threshold. Inhibitions
+encode "X is not the reason when Y explains it" (network yields to storage, preprocessing
+to storage, everything to a lost GPU). The top cause wins if its score reaches
+`DECIDE_SCORE`; otherwise the sample is `unknown`: the correlator never guesses.
+
+Features are computed relative to the node's baselines where one exists (see features.py),
+so "latency 6x its healthy median" means the same on NVMe and on NFS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufeed.correlator.engine.causes import Cause
+from gpufeed.correlator.engine.names import DATA_TIER_FEATURES
+from gpufeed.correlator.engine.names import Feature as F
+
+DECIDE_SCORE = 0.5
+SUPPORT_ONLY_CAP = 0.45
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    cause: Cause
+    feature: str
+    lo: float
+    hi: float
+    weight: float
+    primary: bool = True
+
+    def strength(self, x: float) -> float:
+        if x <= self.lo:
+            return 0.0
+        if x >= self.hi:
+            return 1.0
+        return (x - self.lo) / (self.hi - self.lo)
+
+
+@dataclass(frozen=True, slots=True)
+class Inhibit:
+    """`target`'s score is multiplied by (1 - weight * score of `by`)."""
+
+    target: Cause
+    by: Cause
+    weight: float
+
+
+C = Cause
+RULES: tuple[Rule, ...] = (
+    # a lost GPU or a fatal XID
+    Rule(C.GPU_ERROR, F.GPU_LOST, 0.5, 1.0, 1.0),
+    Rule(C.GPU_ERROR, F.XID_FATAL_EVENTS, 0.5, 1.0, 0.95),
+    # another GPU of the same job is lost or failed: the job's collectives stall on it
+    Rule(C.GPU_ERROR, F.JOB_PEER_GPU_ERROR, 0.5, 1.0, 0.9),
+    # no job holds the GPU (or, without job data, nothing is resident on it)
+    Rule(C.IDLE, F.NO_JOB, 0.5, 1.0, 0.95),
+    Rule(C.IDLE, F.GPU_MEMORY_IDLE, 0.5, 1.0, 0.85),
+    # a job before its first steps
+    Rule(C.STARTUP, F.JOB_NOT_YET_BUSY, 0.5, 1.0, 0.9),
+    Rule(C.STARTUP, F.SDK_STARTUP_SHARE, 0.25, 0.55, 0.9),
+    # clock event reasons on this GPU, or on a GPU of the same job that the others wait for
+    Rule(C.THROTTLING, F.CLOCK_EVENTS_ACTIVE, 0.5, 1.0, 0.9),
+    Rule(C.THROTTLING, F.JOB_PEER_CLOCK_EVENTS_ACTIVE, 0.5, 1.0, 0.85),
+    Rule(C.THROTTLING, F.SM_CLOCK_DROP_RATIO, 0.15, 0.4, 0.4, primary=False),
+    # a write burst, the SDK's checkpoint phase; GPUs of the job stalled together
+    Rule(C.CHECKPOINTING, F.WRITE_BURST_X_BASELINE, 3.0, 8.0, 0.85),
+    Rule(C.CHECKPOINTING, F.JOB_CHECKPOINT_WRITE_BYTES_PER_SECOND, 1e6, 5e7, 0.85),
+    Rule(C.CHECKPOINTING, F.SDK_CHECKPOINT_SHARE, 0.25, 0.55, 0.9),
+    Rule(C.CHECKPOINTING, F.JOB_GPUS_STALLED_RATIO, 0.7, 1.0, 0.3, primary=False),
+    # the data tier saturated (busy, queue deep) or slow (latency far above normal)
+    Rule(C.DATA_LOADING, F.DATA_TIER_READ_LATENCY_X_BASELINE, 2.5, 6.0, 0.9),
+    Rule(C.DATA_LOADING, F.DATA_TIER_BUSY_RATIO, 0.85, 0.97, 0.8),
+    Rule(C.DATA_LOADING, F.DATA_TIER_QUEUE_X_BASELINE, 3.0, 8.0, 0.8),
+    Rule(C.DATA_LOADING, F.DATA_TIER_READ_PEAK_RATIO, 0.85, 0.97, 0.4, primary=False),
+    Rule(C.DATA_LOADING, F.IO_PRESSURE_RATIO, 0.08, 0.35, 0.6, primary=False),
+    Rule(C.DATA_LOADING, F.IOWAIT_RATIO, 0.05, 0.2, 0.4, primary=False),
+    Rule(C.DATA_LOADING, F.SDK_DATA_WAIT_SHARE, 0.2, 0.5, 0.6, primary=False),
+    # the job says it waits for input while the node is stalled on I/O: storage is why,
+    # even where the tier's own counters say little (no latency or busy time for it)
+    Rule(C.DATA_LOADING, F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT, 0.1, 0.3, 0.75),
+    # input is late but storage is fine: the CPUs are saturated
+    Rule(C.PREPROCESSING, F.CPU_BUSY_RATIO, 0.85, 0.95, 0.85),
+    Rule(C.PREPROCESSING, F.CPU_PRESSURE_RATIO, 0.15, 0.45, 0.75),
+    Rule(C.PREPROCESSING, F.SDK_DATA_WAIT_SHARE, 0.2, 0.5, 0.6, primary=False),
+    # the fabric saturated (near link speed) or congested (transmit-wait up, throughput down)
+    Rule(C.NETWORK, F.NETWORK_UTILIZATION_RATIO, 0.8, 0.93, 0.85),
+    Rule(C.NETWORK, F.NETWORK_TRANSMIT_WAIT_X_BASELINE, 3.0, 8.0, 0.85),
+    Rule(C.NETWORK, F.NETWORK_THROUGHPUT_DROP_RATIO, 0.25, 0.6, 0.4, primary=False),
+    Rule(C.NETWORK, F.NVLINK_PEAK_RATIO, 0.9, 0.98, 0.6),
+    Rule(C.NETWORK, F.SDK_COMMUNICATION_SHARE, 0.25, 0.55, 0.6, primary=False),
+)
+
+INHIBITS: tuple[Inhibit, ...] = (
+    *(Inhibit(c, C.GPU_ERROR, 1.0) for c in Cause if c not in (C.GPU_ERROR, C.UNKNOWN)),
+    *(Inhibit(c, C.IDLE, 1.0) for c in Cause if c not in (C.GPU_ERROR, C.IDLE, C.UNKNOWN)),
+    Inhibit(C.DATA_LOADING, C.STARTUP, 0.95),
+    Inhibit(C.PREPROCESSING, C.STARTUP, 0.95),
+    Inhibit(C.NETWORK, C.STARTUP, 0.95),
+    Inhibit(C.CHECKPOINTING, C.STARTUP, 0.6),
+    Inhibit(C.THROTTLING, C.STARTUP, 0.6),
+    Inhibit(C.DATA_LOADING, C.CHECKPOINTING, 0.7),
+    Inhibit(C.PREPROCESSING, C.CHECKPOINTING, 0.8),
+    Inhibit(C.NETWORK, C.CHECKPOINTING, 0.95),
+    Inhibit(C.NETWORK, C.DATA_LOADING, 0.95),
+    Inhibit(C.PREPROCESSING, C.DATA_LOADING, 0.9),
+    Inhibit(C.NETWORK, C.THROTTLING, 0.9),
+    Inhibit(C.DATA_LOADING, C.THROTTLING, 0.4),
+    Inhibit(C.PREPROCESSING, C.THROTTLING, 0.4),
+    Inhibit(C.NETWORK, C.PREPROCESSING, 0.5),
+    Inhibit(C.PREPROCESSING, C.NETWORK, 0.5),
+)
+
+RULES_BY_CAUSE: dict[Cause, tuple[Rule, ...]] = {
+    c: tuple(r for r in RULES if r.cause is c) for c in Cause
+}
+DATA_TIER_RULES = tuple(
+    r for r in RULES_BY_CAUSE[C.DATA_LOADING] if r.primary and r.feature in DATA_TIER_FEATURES
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    cause: Cause
+    confidence: float
+    scores: tuple[tuple[Cause, float], ...]
+
+
+def raw_scores(features: dict[str, float]) -> tuple[dict[Cause, float], set[Cause]]:
+    """Scores per cause, and the causes that have primary evidence."""
+    out: dict[Cause, float] = {}
+    decided: set[Cause] = set()
+    for cause, rules in RULES_BY_CAUSE.items():
+        miss = 1.0
+        primary = False
+        for r in rules:
+            x = features.get(r.feature)
+            if x is None:
+                continue
+            s = r.strength(x)
+            if s <= 0.0:
+                continue
+            miss *= 1.0 - r.weight * s
+            if r.primary and s >= 0.5:
+                primary = True
+        score = 1.0 - miss
+        if primary:
+            decided.add(cause)
+        else:
+            score = min(score, SUPPORT_ONLY_CAP)
+        if score > 0.0:
+            out[cause] = score
+    return out, decided
+
+
+def decide(features: dict[str, float]) -> Decision:
+    raw, decided = raw_scores(features)
+    final = dict(raw)
+    for inh in INHIBITS:
+        # only a cause with primary evidence explains the stall away from another
+        b = raw.get(inh.by) if inh.by in decided else None
+        if b and inh.target in final:
+            final[inh.target] *= 1.0 - inh.weight * b
+    ranked = sorted(final.items(), key=lambda kv: kv[1], reverse=True)
+    if not ranked or ranked[0][1] < DECIDE_SCORE:
+        top = ranked[0][1] if ranked else 0.0
+        # confidence that nothing stands out: high when no cause came close
+        return Decision(C.UNKNOWN, round(1.0 - top, 4), tuple(ranked[:3]))
+    cause, top = ranked[0]
+    second = ranked[1][1] if len(ranked) > 1 else 0.0
+    conf = top * (1.0 - 0.5 * second / top)
+    return Decision(cause, conf, tuple(ranked[:3]))
+
+
+def evidence_features(cause: Cause) -> tuple[str, ...]:
+    return tuple(r.feature for r in RULES_BY_CAUSE[cause])

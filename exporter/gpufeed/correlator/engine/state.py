@@ -1,0 +1,153 @@
+"""A unit's run state: its samples (marks), the segment of the open window, and how a
+segment becomes a `Window` with evidence, confidence and summary."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from gpufeed.correlator.engine.causes import Cause
+from gpufeed.correlator.engine.names import Context as Ctx
+from gpufeed.correlator.engine.rules import RULES_BY_CAUSE
+from gpufeed.correlator.engine.summary import summarize
+from gpufeed.correlator.engine.window import Window
+from gpufeed.correlator.feeds.node import GpuColumns
+
+
+@dataclass(slots=True)
+class Watch:
+    """The node-wide state of a run of the engine that classification reads: the engine
+    writes it, once per instant, before it classifies anything."""
+
+    start: float | None = None  # the first instant seen (what was there before is unknown)
+    low_now: set[str] = field(default_factory=set)  # GPUs (or unit keys) below the threshold
+    ever_busy: set[tuple[str, str]] = field(default_factory=set)  # (job, gpu) seen computing
+
+
+@dataclass(slots=True)
+class Mark:
+    """One sample of a unit inside a run; `cause` None for a high sample (a merged blip)."""
+
+    t: float
+    util: float
+    cause: Cause | None = None
+    job_id: str = ""
+    confidence: float = 0.0
+    features: dict[str, float] = field(default_factory=dict)
+    context: dict[str, str] = field(default_factory=dict)
+    dt: float = 0.0
+    lost: bool = False
+
+
+@dataclass(slots=True)
+class Segment:
+    start: float
+    cause: Cause
+    job_id: str
+    time: float = 0.0
+    util_time: float = 0.0
+    agree_time: float = 0.0
+    conf_time: float = 0.0
+    feat_sum: dict[str, float] = field(default_factory=dict)
+    feat_time: dict[str, float] = field(default_factory=dict)
+    ctx_time: dict[tuple[str, str], float] = field(default_factory=dict)
+    last_util: float = 0.0
+
+    def add(self, m: Mark) -> None:
+        dt = m.dt
+        self.time += dt
+        self.util_time += m.util * dt
+        self.last_util = m.util
+        if m.cause is not self.cause or m.job_id != self.job_id:
+            return
+        w = dt if dt > 0 else 1e-6  # a last sample still counts as evidence
+        self.agree_time += w
+        self.conf_time += m.confidence * w
+        for r in RULES_BY_CAUSE[self.cause]:
+            x = m.features.get(r.feature)
+            if x is not None:
+                self.feat_sum[r.feature] = self.feat_sum.get(r.feature, 0.0) + x * w
+                self.feat_time[r.feature] = self.feat_time.get(r.feature, 0.0) + w
+        for kv in m.context.items():
+            self.ctx_time[kv] = self.ctx_time.get(kv, 0.0) + w
+
+    def absorb(self, other: Segment) -> None:
+        """A challenger that did not last: its time stays here, as disagreement."""
+        self.time += other.time
+        self.util_time += other.util_time
+
+
+@dataclass(slots=True)
+class Unit:
+    key: str
+    gpu: str
+    uuid: str
+    cols: GpuColumns | None = None
+    cpu_job: str = ""  # a CPU-only job: its compute share stands in for utilization
+    prev_t: float | None = None
+    run_start: float | None = None
+    high_since: float | None = None
+    low_time: float = 0.0
+    marks: list[Mark] = field(default_factory=list)
+    blip: list[Mark] = field(default_factory=list)
+    pending: Mark | None = None
+    seg: Segment | None = None
+    chal: Segment | None = None
+    last_low_t: float = 0.0
+    fatal_xids: set[str] = field(default_factory=set)
+    fresh_at: float | None = None  # when, in this run, the job's GPU memory was nearly empty
+    last_mark: Mark | None = None  # the last classified sample of this run
+
+
+def segment_window(instance: str, u: Unit, seg: Segment, end: float, open_: bool) -> Window:
+    """The window a segment stands for, with its evidence averaged over agreeing samples."""
+    cause = seg.cause
+    agree = seg.agree_time
+    conf = seg.conf_time / agree if agree > 0 else 0.0
+    if seg.time > 0:
+        conf *= math.sqrt(min(1.0, agree / seg.time))
+    mean_util = seg.util_time / seg.time if seg.time > 0 else seg.last_util
+    scored: list[tuple[float, str, float]] = []
+    for r in RULES_BY_CAUSE[cause]:
+        ft = seg.feat_time.get(r.feature)
+        if not ft:
+            continue
+        x = seg.feat_sum[r.feature] / ft
+        s = r.strength(x)
+        if s > 0:
+            scored.append((r.weight * s, r.feature, x))
+    scored.sort(reverse=True)
+    ev: dict[str, float] = {name: round(x, 4) for _, name, x in scored}
+    ctx: dict[str, str] = {}
+    best: dict[str, float] = {}
+    for (k, v), w in seg.ctx_time.items():
+        if w > best.get(k, -1.0):
+            best[k] = w
+            ctx[k] = v
+    relevant = CONTEXT_FOR.get(cause, ())
+    ctx = {k: v for k, v in ctx.items() if k in relevant}
+    summary = summarize(cause, u.gpu, seg.job_id, ev, ctx)
+    evidence: tuple[tuple[str, float | str], ...] = (*ev.items(), *ctx.items())
+    return Window(
+        instance=instance,
+        gpu=u.gpu,
+        uuid=u.uuid,
+        job_id=seg.job_id,
+        start_seconds=seg.start,
+        end_seconds=max(end, seg.start),
+        cause=cause,
+        confidence_ratio=round(min(max(conf, 0.0), 1.0), 4),
+        mean_utilization_ratio=round(mean_util, 4),
+        evidence=evidence,
+        summary=summary,
+        open=open_,
+    )
+
+
+CONTEXT_FOR: dict[Cause, tuple[str, ...]] = {
+    Cause.DATA_LOADING: (Ctx.DATA_TIER,),
+    Cause.CHECKPOINTING: (Ctx.CHECKPOINT_TIER,),
+    Cause.NETWORK: (Ctx.NETWORK_DEVICE,),
+    Cause.THROTTLING: (Ctx.THROTTLE_REASONS, Ctx.THROTTLED_PEERS),
+    Cause.GPU_ERROR: (Ctx.XIDS, Ctx.FAILED_PEERS),
+}

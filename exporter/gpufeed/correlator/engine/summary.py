@@ -1,0 +1,95 @@
+"""The one-line, human summary of a window, built from the evidence that decided it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gpufeed.correlator.engine.causes import Cause
+from gpufeed.correlator.engine.names import Context as Ctx
+from gpufeed.correlator.engine.names import Feature as F
+
+HEADLINES = {
+    Cause.DATA_LOADING: "waits for data from storage",
+    Cause.PREPROCESSING: "waits for input; the CPUs are saturated",
+    Cause.CHECKPOINTING: "is stalled by a checkpoint",
+    Cause.NETWORK: "is held back by the network",
+    Cause.THROTTLING: "is slowed by clock throttling",
+    Cause.STARTUP: "is starting up",
+    Cause.IDLE: "is idle",
+    Cause.GPU_ERROR: "has failed",
+    Cause.UNKNOWN: "is underutilized and no signal stands out",
+}
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.0f}%"
+
+
+def _x(x: float) -> str:
+    return f"{x:.0f}x" if x >= 10 else f"{x:.1f}x"
+
+
+def _rate(x: float) -> str:
+    for unit, div in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if x >= div:
+            return f"{x / div:.1f} {unit}"
+    return f"{x:.0f} B/s"
+
+
+def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
+    """The summary's words for feature `name` at value `v` (None: a name it does not know)."""
+    tier = ctx.get(Ctx.DATA_TIER, "data")
+    dev = ctx.get(Ctx.NETWORK_DEVICE, "the fabric")
+    table = {
+        F.DATA_TIER_READ_LATENCY_X_BASELINE: f"{tier} tier read latency {_x(v)} its 1-hour median",
+        F.DATA_TIER_BUSY_RATIO: f"{tier} tier {_pct(v)} busy",
+        F.DATA_TIER_QUEUE_X_BASELINE: f"{tier} tier queue depth {_x(v)} normal",
+        F.DATA_TIER_READ_PEAK_RATIO: f"{tier} tier reads at {_pct(v)} of their peak",
+        F.IO_PRESSURE_RATIO: f"I/O pressure {_pct(v)}",
+        F.IOWAIT_RATIO: f"iowait {_pct(v)}",
+        F.SDK_DATA_WAIT_SHARE: f"job waits for input {_pct(v)} of the time",
+        F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT: f"I/O pressure {_pct(v)} while the job waits for input",
+        F.CPU_BUSY_RATIO: f"CPUs {_pct(v)} busy",
+        F.CPU_PRESSURE_RATIO: f"CPU pressure {_pct(v)}",
+        F.WRITE_BURST_X_BASELINE: f"write burst to the {ctx.get(Ctx.CHECKPOINT_TIER, '?')} tier {_x(v)} normal",
+        F.JOB_CHECKPOINT_WRITE_BYTES_PER_SECOND: f"checkpoint writes {_rate(v)}",
+        F.SDK_CHECKPOINT_SHARE: f"job in checkpoint {_pct(v)} of the time",
+        F.JOB_GPUS_STALLED_RATIO: f"{_pct(v)} of the job's GPUs stalled together",
+        F.NETWORK_UTILIZATION_RATIO: f"{dev} at {_pct(v)} of link speed",
+        F.NETWORK_TRANSMIT_WAIT_X_BASELINE: f"{dev} transmit-wait {_x(v)} normal",
+        F.NETWORK_THROUGHPUT_DROP_RATIO: f"throughput down {_pct(v)}",
+        F.NVLINK_PEAK_RATIO: f"NVLink at {_pct(v)} of its peak",
+        F.SDK_COMMUNICATION_SHARE: f"job in communication {_pct(v)} of the time",
+        F.CLOCK_EVENTS_ACTIVE: f"clock event reasons active ({ctx.get(Ctx.THROTTLE_REASONS, '?')})",
+        F.JOB_PEER_CLOCK_EVENTS_ACTIVE: (
+            f"waiting for throttled GPU {ctx.get(Ctx.THROTTLED_PEERS, '?')} of the same job"
+            f" ({ctx.get(Ctx.THROTTLE_REASONS, '?')})"
+        ),
+        F.SM_CLOCK_DROP_RATIO: f"SM clock down {_pct(v)}",
+        F.JOB_NOT_YET_BUSY: "the job has not computed since it (re)started",
+        F.SDK_STARTUP_SHARE: f"job reports start-up {_pct(v)} of the time",
+        F.NO_JOB: "no job holds the GPU",
+        F.GPU_MEMORY_IDLE: "nothing is resident on the GPU",
+        F.GPU_LOST: "the GPU is lost (gpufeed_gpu_up 0)",
+        F.XID_FATAL_EVENTS: f"fatal XID {ctx.get(Ctx.XIDS, '?')}",
+        F.JOB_PEER_GPU_ERROR: f"GPU {ctx.get(Ctx.FAILED_PEERS, '?')} of the same job has failed",
+    }
+    return table.get(name)
+
+
+def summarize(
+    cause: Cause,
+    gpu: str,
+    job_id: str,
+    evidence: Mapping[str, float],
+    context: Mapping[str, str],
+    limit: int = 3,
+) -> str:
+    who = f"GPU {gpu}" if gpu else "CPU job"
+    if job_id:
+        who += f" (job {job_id})"
+    phrases = [p for name, v in evidence.items() if (p := phrase(name, v, context))]
+    line = f"{who} {HEADLINES[cause]}"
+    if phrases:
+        line += ": " + ", ".join(phrases[:limit])
+    return line

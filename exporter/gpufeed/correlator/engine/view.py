@@ -1,0 +1,166 @@
+"""Derived signals of one node at one instant: rates, latencies, shares (from raw columns)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpufeed.correlator.engine.series import Series
+from gpufeed.correlator.feeds.node import NodeSeries
+
+# Below this many operations per second a mean latency is mostly noise: leave it out.
+MIN_OPS_FOR_LATENCY = 2.0
+BUSY_CPU_MODES = ("user", "system", "nice", "irq", "softirq", "steal")
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """How the node's samples are spaced, and the lookbacks derived from that."""
+
+    interval_seconds: float
+
+    @property
+    def stale_seconds(self) -> float:  # a value stays current through one missed scrape
+        return 2.5 * self.interval_seconds
+
+    @property
+    def rate_window_seconds(self) -> float:
+        return max(2.0 * self.interval_seconds, 10.0)
+
+    @property
+    def gap_seconds(self) -> float:  # a longer hole is a gap, never bridged
+        return max(4.0 * self.interval_seconds, 60.0)
+
+
+@dataclass(slots=True)
+class TierView:
+    read_bytes_per_second: float | None = None
+    write_bytes_per_second: float | None = None
+    read_ops_per_second: float | None = None
+    read_latency_seconds: float | None = None
+    write_latency_seconds: float | None = None
+    busy_ratio: float | None = None
+    queue_depth: float | None = None
+
+
+@dataclass(slots=True)
+class NetView:
+    bytes_per_second: float | None = None  # the busier direction
+    utilization_ratio: float | None = None  # of link speed
+    transmit_wait_ratio: float | None = None  # seconds waited per second
+
+
+@dataclass(slots=True)
+class JobView:
+    shares: dict[str, float] = field(default_factory=dict)  # phase -> share of reported time
+    steps_per_second: float | None = None
+    checkpoint_bytes_per_second: float | None = None
+    tier_read_bytes_per_second: dict[str, float] = field(default_factory=dict)
+    tier_write_bytes_per_second: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class NodeView:
+    t: float
+    tiers: dict[str, TierView] = field(default_factory=dict)
+    nets: dict[str, NetView] = field(default_factory=dict)
+    cpu_busy_ratio: float | None = None
+    iowait_ratio: float | None = None
+    psi_some: dict[str, float] = field(default_factory=dict)
+    psi_full: dict[str, float] = field(default_factory=dict)
+    jobs: dict[str, JobView] = field(default_factory=dict)
+
+
+def _rater(t: float, tm: Timing) -> Callable[[Series | None], float | None]:
+    """`_rate` with the lookbacks bound once (a view computes dozens of rates)."""
+    w, st, gp = tm.rate_window_seconds, tm.stale_seconds, tm.gap_seconds
+
+    def rate(s: Series | None) -> float | None:
+        return None if s is None else s.rate_at(t, w, st, gp)
+
+    return rate
+
+
+def _add(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
+    view = NodeView(t)
+    rate = _rater(t, tm)
+    # storage: sum the mounts of a tier; latency = time per operation over the window
+    acc: dict[str, list[float | None]] = {}
+    for (tier, _mp), f in node.storage.items():
+        a = acc.setdefault(tier, [None] * 8)
+        for i, key in enumerate(
+            ("read_bytes", "written_bytes", "reads", "read_time", "io_time", "io_weighted")
+        ):
+            r = rate(f.get(key))
+            if key == "io_time" and r is not None and a[i] is not None:
+                a[i] = max(a[i] or 0.0, r)  # busy: the busiest device of the tier
+            else:
+                a[i] = _add(a[i], r)
+        a[6] = _add(a[6], rate(f.get("writes")))
+        a[7] = _add(a[7], rate(f.get("write_time")))
+    for tier, a in acc.items():
+        rb, wb, ops, rtime, busy, qd, wops, wtime = a
+        lat = (
+            rtime / ops
+            if ops is not None and rtime is not None and ops >= MIN_OPS_FOR_LATENCY
+            else None
+        )
+        wlat = (
+            wtime / wops
+            if wops is not None and wtime is not None and wops >= MIN_OPS_FOR_LATENCY
+            else None
+        )
+        view.tiers[tier] = TierView(
+            rb, wb, ops, lat, wlat, None if busy is None else min(busy, 1.0), qd
+        )
+    for (dev, port), f in node.network.items():
+        rx, tx = rate(f.get("rx")), rate(f.get("tx"))
+        bps = None if rx is None and tx is None else max(rx or 0.0, tx or 0.0)
+        sp = f.get("speed")
+        speed = sp.value_at(t, tm.stale_seconds) if sp is not None else None
+        util = bps / speed if bps is not None and speed else None
+        name = f"{dev}/{port}" if port else dev
+        view.nets[name] = NetView(bps, util, rate(f.get("tx_wait")))
+    if node.cpu:
+        rates = {m: rate(s) for m, s in node.cpu.items()}
+        total = sum(r for r in rates.values() if r is not None)
+        if total > 0:
+            busy = sum(rates.get(m) or 0.0 for m in BUSY_CPU_MODES)
+            view.cpu_busy_ratio = busy / total
+            iow = rates.get("iowait")
+            view.iowait_ratio = None if iow is None else iow / total
+    for res, s in node.psi_some.items():
+        r = rate(s)
+        if r is not None:
+            view.psi_some[res] = min(r, 1.0)
+    for res, s in node.psi_full.items():
+        r = rate(s)
+        if r is not None:
+            view.psi_full[res] = min(r, 1.0)
+    for job_id, j in node.jobs.items():
+        jv = JobView()
+        if j.phases:
+            pr = {p: rate(s) for p, s in j.phases.items()}
+            tot = sum(r for r in pr.values() if r is not None)
+            if tot > 1e-9:
+                jv.shares = {p: r / tot for p, r in pr.items() if r is not None}
+        jv.steps_per_second = rate(j.steps)
+        jv.checkpoint_bytes_per_second = rate(j.checkpoint_bytes)
+        for tier, s in j.tier_read.items():
+            r = rate(s)
+            if r is not None:
+                jv.tier_read_bytes_per_second[tier] = r
+        for tier, s in j.tier_written.items():
+            r = rate(s)
+            if r is not None:
+                jv.tier_write_bytes_per_second[tier] = r
+        view.jobs[job_id] = jv
+    return view

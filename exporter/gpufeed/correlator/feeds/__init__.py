@@ -1,0 +1,1 @@
+"""What feeds the engine: live snapshots, recorded traces and Prometheus range queries."""

@@ -1,0 +1,203 @@
+"""Which contract series the correlator reads, routed into one node's structured columns.
+
+`NodeSeries.route(name, labels)` is called once per distinct series (the parser and the
+live processor cache its answer); metrics the correlator does not use, histogram parts and
+unknown names return None and cost nothing afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from gpufeed.correlator.engine.series import Series
+from gpufeed.trace.format import DROPPED_SAMPLES
+
+K = TypeVar("K", str, tuple[str, str])
+
+STORAGE_FIELDS = {
+    "gpufeed_storage_read_bytes_total": "read_bytes",
+    "gpufeed_storage_written_bytes_total": "written_bytes",
+    "gpufeed_storage_reads_completed_total": "reads",
+    "gpufeed_storage_writes_completed_total": "writes",
+    "gpufeed_storage_read_time_seconds_total": "read_time",
+    "gpufeed_storage_write_time_seconds_total": "write_time",
+    "gpufeed_storage_io_time_seconds_total": "io_time",
+    "gpufeed_storage_io_time_weighted_seconds_total": "io_weighted",
+}
+NETWORK_FIELDS = {
+    "gpufeed_network_receive_bytes_total": "rx",
+    "gpufeed_network_transmit_bytes_total": "tx",
+    "gpufeed_network_speed_bytes_per_second": "speed",
+    "gpufeed_network_transmit_wait_seconds_total": "tx_wait",
+}
+GPU_FIELDS = {
+    "gpufeed_gpu_utilization_ratio": "util",
+    "gpufeed_gpu_up": "up",
+    "gpufeed_gpu_memory_used_bytes": "mem_used",
+    "gpufeed_gpu_memory_total_bytes": "mem_total",
+    "gpufeed_gpu_sm_clock_hertz": "sm_clock",
+    "gpufeed_gpu_nvlink_transmit_bytes_total": "nvlink_tx",
+    "gpufeed_gpu_nvlink_receive_bytes_total": "nvlink_rx",
+}
+
+# Every metric name the correlator reads (the range-query loader asks for exactly these).
+USED_METRICS: tuple[str, ...] = (
+    *GPU_FIELDS,
+    "gpufeed_gpu_clock_event_active",
+    "gpufeed_gpu_xid_errors_total",
+    *STORAGE_FIELDS,
+    *NETWORK_FIELDS,
+    "gpufeed_host_cpu_seconds_total",
+    "gpufeed_host_pressure_waiting_seconds_total",
+    "gpufeed_host_pressure_stalled_seconds_total",
+    "gpufeed_job_info",
+    "gpufeed_job_phase_seconds_total",
+    "gpufeed_job_steps_total",
+    "gpufeed_job_checkpoint_written_bytes_total",
+    "gpufeed_job_storage_read_bytes_total",
+    "gpufeed_job_storage_written_bytes_total",
+)
+# Read from trace files only: the recorder's count of samples it had to leave out.
+USED_METRIC_SET = frozenset((*USED_METRICS, DROPPED_SAMPLES))
+
+
+@dataclass(slots=True)
+class GpuColumns:
+    gpu: str
+    uuid: str = ""
+    fields: dict[str, Series] = field(default_factory=dict)
+    clock_events: dict[str, Series] = field(default_factory=dict)
+    xids: dict[str, Series] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class JobColumns:
+    job_id: str
+    phases: dict[str, Series] = field(default_factory=dict)
+    steps: Series | None = None
+    checkpoint_bytes: Series | None = None
+    tier_read: dict[str, Series] = field(default_factory=dict)
+    tier_written: dict[str, Series] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class NodeSeries:
+    """All series of one node (one `instance`) that the correlator uses."""
+
+    instance: str
+    gpus: dict[str, GpuColumns] = field(default_factory=dict)
+    # (tier, mountpoint) -> field -> series
+    storage: dict[tuple[str, str], dict[str, Series]] = field(default_factory=dict)
+    # (device, port) -> field -> series
+    network: dict[tuple[str, str], dict[str, Series]] = field(default_factory=dict)
+    cpu: dict[str, Series] = field(default_factory=dict)
+    psi_some: dict[str, Series] = field(default_factory=dict)
+    psi_full: dict[str, Series] = field(default_factory=dict)
+    # (job_id, gpu) -> presence series of gpufeed_job_info
+    job_info: dict[tuple[str, str], Series] = field(default_factory=dict)
+    job_uuid: dict[tuple[str, str], str] = field(default_factory=dict)
+    jobs: dict[str, JobColumns] = field(default_factory=dict)
+    # (job_id, gpu) -> when it was first seen, where the columns do not reach back that far
+    # (the live processor trims old points); gpu "" for a CPU-only job
+    first_seen: dict[tuple[str, str], float] = field(default_factory=dict)
+    # family -> samples the recorder left out of the trace (absent in a complete trace)
+    dropped: dict[str, Series] = field(default_factory=dict)
+
+    def gpu(self, index: str) -> GpuColumns:
+        g = self.gpus.get(index)
+        if g is None:
+            g = self.gpus[index] = GpuColumns(index)
+        return g
+
+    def job(self, job_id: str) -> JobColumns:
+        j = self.jobs.get(job_id)
+        if j is None:
+            j = self.jobs[job_id] = JobColumns(job_id)
+        return j
+
+    def route(self, name: str, labels: Mapping[str, str]) -> Series | None:
+        """The column for one series, created on first sight; None for what is not used."""
+        if name not in USED_METRIC_SET:
+            return None
+        get = labels.get
+        if name.startswith("gpufeed_gpu_"):
+            if "link" in labels:
+                return None  # per-link NVLink detail; the summed series is used
+            g = self.gpu(get("gpu", ""))
+            if get("uuid"):
+                g.uuid = get("uuid", "")
+            f = GPU_FIELDS.get(name)
+            if f is not None:
+                return _slot(g.fields, f)
+            if name == "gpufeed_gpu_clock_event_active":
+                return _slot(g.clock_events, get("reason", ""))
+            return _slot(g.xids, get("xid", ""))
+        f = STORAGE_FIELDS.get(name)
+        if f is not None:
+            return _slot(_slot_map(self.storage, (get("tier", ""), get("mountpoint", ""))), f)
+        f = NETWORK_FIELDS.get(name)
+        if f is not None:
+            return _slot(_slot_map(self.network, (get("device", ""), get("port", ""))), f)
+        if name == "gpufeed_host_cpu_seconds_total":
+            return _slot(self.cpu, get("mode", ""))
+        if name == "gpufeed_host_pressure_waiting_seconds_total":
+            return _slot(self.psi_some, get("resource", ""))
+        if name == "gpufeed_host_pressure_stalled_seconds_total":
+            return _slot(self.psi_full, get("resource", ""))
+        if name == DROPPED_SAMPLES:
+            return _slot(self.dropped, get("family", ""))
+        job_id = get("job_id", "")
+        if name == "gpufeed_job_info":
+            key = (job_id, get("gpu", ""))
+            self.job_uuid[key] = get("uuid", "")
+            self.job(job_id)
+            return _slot(self.job_info, key)
+        j = self.job(job_id)
+        if name == "gpufeed_job_phase_seconds_total":
+            return _slot(j.phases, get("phase", "other"))
+        if name == "gpufeed_job_steps_total":
+            if j.steps is None:
+                j.steps = Series()
+            return j.steps
+        if name == "gpufeed_job_checkpoint_written_bytes_total":
+            if j.checkpoint_bytes is None:
+                j.checkpoint_bytes = Series()
+            return j.checkpoint_bytes
+        if name == "gpufeed_job_storage_read_bytes_total":
+            return _slot(j.tier_read, get("tier", ""))
+        return _slot(j.tier_written, get("tier", ""))
+
+    def trim_before(self, t: float) -> None:
+        for s in self.all_series():
+            s.trim_before(t)
+
+    def all_series(self) -> list[Series]:
+        out: list[Series] = []
+        for g in self.gpus.values():
+            out += [*g.fields.values(), *g.clock_events.values(), *g.xids.values()]
+        for m in (*self.storage.values(), *self.network.values()):
+            out += m.values()
+        out += [*self.cpu.values(), *self.psi_some.values(), *self.psi_full.values()]
+        out += self.job_info.values()
+        for j in self.jobs.values():
+            out += [*j.phases.values(), *j.tier_read.values(), *j.tier_written.values()]
+            out += [s for s in (j.steps, j.checkpoint_bytes) if s is not None]
+        return out
+
+
+def _slot(m: dict[K, Series], key: K) -> Series:
+    s = m.get(key)
+    if s is None:
+        s = m[key] = Series()
+    return s
+
+
+def _slot_map(
+    m: dict[tuple[str, str], dict[str, Series]], key: tuple[str, str]
+) -> dict[str, Series]:
+    d = m.get(key)
+    if d is None:
+        d = m[key] = {}
+    return d

@@ -1,0 +1,42 @@
+"""Writing analysis results so that a partial result is never passed off as complete.
+
+Output to a file goes to a temporary file in the same directory, renamed into place only
+after every window was written; on standard output the windows are written only after the
+whole input was read without error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+
+from gpufeed.correlator.engine.window import Window
+from gpufeed.correlator.outputs.table import format_table
+
+
+def render(windows: Sequence[Window], fmt: str) -> str:
+    if fmt == "table":
+        return format_table(windows)
+    return "".join(json.dumps(w.to_json(), sort_keys=False) + "\n" for w in windows)
+
+
+def write_result(windows: Sequence[Window], fmt: str, output: str | None) -> None:
+    text = render(windows, fmt)
+    if not output or output == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    d = os.path.dirname(os.path.abspath(output))
+    fd, tmp = tempfile.mkstemp(prefix=".gpufeed-analyze-", dir=d)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, output)
+    except BaseException:
+        os.unlink(tmp)
+        raise
