@@ -40,6 +40,8 @@ GUISES: dict[str, tuple[str, ...]] = {
 }
 WARMUP_MIN = (15.0, 20.0)  # healthy minutes before the first episode
 CONFOUNDERS = ("archive_busy", "short_dip", "thermal_full_util", "network_busy_healthy")
+# one GPU reports a clock slowdown for a long time while its job trains at full speed
+PEER_THROTTLED_HEALTHY = "peer_throttled_healthy"
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,6 +341,10 @@ def simulate(
             if cf is not None:
                 reasons[g] = {"sw_thermal_slowdown"}
                 clock *= 0.8
+            pt = kinds.get(PEER_THROTTLED_HEALTHY)
+            if pt is not None and g in pt.gpus:  # slowed a little, not enough to hold the job
+                reasons[g] = {"hw_slowdown"}
+                clock *= 0.9
             st = kinds.get("startup")
             if st is not None and g in st.gpus:
                 u = r.uniform(0.0, 0.03)
@@ -663,3 +669,42 @@ def single(
     out, labels = simulate(sim, eps, t0, t0 + minutes * 60)
     out.append("# EOF")
     return "\n".join(out) + "\n", labels
+
+
+PEER_FAULTS = ("lost", "throttled", "fatal_xid")
+
+
+def peer_fault_then_stalls(seed: int = 5, interval: float = 5.0) -> tuple[str, list[Label]]:
+    """Issue 13's defect, one node per fault: a GPU of the job faults in a healthy stretch
+    and stays faulty (node-00: falls off the bus; node-01: reports a clock slowdown that
+    does not slow its job; node-02: a fatal XID, the elastic job goes on without it) while
+    the rest of the job trains at full speed for 15 minutes; then a data tier stall and,
+    later, a saturated fabric. Those stalls are named for what they are, not the peer."""
+    r = random.Random(seed)
+    t0 = 1_760_000_000.0
+    t_end = t0 + 75 * 60
+    lines: list[str] = []
+    labels: list[Label] = []
+    for n, fault in enumerate(PEER_FAULTS):
+        sim = NodeSim(
+            f"node-{n:02d}:9400", random.Random(r.random()), sdk=n != 1, interval=interval
+        )
+        bad = sim.rng.randrange(sim.n_gpus)
+        f0 = t0 + 20 * 60
+        if fault == "throttled":
+            fault_ep = Episode(PEER_THROTTLED_HEALTHY, "", f0, t_end + 60, (bad,))
+            stalled = tuple(range(sim.n_gpus))  # a slowed GPU waits for data like the rest
+        else:
+            fault_ep = Episode("gpu_error", fault, f0, t_end + 60, (bad,))
+            stalled = tuple(g for g in range(sim.n_gpus) if g != bad)
+        d0, n0 = t0 + 35 * 60, t0 + 52 * 60
+        eps = [
+            fault_ep,
+            Episode("data_loading", "saturated", d0, d0 + 300, stalled),
+            Episode("network", "saturated", n0, n0 + 300, stalled),
+        ]
+        out, labs = simulate(sim, eps, t0, t_end)
+        lines.extend(out)
+        labels.extend(labs)
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n", labels

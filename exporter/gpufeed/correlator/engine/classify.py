@@ -19,6 +19,10 @@ from gpufeed.correlator.feeds.node import GpuColumns, NodeSeries
 STARTUP_MAX_SECONDS = 1800.0
 FRESH_MEMORY_RATIO = 0.1  # below this share of GPU memory, a job's process has not loaded yet
 XID_LOOKBACK_SECONDS = 300.0
+# A peer's fault (lost, failed, throttled) explains a stall of its job only if the stall
+# begins with it: the fault began at most this long before the job's GPUs were last busy
+# (or after). A job that went on computing after the fault is not held back by it.
+PEER_FAULT_LEAD_SECONDS = 30.0
 
 
 class Classifier:
@@ -45,6 +49,9 @@ class Classifier:
         self._gpujob: dict[str, str] = {}
         self._throttle_t: float | None = None
         self._throttle: dict[str, list[str]] = {}
+        self._since_t: float | None = None
+        self._since: dict[tuple[str, str], bool] = {}
+        self._last_busy: dict[str, float] = {}
 
     def view_at(self, t: float) -> NodeView:
         if self._view_t != t or self._view is None:
@@ -186,6 +193,8 @@ class Classifier:
     def _throttle_evidence(self, u: Unit, g: GpuColumns, job: str, t: float, ev: Evidence) -> None:
         """Clock event reasons on this GPU, or on another GPU of its job that it waits for."""
         mine = self._throttled(g, t)
+        if mine and not self._fault_is_new(job, u.gpu, "throttle", t):
+            mine = []  # slowed for long while busy: not why it stalls now
         ev.features[F.CLOCK_EVENTS_ACTIVE] = 1.0 if mine else 0.0
         reasons = set(mine)
         if job:
@@ -194,7 +203,7 @@ class Classifier:
                 og = self.node.gpus.get(other)
                 if other != u.gpu and og is not None:
                     th = self._throttled(og, t)
-                    if th:
+                    if th and self._fault_is_new(job, other, "throttle", t):
                         peers.append(other)
                         reasons.update(th)
             ev.features[F.JOB_PEER_CLOCK_EVENTS_ACTIVE] = 1.0 if peers else 0.0
@@ -223,7 +232,11 @@ class Classifier:
         """The job's other GPUs: failed ones it waits for, how many stalled together, and
         whether the job has computed yet."""
         gpus = self._jobgpus.get(job, [])
-        failed = [x for x in gpus if x != u.gpu and self._gpu_failed(x, t)]
+        failed = [
+            x
+            for x in gpus
+            if x != u.gpu and self._gpu_failed(x, t) and self._fault_is_new(job, x, "fail", t)
+        ]
         ev.features[F.JOB_PEER_GPU_ERROR] = 1.0 if failed else 0.0
         if failed:
             ev.context[Ctx.FAILED_PEERS] = ",".join(failed)
@@ -249,6 +262,62 @@ class Classifier:
             return True
         u = self.units.get(gpu)
         return u is not None and bool(u.fatal_xids)
+
+    def _fault_is_new(self, job: str, gpu: str, kind: str, t: float) -> bool:
+        """Whether `gpu`'s fault (`kind` "fail" or "throttle", present at t) began at most
+        PEER_FAULT_LEAD_SECONDS before the job's sound GPUs (neither throttled nor failed;
+        without a job: this one) were last busy: a stall that begins with the fault, or a
+        job that has not been busy since. One answer per GPU, kind and instant."""
+        if self._since_t != t:
+            self._since_t, self._since, self._last_busy = t, {}, {}
+        key = (gpu, kind)
+        got = self._since.get(key)
+        if got is None:
+            last = self._job_last_busy(job, t) if job else self.watch.busy_at.get(gpu, -math.inf)
+            got = self._since[key] = last == -math.inf or (
+                self._fault_onset(gpu, kind, t, last - PEER_FAULT_LEAD_SECONDS)
+                >= last - PEER_FAULT_LEAD_SECONDS
+            )
+        return got
+
+    def _job_last_busy(self, job: str, t: float) -> float:
+        """When the job's sound GPUs were last busy (a slowed GPU stays busy while the
+        others wait for it, so it does not count); called within one instant's cache."""
+        last = self._last_busy.get(job)
+        if last is None:
+            busy = self.watch.busy_at
+            last = self._last_busy[job] = max(
+                (
+                    busy.get(x, -math.inf)
+                    for x in self._jobgpus.get(job, ())
+                    if not self._gpu_failed(x, t)
+                    and not (x in self.node.gpus and self._throttled(self.node.gpus[x], t))
+                ),
+                default=-math.inf,
+            )
+        return last
+
+    def _fault_onset(self, gpu: str, kind: str, t: float, floor: float) -> float:
+        """When `gpu`'s present fault began; -inf if it was already there before `floor`
+        (the walk back stops there)."""
+        g = self.node.gpus.get(gpu)
+        if g is None:
+            return -math.inf
+        if kind == "throttle":
+            starts = [
+                _stretch_start(s, t, floor)
+                for r, s in g.clock_events.items()
+                if r in THROTTLE_REASONS
+            ]
+            return max((x for x in starts if x != math.inf), default=-math.inf)
+        up = g.fields.get("up")
+        v = up.value_at(t, self.timing.stale_seconds) if up is not None else None
+        if up is not None and v is not None and v < 0.5:
+            return _stretch_start(up, t, floor, lost=True)
+        u = self.units.get(gpu)  # a fatal XID: its GPU's stall began with it
+        if u is not None and u.run_start is not None:
+            return u.run_start
+        return -math.inf
 
     def _not_yet_busy(self, job: str, gpu: str, t: float, fresh_at: float | None = None) -> float:
         node = self.node
@@ -277,6 +346,21 @@ class Classifier:
         if j is not None and j.steps is not None and _increase(j.steps, t, t - first) > 0:
             return 0.0
         return 1.0
+
+
+def _stretch_start(s: Series, t: float, floor: float, lost: bool = False) -> float:
+    """When the stretch of samples up to t that are on (>= 0.5; < 0.5 with `lost`, a
+    gpu_up series) began: math.inf if the sample at t is off, -inf if it reaches back
+    before `floor` (a stretch on since the data began started at its first sample)."""
+    ts, vs = s.ts, s.vs
+    i = s.index_at(t)
+    start = math.inf
+    while i >= 0 and ((vs[i] < 0.5) if lost else (vs[i] >= 0.5)):
+        start = ts[i]
+        if start < floor:
+            return -math.inf
+        i -= 1
+    return start
 
 
 def _increase(s: Series, t: float, lookback: float, appeared_after: float = math.inf) -> float:

@@ -148,6 +148,7 @@ class NodeCorrelator:
                 any_busy = True
                 if u.run_start is None:
                     u.prev_t = t
+                    self.watch.busy_at[u.gpu or u.key] = t
                     continue
             else:
                 low_now.add(u.gpu or u.key)
@@ -229,6 +230,7 @@ class NodeCorrelator:
             u.high_since = t
         if t - u.high_since >= p.merge_gap_seconds:
             self._close(u, u.high_since)
+            self.watch.busy_at[u.gpu or u.key] = t
             if u.cols is not None:
                 job = self._classifier.gpu_jobs(t).get(u.gpu, "")
                 if job:
@@ -397,4 +399,5 @@ class NodeCorrelator:
         for job_id in ended:
             self.baselines.forget_prefix((Kind.JOB_READ, job_id))
             self.units.pop("job:" + job_id, None)
+            self.watch.busy_at.pop("job:" + job_id, None)
         self.watch.ever_busy = {k for k in self.watch.ever_busy if k[0] not in ended}

@@ -22,6 +22,9 @@ class Watch:
     start: float | None = None  # the first instant seen (what was there before is unknown)
     low_now: set[str] = field(default_factory=set)  # GPUs (or unit keys) below the threshold
     ever_busy: set[tuple[str, str]] = field(default_factory=set)  # (job, gpu) seen computing
+    # GPU -> the last instant it was busy outside a run (or when its run closed): whether a
+    # job went on computing after a peer's fault (blips inside a run do not count)
+    busy_at: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
