@@ -10,6 +10,8 @@ anything. A failure names the importing file, its line and the forbidden module.
   implement gpu/'s interface, so the dependency runs one way only.
 - The job layer's parts (jobs/) do not import collectors/: collectors are built by the
   agent's wiring (gpufeed/agent/wiring.py), which imports both.
+- The correlator's engine (correlator/engine/) imports neither its feeds, its outputs nor
+  the agent; the feeds do not import the agent.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ FORBIDDEN = [
     ("storage", "collectors"),
     ("gpu", "simulate"),
     ("jobs", "collectors"),
+    # The correlator's reasoning is fed and read by the layers around it, never the reverse:
+    # the same engine serves the live, trace and PromQL feeds.
+    ("correlator/engine", "correlator/feeds"),
+    ("correlator/engine", "correlator/outputs"),
+    ("correlator/engine", "agent"),
+    ("correlator/feeds", "agent"),
 ]
 
 
@@ -57,7 +65,8 @@ def imports(source: str, module: str, is_package: bool = False) -> list[tuple[in
 
 
 def under(module: str, package: str) -> bool:
-    return module == f"gpufeed.{package}" or module.startswith(f"gpufeed.{package}.")
+    dotted = package.replace("/", ".")
+    return module == f"gpufeed.{dotted}" or module.startswith(f"gpufeed.{dotted}.")
 
 
 def violations(importer: str, forbidden: str) -> list[str]:

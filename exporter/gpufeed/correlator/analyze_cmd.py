@@ -10,7 +10,7 @@ from typing import Any
 
 from gpufeed import vocabulary
 from gpufeed.correlator.engine.engine import WindowParams
-from gpufeed.correlator.feeds.node import NodeSeries
+from gpufeed.correlator.engine.node import NodeSeries
 
 
 def register(subparsers: Any) -> None:

@@ -22,9 +22,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from gpufeed.correlator.engine.node import USED_METRIC_SET, NodeSeries
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.feeds.labels import SeriesSyntaxError, parse_series
-from gpufeed.correlator.feeds.node import USED_METRIC_SET, NodeSeries
 
 CHUNK_BYTES = 8 * 1024 * 1024
 # A sample line is well under a kilobyte; one this long is not a trace, and reading it

@@ -10,11 +10,11 @@ from gpufeed.correlator.engine.baseline import Baselines, Kind
 from gpufeed.correlator.engine.features import FATAL_XIDS, THROTTLE_REASONS, Evidence, job_features
 from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.names import Feature as F
+from gpufeed.correlator.engine.node import GpuColumns, NodeSeries
 from gpufeed.correlator.engine.rules import decide
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.state import Mark, Unit, Watch
 from gpufeed.correlator.engine.view import NodeView, Timing, compute_view
-from gpufeed.correlator.feeds.node import GpuColumns, NodeSeries
 
 STARTUP_MAX_SECONDS = 1800.0
 FRESH_MEMORY_RATIO = 0.1  # below this share of GPU memory, a job's process has not loaded yet

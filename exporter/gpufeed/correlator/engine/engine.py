@@ -20,10 +20,10 @@ from gpufeed.correlator.engine.baseline import BUCKET_SECONDS, Baselines, Kind
 from gpufeed.correlator.engine.causes import Cause
 from gpufeed.correlator.engine.classify import Classifier
 from gpufeed.correlator.engine.features import observe_healthy
+from gpufeed.correlator.engine.node import NodeSeries
 from gpufeed.correlator.engine.state import Mark, Segment, Unit, Watch, segment_window
 from gpufeed.correlator.engine.view import Timing
 from gpufeed.correlator.engine.window import Window
-from gpufeed.correlator.feeds.node import NodeSeries
 
 CLASSIFY_EVERY_SECONDS = 5.0
 LOW_FRACTION_TO_OPEN = 0.75

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 from gpufeed.correlator.engine.causes import Cause
 from gpufeed.correlator.engine.names import Context as Ctx
+from gpufeed.correlator.engine.node import GpuColumns
 from gpufeed.correlator.engine.rules import RULES_BY_CAUSE
 from gpufeed.correlator.engine.summary import summarize
 from gpufeed.correlator.engine.window import Window
-from gpufeed.correlator.feeds.node import GpuColumns
 
 
 @dataclass(slots=True)

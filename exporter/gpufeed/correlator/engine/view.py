@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpufeed.correlator.engine.node import NodeSeries
 from gpufeed.correlator.engine.series import Series
-from gpufeed.correlator.feeds.node import NodeSeries
 
 # Below this many operations per second a mean latency is mostly noise: leave it out.
 MIN_OPS_FOR_LATENCY = 2.0

@@ -12,9 +12,9 @@ from statistics import median
 from typing import Any
 
 from gpufeed.correlator.engine.engine import NodeCorrelator, WindowParams
+from gpufeed.correlator.engine.node import NodeSeries
 from gpufeed.correlator.engine.view import Timing
 from gpufeed.correlator.engine.window import Window
-from gpufeed.correlator.feeds.node import NodeSeries
 
 
 def estimate_interval(node: NodeSeries) -> float:

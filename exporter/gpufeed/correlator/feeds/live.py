@@ -14,10 +14,10 @@ from typing import Final
 from gpufeed.catalogue import spec
 from gpufeed.config import CorrelatorConfig
 from gpufeed.correlator.engine.engine import NodeCorrelator, WindowParams
+from gpufeed.correlator.engine.node import USED_METRIC_SET, NodeSeries
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.view import Timing
 from gpufeed.correlator.engine.window import Window
-from gpufeed.correlator.feeds.node import USED_METRIC_SET, NodeSeries
 from gpufeed.correlator.feeds.pacing import ScenarioClock
 from gpufeed.correlator.outputs import openwindows
 from gpufeed.correlator.outputs.loghealth import add_log_health

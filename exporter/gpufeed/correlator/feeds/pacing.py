@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from gpufeed.correlator.engine.node import USED_METRIC_SET
 from gpufeed.correlator.engine.window import Window
-from gpufeed.correlator.feeds.node import USED_METRIC_SET
 from gpufeed.model import Family, Sample
 from gpufeed.snapshot import Snapshot
 

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
-from gpufeed.correlator.feeds.node import USED_METRICS, NodeSeries
+from gpufeed.correlator.engine.node import USED_METRICS, NodeSeries
 
 MAX_POINTS = 10_000
 INSTANCE_BATCH = 16
