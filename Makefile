@@ -41,9 +41,10 @@ run: runtime
 # The real servers the tests run: Debian's prometheus (promtool), alertmanager (amtool),
 # node_exporter (the benchmark's reference), e2fsprogs for the loop-mounted tiers,
 # systemd for systemd-analyze (the unit's verify and security checks), python3-seccomp (the
-# agent run under the unit's system-call filter), and openssl for the certificates of the
-# TLS tests. DPkg::Lock::Timeout: two fresh `make test` runs on one host wait for each
-# other's apt-get instead of failing on the dpkg lock.
+# agent run under the unit's system-call filter), openssl for the certificates of the
+# TLS tests, and victoria-metrics (the streamed `analyze --prometheus` test and benchmark).
+# DPkg::Lock::Timeout: two fresh `make test` runs on one host wait for each other's
+# apt-get instead of failing on the dpkg lock.
 promtool:
 	@missing=""; \
 	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
@@ -52,6 +53,7 @@ promtool:
 	command -v mkfs.ext4 >/dev/null 2>&1 || missing="$$missing e2fsprogs"; \
 	command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
 	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
+	command -v victoria-metrics >/dev/null 2>&1 || missing="$$missing victoria-metrics"; \
 	/usr/bin/python3 -c 'import seccomp' >/dev/null 2>&1 || missing="$$missing python3-seccomp"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \

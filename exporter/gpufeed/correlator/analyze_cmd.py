@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -11,6 +12,8 @@ from typing import Any
 from gpufeed import vocabulary
 from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.correlator.engine.node import NodeSeries
+from gpufeed.correlator.feeds.promql import DEFAULT_RETRY
+from gpufeed.correlator.feeds.stream import DEFAULT_BATCH_INSTANCES, DEFAULT_CHUNK_SECONDS
 
 
 def register(subparsers: Any) -> None:
@@ -21,9 +24,11 @@ def register(subparsers: Any) -> None:
             "Reads a trace (OpenMetrics with timestamps, ending in '# EOF') or queries a "
             "Prometheus-compatible server, and writes one JSON object per window "
             "(instance, gpu, uuid, job_id, start, end, cause, confidence, "
-            "mean_utilization, evidence). The whole input is read before anything is "
-            "written: a malformed or truncated trace is an error naming its line, with no "
-            "output."
+            "mean_utilization, evidence). Nothing is written unless the whole input was "
+            "analysed: a malformed or truncated trace is an error naming its line, a "
+            "server that stays down an error naming the batch, with no output. From a "
+            "server, instances are fetched and analysed in batches and time chunks "
+            "(bounded memory) and can be split into shards (--shard K/N, --merge)."
         ),
     )
     p.add_argument("trace", nargs="?", help="trace file (.om); omit with --prometheus")
@@ -42,6 +47,54 @@ def register(subparsers: Any) -> None:
         type=float,
         default=15.0,
         help="query resolution in seconds (default 15; with --prometheus)",
+    )
+    p.add_argument(
+        "--shard",
+        metavar="K/N",
+        default="1/1",
+        help="analyse only the K-th of N shards of the instances (with --prometheus; the "
+        "instances of one job stay in one shard); merge the N outputs with --merge",
+    )
+    p.add_argument(
+        "--batch-instances",
+        type=int,
+        default=DEFAULT_BATCH_INSTANCES,
+        help="instances fetched and analysed together (default %(default)d; with "
+        "--prometheus: memory grows with it, a job's instances are never split)",
+    )
+    p.add_argument(
+        "--chunk",
+        type=float,
+        default=DEFAULT_CHUNK_SECONDS,
+        metavar="SECONDS",
+        help="seconds of data fetched at a time per batch (default %(default)g; with "
+        "--prometheus: memory grows with it, the windows do not change)",
+    )
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=DEFAULT_RETRY.attempts - 1,
+        help="times a failed query (refused, timed out, 5xx, 429) is asked again, with "
+        "backoff from 1 s to 16 s, before the run fails (default %(default)d)",
+    )
+    p.add_argument(
+        "--query-timeout",
+        type=float,
+        default=DEFAULT_RETRY.timeout_seconds,
+        metavar="SECONDS",
+        help="seconds one query may take (default %(default)g)",
+    )
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="one line on stderr as each batch finishes (with --prometheus)",
+    )
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="FILE",
+        help="merge the jsonl outputs of the shards of one run (in any order) into the "
+        "output of the unsplit run, byte for byte",
     )
     p.add_argument(
         "--format",
@@ -105,21 +158,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpufeed analyze: {problem}", file=sys.stderr)
         return 2
     params = WindowParams(args.threshold, args.min_window, args.merge_gap)
+    if args.merge:
+        if args.trace or args.prometheus:
+            print("gpufeed analyze: --merge takes windows files only", file=sys.stderr)
+            return 2
+        return _merge(args.merge, args.format, args.output)
     if args.prometheus:
-        from gpufeed.correlator.feeds.promql import PromError, load_range, parse_time
-
         if args.trace:
             print("gpufeed analyze: give a trace file or --prometheus, not both", file=sys.stderr)
             return 2
         if not args.start or not args.end:
             print("gpufeed analyze: --prometheus needs --start and --end", file=sys.stderr)
             return 2
-        try:
-            start, end = parse_time(args.start), parse_time(args.end)
-            nodes = load_range(args.prometheus, start, end, args.step, args.match)
-        except (PromError, ValueError) as e:
-            print(f"gpufeed analyze: {e}", file=sys.stderr)
-            return 1
+        return _stream(args, params)
     else:
         from gpufeed.trace.reader import TraceError, read_trace
 
@@ -142,6 +193,83 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stream(args: argparse.Namespace, params: WindowParams) -> int:
+    """The streamed Prometheus analysis (`correlator.stream`), spooled beside the output."""
+    import tempfile
+
+    from gpufeed.correlator.feeds.batches import parse_shard
+    from gpufeed.correlator.feeds.promql import PromError, Retry, parse_time
+    from gpufeed.correlator.feeds.stream import BatchError, StreamConfig, plan, run_batches
+
+    def progress(line: str) -> None:
+        print(f"gpufeed analyze: {line}", file=sys.stderr, flush=True)
+
+    try:
+        shard, shards = parse_shard(args.shard)
+    except ValueError as e:
+        print(f"gpufeed analyze: {e}", file=sys.stderr)
+        return 2
+    try:
+        cfg = StreamConfig(
+            url=args.prometheus,
+            start_seconds=parse_time(args.start),
+            end_seconds=parse_time(args.end),
+            step_seconds=args.step,
+            match=args.match,
+            params=params,
+            retry=Retry(attempts=args.retries + 1, timeout_seconds=args.query_timeout),
+            batch_instances=args.batch_instances,
+            chunk_seconds=args.chunk,
+            shard=shard,
+            shards=shards,
+        )
+        batches = plan(cfg)
+    except ValueError as e:
+        print(f"gpufeed analyze: {e}", file=sys.stderr)
+        return 1
+    except PromError as e:
+        print(f"gpufeed analyze: finding the instances: {e}", file=sys.stderr)
+        return 1
+    if args.progress:
+        n = sum(len(b.instances) for b in batches)
+        progress(f"shard {shard}/{shards}: {n} instances in {len(batches)} batches")
+    out_dir = os.path.dirname(os.path.abspath(args.output)) if args.output else None
+    with tempfile.TemporaryDirectory(prefix=".gpufeed-spool-", dir=out_dir) as spool:
+        try:
+            paths = run_batches(cfg, batches, spool, args.jobs, progress if args.progress else None)
+        except BatchError as e:
+            print(f"gpufeed analyze: {e}; nothing written", file=sys.stderr)
+            return 1
+        return _merge(paths, args.format, args.output)
+
+
+def _merge(paths: list[str], fmt: str, output: str | None) -> int:
+    import io
+
+    from gpufeed.correlator.engine.window import Window
+    from gpufeed.correlator.outputs.merge import MergeError, merge_files
+    from gpufeed.correlator.outputs.output import open_result
+    from gpufeed.correlator.outputs.table import format_table
+
+    try:
+        with open_result(output) as f:
+            if fmt == "jsonl":
+                merge_files(paths, f)
+            else:
+                buf = io.StringIO()
+                merge_files(paths, buf)
+                rows = [Window.from_json(json.loads(x)) for x in buf.getvalue().splitlines()]
+                f.write(format_table(rows))
+    except MergeError as e:
+        print(f"gpufeed analyze: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        where = f"--output {output}" if output else "merge"
+        print(f"gpufeed analyze: {where}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _usage_problem(args: argparse.Namespace) -> str:
     """What is wrong with the flags, in one line; "" when nothing is. NaN fails every
     comparison, so each check is written to fail on it."""
@@ -155,6 +283,14 @@ def _usage_problem(args: argparse.Namespace) -> str:
         return "--step must be a positive number of seconds"
     if args.jobs < 1:
         return "--jobs must be at least 1"
+    if args.batch_instances < 1:
+        return "--batch-instances must be at least 1"
+    if not (math.isfinite(args.chunk) and args.chunk >= args.step):
+        return "--chunk must be a number of seconds of at least one --step"
+    if args.retries < 0:
+        return "--retries must be zero or more"
+    if not (math.isfinite(args.query_timeout) and args.query_timeout > 0):
+        return "--query-timeout must be a positive number of seconds"
     if args.output and args.output != "-":
         # checked before the analysis, which can take minutes
         d = os.path.dirname(os.path.abspath(args.output))

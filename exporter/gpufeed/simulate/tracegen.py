@@ -59,7 +59,9 @@ class TraceStats:
 
 
 @dataclass
-class _NodeData:
+class NodeData:
+    """One simulated node's series and their values, one column per series."""
+
     instance: str
     defs: list[SeriesDef]
     values: list[array[float]]
@@ -92,21 +94,12 @@ def generate_trace(
     if nodes < 1 or duration_s <= 0 or step_s <= 0:
         raise ValueError("nodes, duration_s and step_s must be positive")
     steps = int(duration_s // step_s) + 1
-    data: list[_NodeData] = []
+    data: list[NodeData] = []
     labels_out = open(labels_path, "w", encoding="utf-8") if labels_path else None  # noqa: SIM115
     try:
         for i in range(nodes):
-            node_seed = mix(seed, 201, i) & 0x7FFFFFFF
-            if scenario is None:
-                sc = random_scenario(node_seed, duration_s, sdk=sdk)
-            elif isinstance(scenario, Scenario):
-                sc = scenario
-            else:
-                sc = scenario(i, node_seed, duration_s)
-            engine = Engine(sc, node_seed, pace=1.0, resolution_seconds=step_s)
-            ids = gpu_identities(sc, node_seed)
-            defs = gpu_series(sc, engine.layout, ids) + node_series(sc, engine.layout, ids)
-            data.append(_NodeData(instance_name(i), defs, _values(engine, defs, steps)))
+            node, engine, ids = _simulate(i, seed, duration_s, step_s, scenario, sdk)
+            data.append(node)
             if labels_out is not None:
                 _write_labels(labels_out, engine, instance_name(i), ids, steps, step_s, start_unix)
     finally:
@@ -121,6 +114,43 @@ def generate_trace(
         bytes=size,
         seconds=time.perf_counter() - began,
     )
+
+
+def simulate_node(
+    node: int,
+    *,
+    duration_s: float,
+    step_s: float = 15.0,
+    seed: int = 1,
+    scenario: ScenarioSource = None,
+    sdk: bool | None = None,
+) -> NodeData:
+    """Node `node` of a `generate_trace` run with the same arguments, as columns (sample k
+    at `start_unix + k * step_s`; NaN where absent): for loaders that write another format,
+    such as a TSDB's import API (`bench/analyze_scale.py`)."""
+    return _simulate(node, seed, duration_s, step_s, scenario, sdk)[0]
+
+
+def _simulate(
+    i: int,
+    seed: int,
+    duration_s: float,
+    step_s: float,
+    scenario: ScenarioSource,
+    sdk: bool | None,
+) -> tuple[NodeData, Engine, list[GpuIdentity]]:
+    node_seed = mix(seed, 201, i) & 0x7FFFFFFF
+    if scenario is None:
+        sc = random_scenario(node_seed, duration_s, sdk=sdk)
+    elif isinstance(scenario, Scenario):
+        sc = scenario
+    else:
+        sc = scenario(i, node_seed, duration_s)
+    engine = Engine(sc, node_seed, pace=1.0, resolution_seconds=step_s)
+    ids = gpu_identities(sc, node_seed)
+    defs = gpu_series(sc, engine.layout, ids) + node_series(sc, engine.layout, ids)
+    steps = int(duration_s // step_s) + 1
+    return NodeData(instance_name(i), defs, _values(engine, defs, steps)), engine, ids
 
 
 def _values(engine: Engine, defs: Sequence[SeriesDef], steps: int) -> list[array[float]]:
@@ -161,7 +191,7 @@ def _values(engine: Engine, defs: Sequence[SeriesDef], steps: int) -> list[array
 
 
 def _write_trace(
-    path: Path, data: list[_NodeData], steps: int, step_s: float, start_unix: float
+    path: Path, data: list[NodeData], steps: int, step_s: float, start_unix: float
 ) -> tuple[int, int]:
     suffixes = [" " + om_timestamp(start_unix + k * step_s) + "\n" for k in range(steps)]
     order: dict[str, SeriesDef] = {}

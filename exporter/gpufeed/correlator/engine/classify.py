@@ -5,6 +5,7 @@ each job's features, who holds which GPU, which GPUs throttle)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from gpufeed.correlator.engine.baseline import Baselines, Kind
 from gpufeed.correlator.engine.features import FATAL_XIDS, THROTTLE_REASONS, Evidence, job_features
@@ -117,7 +118,13 @@ class Classifier:
     def classify(self, u: Unit, t: float, util: float, lost: bool) -> Mark:
         """The rules' decision for one low sample of `u`, with the evidence behind it."""
         job = self.gpu_jobs(t).get(u.gpu, "") if u.cols is not None else u.cpu_job
-        if not job and u.cols is not None and self.node.job_info and not lost and not u.cols.xids:
+        if (
+            not job
+            and u.cols is not None
+            and _began_by(self.node.job_info.values(), t)
+            and not lost
+            and not _began_by(u.cols.xids.values(), t)
+        ):
             # no job holds the GPU: idle unless it failed; the node's signals do not matter
             d = decide({F.NO_JOB: 1.0})
             return Mark(t, util, d.cause, "", d.confidence, {F.NO_JOB: 1.0}, {})
@@ -182,7 +189,7 @@ class Classifier:
             uv, tv = used.value_at(t, stale), total.value_at(t, stale)
             if uv is not None and tv:
                 mem_ratio = uv / tv
-        if self.node.job_info:
+        if _began_by(self.node.job_info.values(), t):
             ev.features[F.NO_JOB] = 0.0 if job else 1.0
         elif mem_ratio is not None:
             ev.features[F.GPU_MEMORY_IDLE] = 1.0 if mem_ratio < 0.03 and util < 0.05 else 0.0
@@ -361,6 +368,14 @@ def _stretch_start(s: Series, t: float, floor: float, lost: bool = False) -> flo
             return -math.inf
         i -= 1
     return start
+
+
+def _began_by(series: Iterable[Series], t: float) -> bool:
+    """Whether any of `series` has a sample at or before `t`. A decision at `t` must not
+    depend on a series that only begins later (an XID counter born with its first event,
+    the first job on a node): offline the columns hold the whole range, live and streamed
+    they end at `t`, and all three must decide alike."""
+    return any(s.ts and s.ts[0] <= t for s in series)
 
 
 def _increase(s: Series, t: float, lookback: float, appeared_after: float = math.inf) -> float:

@@ -15,6 +15,7 @@ from gpufeed.correlator.engine.engine import NodeCorrelator, WindowParams
 from gpufeed.correlator.engine.node import NodeSeries
 from gpufeed.correlator.engine.view import Timing
 from gpufeed.correlator.engine.window import Window
+from gpufeed.correlator.outputs.merge import window_key
 
 
 def estimate_interval(node: NodeSeries) -> float:
@@ -113,9 +114,5 @@ def analyze_nodes(nodes: Iterable[NodeSeries], params: WindowParams, jobs: int =
     else:
         for n in todo:
             out.extend(analyze_node(n, params))
-    out.sort(key=lambda w: (w.instance, _gpu_key(w.gpu), w.job_id, w.start_seconds))
+    out.sort(key=window_key)
     return out
-
-
-def _gpu_key(gpu: str) -> tuple[int, str]:
-    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)

@@ -14,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -29,10 +31,35 @@ MAX_POINTS = 10_000
 INSTANCE_BATCH = 16
 THREADS = 8
 TIMEOUT_SECONDS = 60.0
+# Answers worth asking again: the server is overloaded, restarting or behind a proxy that
+# lost it. Anything else (a bad query, 4xx) fails the same way every time.
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
 class PromError(RuntimeError):
     """The server refused or failed a query; the message says which and why."""
+
+
+class _Transient(PromError):
+    """A failure that may pass: connection refused or reset, a timeout, a 5xx or 429."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """How patiently one query is asked: `attempts` tries in all, waiting
+    `first_backoff_seconds`, then twice that, ... (at most `max_backoff_seconds`) between
+    them. The default rides out a TSDB restart of about half a minute."""
+
+    attempts: int = 6
+    first_backoff_seconds: float = 1.0
+    max_backoff_seconds: float = 16.0
+    timeout_seconds: float = TIMEOUT_SECONDS
+
+    def backoff(self, attempt: int) -> float:
+        return float(min(self.first_backoff_seconds * 2**attempt, self.max_backoff_seconds))
+
+
+DEFAULT_RETRY = Retry()
 
 
 def parse_time(text: str) -> float:
@@ -55,19 +82,39 @@ def _matchers(match: str) -> str:
     return m.strip().strip(",")
 
 
-def _get(base: str, path: str, params: list[tuple[str, str]]) -> Any:
+def _get(base: str, path: str, params: list[tuple[str, str]], retry: Retry = DEFAULT_RETRY) -> Any:
+    """One API call's `data`, asked again with backoff while the failure may pass."""
+    began = time.monotonic()
+    for attempt in range(max(retry.attempts, 1)):
+        try:
+            return _get_once(base, path, params, retry.timeout_seconds)
+        except _Transient as e:
+            if attempt + 1 >= retry.attempts:
+                waited = time.monotonic() - began
+                n = max(retry.attempts, 1)
+                raise PromError(
+                    f"{e} (gave up after {n} tr{'ies' if n > 1 else 'y'} over {waited:.0f} s)"
+                ) from None
+            time.sleep(retry.backoff(attempt))
+    raise AssertionError("unreachable")
+
+
+def _get_once(base: str, path: str, params: list[tuple[str, str]], timeout: float) -> Any:
     url = base.rstrip("/") + path + "?" + urllib.parse.urlencode(params)
     req = urllib.request.Request(url, headers={"Accept": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT_SECONDS) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             body = json.loads(r.read())
     except urllib.error.HTTPError as e:
         detail = ""
         with contextlib.suppress(ValueError, OSError):
             detail = json.loads(e.read()).get("error", "")
-        raise PromError(f"{path}: HTTP {e.code} {detail}".strip()) from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise PromError(f"{base}{path}: {e}") from None
+        kind = _Transient if e.code in RETRY_STATUSES else PromError
+        raise kind(f"{path}: HTTP {e.code} {detail}".strip()) from None
+    except ValueError as e:  # not JSON: a proxy's error page, a truncated body
+        raise _Transient(f"{base}{path}: {e}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise _Transient(f"{base}{path}: {e}") from None
     if body.get("status") != "success":
         raise PromError(f"{path}: {body.get('error', 'query failed')}")
     warnings = body.get("warnings")
@@ -79,19 +126,43 @@ def _get(base: str, path: str, params: list[tuple[str, str]]) -> Any:
     return body["data"]
 
 
-def instances(base: str, start: float, end: float, match: str) -> list[str]:
+def instances(
+    base: str, start: float, end: float, match: str, retry: Retry = DEFAULT_RETRY
+) -> list[str]:
     inner = _matchers(match)
     sel = '{__name__=~"gpufeed_.+"' + (f",{inner}" if inner else "") + "}"
     data = _get(
         base,
         "/api/v1/label/instance/values",
         [("match[]", sel), ("start", f"{start:.3f}"), ("end", f"{end:.3f}")],
+        retry,
     )
     return sorted(str(x) for x in data)
 
 
-def _chunks(start: float, end: float, step: float) -> Iterator[tuple[float, float]]:
-    span = step * (MAX_POINTS - 1)
+def instance_jobs(
+    base: str, start: float, end: float, match: str, retry: Retry = DEFAULT_RETRY
+) -> list[tuple[str, str]]:
+    """(instance, job_id) of every `gpufeed_job_info` series in the range: which instances
+    a job spans (one series per job and GPU, so cheap next to the data itself)."""
+    inner = _matchers(match)
+    sel = "gpufeed_job_info" + (f"{{{inner}}}" if inner else "")
+    data = _get(
+        base,
+        "/api/v1/series",
+        [("match[]", sel), ("start", f"{start:.3f}"), ("end", f"{end:.3f}")],
+        retry,
+    )
+    pairs = {(str(d.get("instance", "")), str(d.get("job_id", ""))) for d in data}
+    return sorted(p for p in pairs if p[0] and p[1])
+
+
+def chunks(
+    start: float, end: float, step: float, points: int = MAX_POINTS
+) -> Iterator[tuple[float, float]]:
+    """[start, end] cut into spans of at most `points` steps, all on the grid start + k *
+    step: every chunking of a range sees the same instants with the same values."""
+    span = step * (min(points, MAX_POINTS) - 1)
     t = start
     while t <= end:
         e = min(end, t + span)
@@ -99,52 +170,101 @@ def _chunks(start: float, end: float, step: float) -> Iterator[tuple[float, floa
         t = e + step
 
 
+def _instance_selector(insts: Sequence[str], inner: str) -> str:
+    alt = "|".join(re.escape(x) for x in insts).replace("\\", "\\\\").replace('"', '\\"')
+    return f'instance=~"{alt}"' + (f",{inner}" if inner else "")
+
+
+def _query(
+    base: str, metric: str, sel: str, s: float, e: float, step: float, retry: Retry
+) -> list[dict[str, Any]]:
+    # just under one step: each step sees only the samples that fell inside it
+    q = f"last_over_time({metric}{{{sel}}}[{max(int(step * 1000) - 1, 1)}ms])"
+    params = [("query", q), ("start", f"{s:.3f}"), ("end", f"{e:.3f}"), ("step", f"{step:g}")]
+    data = _get(base, "/api/v1/query_range", params, retry)
+    result: list[dict[str, Any]] = data.get("result", [])
+    return result
+
+
+def route_result(nodes: dict[str, NodeSeries], metric: str, result: list[dict[str, Any]]) -> int:
+    """Appends one query's series to their nodes' columns (created on first sight); returns
+    how many points the answer held."""
+    points = 0
+    for item in result:
+        labels = {k: str(v) for k, v in item.get("metric", {}).items()}
+        labels.pop("__name__", None)
+        inst = labels.pop("instance", "")
+        node = nodes.get(inst)
+        if node is None:
+            node = nodes[inst] = NodeSeries(inst)
+        series = node.route(metric, labels)
+        if series is None:
+            continue
+        values = item.get("values", [])
+        points += len(values)
+        ts = array("d", (float(t) for t, _ in values))
+        vs = array("d", (float(v) for _, v in values))
+        series.extend_sorted(ts, vs)
+    return points
+
+
+def fetch_chunk(
+    pool: ThreadPoolExecutor,
+    base: str,
+    insts: Sequence[str],
+    span: tuple[float, float],
+    step: float,
+    match: str,
+    nodes: dict[str, NodeSeries],
+    retry: Retry = DEFAULT_RETRY,
+) -> tuple[int, int]:
+    """Every used metric of `insts` over `span` (within MAX_POINTS), into `nodes`; the
+    queries run in `pool`, and each answer is routed (and freed) in metric order.
+    Returns (queries, points) asked and received: what the chunk cost the server."""
+    inner = _matchers(match)
+    sels = [
+        _instance_selector(insts[i : i + INSTANCE_BATCH], inner)
+        for i in range(0, len(insts), INSTANCE_BATCH)
+    ]
+    s, e = span
+    tasks = [(m, sel) for m in USED_METRICS for sel in sels]
+    answers = pool.map(lambda t: (t[0], _query(base, t[0], t[1], s, e, step, retry)), tasks)
+    points = 0
+    for metric, result in answers:
+        points += route_result(nodes, metric, result)
+    return len(tasks), points
+
+
 def load_range(
-    base: str, start: float, end: float, step: float, match: str = ""
+    base: str,
+    start: float,
+    end: float,
+    step: float,
+    match: str = "",
+    retry: Retry = DEFAULT_RETRY,
 ) -> dict[str, NodeSeries]:
-    """Every node's used series over [start, end] at `step` resolution."""
+    """Every node's used series over [start, end] at `step` resolution, all at once (the
+    streamed analysis, `feeds/stream.py`, holds a bounded part at a time instead)."""
     if end <= start:
         raise ValueError("--end must be after --start")
     if step <= 0:
         raise ValueError("--step must be positive")
-    insts = instances(base, start, end, match)
+    insts = instances(base, start, end, match, retry)
     inner = _matchers(match)
     tasks: list[tuple[str, str, float, float]] = []
     for i in range(0, len(insts), INSTANCE_BATCH):
-        batch = insts[i : i + INSTANCE_BATCH]
-        alt = "|".join(re.escape(x) for x in batch).replace("\\", "\\\\").replace('"', '\\"')
-        sel = f'instance=~"{alt}"' + (f",{inner}" if inner else "")
+        sel = _instance_selector(insts[i : i + INSTANCE_BATCH], inner)
         for metric in USED_METRICS:
-            for s, e in _chunks(start, end, step):
+            for s, e in chunks(start, end, step):
                 tasks.append((metric, sel, s, e))
 
     def run(task: tuple[str, str, float, float]) -> tuple[str, list[dict[str, Any]]]:
         metric, sel, s, e = task
-        # just under one step: each step sees only the samples that fell inside it
-        q = f"last_over_time({metric}{{{sel}}}[{max(int(step * 1000) - 1, 1)}ms])"
-        data = _get(
-            base,
-            "/api/v1/query_range",
-            [("query", q), ("start", f"{s:.3f}"), ("end", f"{e:.3f}"), ("step", f"{step:g}")],
-        )
-        return metric, data.get("result", [])
+        return metric, _query(base, metric, sel, s, e, step, retry)
 
     nodes: dict[str, NodeSeries] = {}
     with ThreadPoolExecutor(max_workers=THREADS) as pool:
         results = list(pool.map(run, tasks))  # in task order: chunks stay in time order
     for metric, result in results:
-        for item in result:
-            labels = {k: str(v) for k, v in item.get("metric", {}).items()}
-            labels.pop("__name__", None)
-            inst = labels.pop("instance", "")
-            node = nodes.get(inst)
-            if node is None:
-                node = nodes[inst] = NodeSeries(inst)
-            series = node.route(metric, labels)
-            if series is None:
-                continue
-            values = item.get("values", [])
-            ts = array("d", (float(t) for t, _ in values))
-            vs = array("d", (float(v) for _, v in values))
-            series.extend_sorted(ts, vs)
+        route_result(nodes, metric, result)
     return nodes

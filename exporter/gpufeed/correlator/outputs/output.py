@@ -11,7 +11,9 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import IO
 
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.outputs.table import format_table
@@ -25,15 +27,24 @@ def render(windows: Sequence[Window], fmt: str) -> str:
 
 def write_result(windows: Sequence[Window], fmt: str, output: str | None) -> None:
     text = render(windows, fmt)
+    with open_result(output) as f:
+        f.write(text)
+
+
+@contextmanager
+def open_result(output: str | None) -> Iterator[IO[str]]:
+    """Standard output, or a temporary file beside `output` that replaces it (fsynced) only
+    when the block completes; on an exception the temporary file goes and `output` is
+    untouched."""
     if not output or output == "-":
-        sys.stdout.write(text)
+        yield sys.stdout
         sys.stdout.flush()
         return
     d = os.path.dirname(os.path.abspath(output))
     fd, tmp = tempfile.mkstemp(prefix=".gpufeed-analyze-", dir=d)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, output)
