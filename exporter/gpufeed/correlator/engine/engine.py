@@ -119,11 +119,9 @@ class NodeCorrelator:
             return v, False
         phases = self.node.jobs[u.cpu_job].phases
         tm = self.timing
-        rates = [
-            s.rate_at(t, tm.rate_window_seconds, tm.stale_seconds, tm.gap_seconds)
-            for s in phases.values()
-        ]
-        comp = phases["compute"].rate_at(t, tm.rate_window_seconds, stale, tm.gap_seconds)
+        window = tm.share_window_seconds
+        rates = [s.rate_at(t, window, stale, tm.gap_seconds) for s in phases.values()]
+        comp = phases["compute"].rate_at(t, window, stale, tm.gap_seconds)
         total = sum(r for r in rates if r is not None)
         if comp is None or total <= 1e-9:
             return None, False

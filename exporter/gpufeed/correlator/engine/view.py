@@ -28,6 +28,17 @@ class Timing:
         return max(2.0 * self.interval_seconds, 10.0)
 
     @property
+    def share_window_seconds(self) -> float:
+        """The lookback of a CPU-only job's compute share, its stand-in for utilization.
+
+        Shorter than `rate_window_seconds`: a share over the last 10 s is back above an 0.8
+        threshold only once 8 of those 10 s were healthy, so every window of a CPU job
+        ended about 8 s after the job had recovered (measured in the fault lab: 10-11 s of
+        healthy time inside each window). NVML's utilization, which this stands in for, is
+        a gauge over the last second or so; 3 s still spans many steps and SDK flushes."""
+        return max(2.0 * self.interval_seconds, 3.0)
+
+    @property
     def gap_seconds(self) -> float:  # a longer hole is a gap, never bridged
         return max(4.0 * self.interval_seconds, 60.0)
 
