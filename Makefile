@@ -9,7 +9,7 @@ RUN_VENV ?= .venv-run
 RUN_STAMP := $(RUN_VENV)/.installed
 ARGS ?=
 
-.PHONY: install runtime run promtool test lint typecheck unit bench bench-correlator soak dashboards alerts docs clean
+.PHONY: install runtime run promtool test lint typecheck unit bench bench-correlator soak lab dashboards alerts docs clean
 
 install: $(STAMP)
 
@@ -85,6 +85,14 @@ bench-correlator: install
 # Not part of `make test`. ARGS="--minutes 10 --warmup-minutes 3" for a short one.
 soak: install
 	$(PY) -m bench.soak $(ARGS)
+
+# The fault lab (docs/lab.md): the "lab" suite's scenarios (lab/scenarios/*.yaml), each under
+# `gpufeed run` and with the SDK, real faults against the real agent; root, ~25 min on 2
+# cores. Writes lab-results/report.md (+ .json, a timeline PNG per run); exit 1 when a
+# scenario misses its targets. ARGS="single-node --launcher sdk" runs a part of it. The short
+# form runs inside `make test` (tests/test_lab_short.py).
+lab: install promtool
+	$(PY) -m lab.run --suite lab --out lab-results $(ARGS)
 
 # Regenerate the committed dashboards/json/*.json, alerts/gpufeed.rules.yml and
 # deploy/kubernetes/prometheusrule.yaml from code (tests fail when they drift).

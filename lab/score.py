@@ -70,6 +70,7 @@ class Sighting:
     seen_s: float
     start_s: float
     cause: str
+    end_s: float | None = None  # None: open when seen
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,7 +362,10 @@ def _detect(
     seen = [
         s.seen_s
         for s in sightings
-        if s.cause == e.cause.value and s.seen_s >= e.start_s and s.start_s < e.stop_s
+        if s.cause == e.cause.value
+        and s.seen_s >= e.start_s
+        and s.start_s < e.stop_s
+        and (s.end_s is None or s.end_s > e.start_s)  # not an earlier window seen again
     ]
     if seen:
         return max(0.0, min(seen) - e.start_s), False
@@ -393,7 +397,7 @@ def _evidence(e: Expect, right: list[LabWindow]) -> dict[str, dict[str, Any]]:
             ev = dict(w.evidence)
             values = {str(ev[f]) for f in fields if f in ev}
             said.update(values)
-            if any(want in _parts(v) for v in values):
+            if any(_names(key, want, v) for v in values):
                 named_s += d
             if want.lower() in w.summary.lower():
                 summary_s += d
@@ -406,5 +410,9 @@ def _evidence(e: Expect, right: list[LabWindow]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _parts(value: str) -> set[str]:
-    return {p.strip() for p in value.replace(";", ",").split(",")} | {value}
+def _names(key: str, want: str, value: str) -> bool:
+    """Whether an evidence value names what is wanted: a tier or device exactly (one item
+    of a list counts), a reason as a word or word stem anywhere in it ("throttl")."""
+    if key == "reason":
+        return want.lower() in value.lower()
+    return want in {p.strip() for p in value.replace(";", ",").split(",")} | {value}

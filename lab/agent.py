@@ -1,0 +1,94 @@
+"""The real gpufeed agent for one lab run: its own config (the run's tiers, SDK socket and
+windows log in the run directory), listening on port 0, the port read back from the
+kernel's socket table for the agent's own pid (never a fixed port: eight people run labs
+and tests on one host)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+from lab.host import LoopTier
+
+
+def listening_port(pid: int) -> int | None:
+    try:
+        conns = psutil.Process(pid).net_connections(kind="inet")
+    except psutil.NoSuchProcess:
+        return None
+    ports = {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN and c.laddr}
+    return ports.pop() if len(ports) == 1 else None
+
+
+class Agent:
+    def __init__(self, run_dir: Path, tiers: dict[str, LoopTier], instance: str) -> None:
+        self.run_dir = run_dir
+        self.socket = run_dir / "sdk.sock"
+        self.windows_log = run_dir / "windows.jsonl"
+        self.config = run_dir / "agent.yaml"
+        self.instance = instance
+        self.config.write_text(
+            yaml.safe_dump(
+                {
+                    "interval_seconds": 1,
+                    "tiers": {name: str(t.mnt) for name, t in tiers.items()},
+                    "sdk": {"socket_path": str(self.socket)},
+                    "correlator": {"windows_log": str(self.windows_log)},
+                }
+            )
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self, prefix: list[str], timeout_s: float = 60.0) -> None:
+        argv = [*prefix, sys.executable, "-m", "gpufeed", "agent", "--config", str(self.config)]
+        argv += ["--web.listen-address", "127.0.0.1:0", "--instance", self.instance]
+        log = open(self.run_dir / "agent.log", "wb")  # noqa: SIM115 - the child holds it
+        try:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = (self.run_dir / "agent.log").read_text(errors="replace")[-400:]
+                raise RuntimeError(f"the agent exited with {self.proc.returncode}: {tail}")
+            port = listening_port(self.proc.pid)
+            if port is not None and self.socket.exists():
+                self.url = f"http://127.0.0.1:{port}"
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"the agent did not listen within {timeout_s:g} s")
+
+    def windows(self) -> dict[str, Any]:
+        """/api/windows: {"windows": [closed...], "open": [...]}."""
+        with urllib.request.urlopen(self.url + "/api/windows?limit=1000", timeout=5) as r:
+            data: dict[str, Any] = json.loads(r.read())
+        return data
+
+    def stop(self) -> None:
+        """SIGTERM: the agent logs the windows still open, closed at its last sample."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+    def logged_windows(self) -> list[dict[str, Any]]:
+        out = []
+        if self.windows_log.exists():
+            for line in self.windows_log.read_text().splitlines():
+                if line.strip():
+                    out.append(json.loads(line))
+        return out

@@ -1,0 +1,197 @@
+"""The real host parts a lab run sets up: loop-mounted ext4 tiers and a job cgroup shaped
+the way Slurm shapes one, in every hierarchy the faults need (cgroup v1 blkio + cpu, or
+the v2 unified tree with io and cpu enabled).
+
+Everything is made under names unique to this run (the runner's pid and a random suffix)
+and undone by `close()`, which is safe to call twice and after a half-finished setup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# A v1 read/write throttle that never throttles: v1 blkio counts a cgroup's per-device
+# bytes in blkio.throttle.io_service_bytes only for devices that have a throttle rule.
+NEVER_THROTTLES_BPS = 1 << 40
+
+
+def sh(*cmd: str) -> str:
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {out.stderr.strip() or out.returncode}")
+    return out.stdout.strip()
+
+
+@dataclass
+class LoopTier:
+    """An ext4 filesystem on a loop device over a sparse image in the run directory, the
+    loop device reading its image with direct I/O (the workload reads with O_DIRECT too)."""
+
+    name: str
+    base: Path
+    size_mib: int
+    image: Path = field(init=False)
+    mnt: Path = field(init=False)
+    loop: str = ""
+    mounted: bool = False
+
+    def __post_init__(self) -> None:
+        self.image = self.base / f"{self.name}.img"
+        self.mnt = self.base / self.name
+
+    def open(self) -> LoopTier:
+        self.mnt.mkdir()
+        with open(self.image, "wb") as f:
+            f.truncate(self.size_mib << 20)
+        sh("mkfs.ext4", "-q", "-F", "-E", "nodiscard", str(self.image))
+        # direct I/O to the image too: the host's page cache must not hide a fault either
+        self.loop = sh("losetup", "--find", "--show", "--direct-io=on", str(self.image))
+        sh("mount", "-o", "noatime", self.loop, str(self.mnt))
+        self.mounted = True
+        return self
+
+    @property
+    def dev(self) -> str:
+        """MAJ:MIN of the loop device (what cgroup throttles name)."""
+        st = os.stat(self.loop)
+        return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+
+    def close(self) -> None:
+        if self.mounted:
+            for _ in range(20):  # a reader that is just being killed may hold it a moment
+                if subprocess.run(["umount", str(self.mnt)], capture_output=True).returncode == 0:
+                    break
+                time.sleep(0.25)
+            else:
+                subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
+            self.mounted = False
+        if self.loop:
+            subprocess.run(["losetup", "-d", self.loop], capture_output=True)
+            self.loop = ""
+
+
+def cgroup_mode() -> str:
+    """ "v1" where the blkio and cpu controllers are mounted as v1 hierarchies, "v2" where the
+    unified tree at /sys/fs/cgroup has io and cpu, else "" (the lab cannot throttle)."""
+    if (CGROUP_ROOT / "blkio" / "cgroup.procs").exists() and (
+        CGROUP_ROOT / "cpu" / "cgroup.procs"
+    ).exists():
+        return "v1"
+    ctl = CGROUP_ROOT / "cgroup.controllers"
+    if ctl.exists() and {"io", "cpu"} <= set(ctl.read_text().split()):
+        return "v2"
+    return ""
+
+
+class JobCgroup:
+    """A job's cgroup, where Slurm would put it: v1 <ctrl>/<top>/slurm/uid_0/job_<id>,
+    v2 <top>/slurmstepd.scope/job_<id>; the agent's job collectors find it there and read the
+    job's per-device I/O and CPU throttling from it."""
+
+    def __init__(self, job_id: str, mode: str | None = None) -> None:
+        self.job_id = job_id
+        self.mode = mode if mode is not None else cgroup_mode()
+        if not self.mode:
+            raise RuntimeError(
+                "no cgroup v1 blkio+cpu hierarchies and no v2 io+cpu: cannot throttle"
+            )
+        top = f"gpufeed-lab-{os.getpid()}-{secrets.token_hex(3)}"
+        if self.mode == "v1":
+            self.tops = [CGROUP_ROOT / c / top for c in ("blkio", "cpu")]
+            self.dirs = [t / "slurm" / "uid_0" / f"job_{job_id}" for t in self.tops]
+        else:
+            self.tops = [CGROUP_ROOT / top]
+            self.dirs = [self.tops[0] / "slurmstepd.scope" / f"job_{job_id}"]
+        self.made: list[Path] = []
+
+    def open(self, devices: list[str]) -> JobCgroup:
+        for top, leaf in zip(self.tops, self.dirs, strict=True):
+            chain = [top]
+            for part in leaf.relative_to(top).parts:
+                chain.append(chain[-1] / part)
+            for path in chain:
+                if not path.exists():
+                    path.mkdir()
+                    self.made.append(path)
+                if self.mode == "v2" and path != leaf:
+                    (path / "cgroup.subtree_control").write_text("+io +cpu")
+        if self.mode == "v1":  # switch per-device accounting on
+            for dev in devices:
+                for rule in ("read_bps_device", "write_bps_device"):
+                    (self.blkio / f"blkio.throttle.{rule}").write_text(
+                        f"{dev} {NEVER_THROTTLES_BPS}\n"
+                    )
+        return self
+
+    @property
+    def blkio(self) -> Path:
+        return self.dirs[0]
+
+    @property
+    def cpu(self) -> Path:
+        return self.dirs[-1]
+
+    def procs_files(self) -> list[Path]:
+        return [d / "cgroup.procs" for d in self.dirs]
+
+    def enter_argv(self, argv: list[str]) -> list[str]:
+        """argv run through a shell that first moves itself into the job's cgroups, then
+        execs: what a scheduler's launcher does before it starts the job."""
+        writes = " && ".join(f"echo $$ > {p}" for p in self.procs_files())
+        return ["sh", "-c", f'{writes} && exec "$@"', "sh", *argv]
+
+    def add(self, pid: int) -> None:
+        for p in self.procs_files():
+            p.write_text(str(pid))
+
+    def set_read_limit(self, dev: str, bytes_per_s: int | None) -> None:
+        """Reads from `dev` limited to bytes_per_s for the job (None: unlimited)."""
+        if self.mode == "v1":
+            bps = NEVER_THROTTLES_BPS if bytes_per_s is None else bytes_per_s
+            (self.blkio / "blkio.throttle.read_bps_device").write_text(f"{dev} {bps}\n")
+        else:
+            rate = "max" if bytes_per_s is None else str(bytes_per_s)
+            (self.blkio / "io.max").write_text(f"{dev} rbps={rate}\n")
+
+    def set_cpu_quota(self, cpus: float | None) -> None:
+        """The job's CPU time limited to `cpus` CPUs (None: unlimited)."""
+        period = 100_000
+        if self.mode == "v1":
+            quota = -1 if cpus is None else max(1000, int(cpus * period))
+            (self.cpu / "cpu.cfs_period_us").write_text(str(period))
+            (self.cpu / "cpu.cfs_quota_us").write_text(str(quota))
+        else:
+            value = "max" if cpus is None else str(max(1000, int(cpus * period)))
+            (self.cpu / "cpu.max").write_text(f"{value} {period}\n")
+
+    def pids(self) -> set[int]:
+        out: set[int] = set()
+        for p in self.procs_files():
+            with contextlib.suppress(OSError):
+                out.update(int(x) for x in p.read_text().split())
+        return out
+
+    def close(self) -> None:
+        """Ends whatever is still inside (only processes this run put there), then removes
+        the directories, deepest first."""
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for d in reversed(self.made):
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)  # processes still leaving
+        self.made.clear()

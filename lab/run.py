@@ -1,0 +1,339 @@
+"""Runs lab scenarios against the real agent and scores what it said.
+
+    python -m lab.run [--suite lab|short] [--launcher run|sdk|both] [--out DIR] [NAME ...]
+
+Per scenario and launcher: loop-mounted tiers, a Slurm-shaped job cgroup, the real agent
+(live correlator, real collectors, its windows log; port 0), the training program
+(lab/workloads/train.py) under `gpufeed run` or with the SDK inside the job's cgroup, and
+the faults on their schedule. The runner polls /api/windows every 2 s (when the agent
+first SAID each cause), and at the end reads the windows log, scores it (lab.score) and
+writes OUT/<scenario>-<launcher>/ (score.json, the raw windows and steps) and, for all
+runs, OUT/report.json and OUT/report.md with a timeline PNG per run (lab.report).
+
+Cleanup: every part is undone in reverse order on a normal end, on an exception, and on
+SIGTERM, SIGINT or SIGHUP (turned into an exception): faults stopped (throttles lifted,
+hogs and readers killed, control file removed), the workload and agent ended, the job
+cgroup's processes killed and its directories removed, tiers unmounted, loop devices
+detached, the run directory deleted. Only a SIGKILL of the runner itself can leave them.
+
+Exit status: 0 when every scenario ran and met its targets, 1 when one missed, 2 when one
+could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from lab import faults as faultkit
+from lab.agent import Agent
+from lab.host import JobCgroup, LoopTier, cgroup_mode
+from lab.scenario import Scenario, ScenarioError, find, load_all
+from lab.score import LabWindow, NodeRun, Sighting, Step, score
+
+TRAIN = Path(__file__).resolve().parent / "workloads" / "train.py"
+POLL_SECONDS = 2.0
+# The workload runs on this long past the scenario's end, so that the agent closes a window
+# that is still open there at its real end (recovered for the 30 s merge gap) rather than
+# at the moment it is stopped; scoring stops at the scenario's end.
+TAIL_SECONDS = 35.0
+DEFAULT_OUT = Path("lab-results")
+
+
+class LabError(RuntimeError):
+    """A scenario that could not run (one line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    scenario: Scenario
+    launcher: str
+    t0: float
+    job_id: str
+    run: NodeRun
+    other_windows: int  # windows for other units or jobs (none expected)
+    workload_rc: int | None
+    out_dir: Path
+
+
+def host_problem() -> str | None:
+    """Why the lab cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "the lab needs root (loop mounts, cgroups)"
+    for tool in ("mkfs.ext4", "losetup", "mount", "umount"):
+        if shutil.which(tool) is None:
+            return f"the lab needs {tool} (Debian: e2fsprogs / mount)"
+    if not cgroup_mode():
+        return "the lab needs cgroup v1 blkio+cpu or cgroup v2 with io and cpu enabled"
+    return None
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """SIGTERM and SIGHUP end the run the way Ctrl-C does: by an exception, so that every
+    cleanup step registered below runs."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _nice(n: int) -> list[str]:
+    return ["nice", "-n", str(n)] if n else []
+
+
+def _write_data(directory: Path, samples: int, sample_kib: int) -> None:
+    directory.mkdir(parents=True)
+    for i in range(samples):
+        (directory / f"{i:05d}.bin").write_bytes(os.urandom(sample_kib << 10))
+    os.sync()
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def run_one(s: Scenario, launcher: str, out_root: Path, nice: int) -> RunResult:
+    if s.nodes != 1 or s.workload.kind != "train":
+        raise LabError(
+            f"{s.name}: lab.run runs single-node train scenarios (multi-node: lab.multinode)"
+        )
+    out = out_root / f"{s.name}-{launcher}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    with contextlib.ExitStack() as cleanup:
+        run_dir = Path(tempfile.mkdtemp(prefix=f"gpufeed-lab-{os.getpid()}-"))
+        cleanup.callback(shutil.rmtree, run_dir, True)
+        tiers: dict[str, LoopTier] = {}
+        for spec in s.tiers:
+            t = LoopTier(spec.name, run_dir, spec.size_mib)
+            cleanup.callback(t.close)
+            tiers[spec.name] = t.open()
+        w = s.workload
+        data = tiers[w.data_tier].mnt / "data"
+        _write_data(data, w.samples, w.sample_kib)
+        ck_tier = tiers.get(w.checkpoint.tier, tiers[w.data_tier])
+        weights = ""
+        if w.weights_tier:
+            wpath = tiers[w.weights_tier].mnt / "weights.bin"
+            wpath.write_bytes(os.urandom(w.weights_mib << 20))
+            weights = str(wpath)
+        os.sync()
+
+        job_id = f"{os.getpid()}{secrets.randbelow(9000) + 1000}"
+        cg = JobCgroup(job_id)
+        cleanup.callback(cg.close)
+        cg.open([t.dev for t in tiers.values()])
+        ctx = faultkit.FaultContext(cg, tiers, run_dir / "control.json", run_dir, _nice(nice))
+        injectors = []
+        for f in s.faults:
+            inj = faultkit.make(f, ctx)
+            cleanup.callback(inj.stop)  # registered before it can start
+            inj.prepare()
+            injectors.append((f, inj))
+        os.sync()
+
+        agent = Agent(run_dir, tiers, f"lab-{s.name}-{launcher}-{os.getpid()}")
+        cleanup.callback(_copy, agent.run_dir / "agent.log", out / "agent.log")
+        cleanup.callback(agent.stop)
+        agent.start(_nice(nice))
+
+        steps_log = out / "steps.jsonl"
+        argv = [sys.executable, str(TRAIN), "--mode", "plain" if launcher == "run" else "sdk"]
+        argv += ["--data", str(data), "--ckpt", str(ck_tier.mnt / "ckpt")]
+        argv += ["--ckpt-every", str(w.checkpoint.every_steps)]
+        argv += ["--device-seconds", str(w.device_seconds_per_step)]
+        argv += ["--batch-size", str(w.batch_size), "--workers", str(w.num_workers)]
+        argv += ["--preprocess-ms", str(w.preprocess_ms)]
+        argv += ["--seconds", f"{w.end_s or s.duration_s + TAIL_SECONDS:g}"]
+        argv += ["--steps-log", str(steps_log), "--control", str(ctx.control)]
+        if weights:
+            argv += ["--weights", weights]
+        if launcher == "run":  # unmodified, under gpufeed run
+            argv = [
+                sys.executable,
+                "-m",
+                "gpufeed",
+                "run",
+                "--socket",
+                str(agent.socket),
+                "--",
+                *argv,
+            ]
+        env = dict(os.environ, SLURM_JOB_ID=job_id, GPUFEED_SOCKET=str(agent.socket))
+        env.pop("GPUFEED_JOB_ID", None)
+        with open(out / "workload.log", "wb") as wlog:
+            proc = subprocess.Popen(
+                cg.enter_argv([*_nice(nice), *argv]),
+                env=env,
+                stdout=wlog,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        cleanup.callback(_kill_group, proc)
+        # The scenario's clock starts at the workload's first step: importing torch and
+        # starting the input workers takes 5-30 s on a loaded host, and is not the fault.
+        t0 = _first_step(steps_log, proc)
+        sightings = _drive(s, agent, injectors, proc, t0)
+        rc = proc.poll()
+        if rc is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                rc = proc.wait(30)
+        ran_s = time.time() - t0
+        sightings += _poll(agent, t0)
+        agent.stop()  # logs the windows still open
+        raw = agent.logged_windows()
+        (out / "windows.jsonl").write_text("".join(json.dumps(x) + "\n" for x in raw))
+    mine = [LabWindow.from_json(x, t0) for x in raw if x.get("job_id") == job_id]
+    steps = _steps(steps_log, t0)
+    node = NodeRun(0, tuple(mine), steps, tuple(sightings), ran_s=min(ran_s, s.duration_s))
+    return RunResult(s, launcher, t0, job_id, node, len(raw) - len(mine), rc, out)
+
+
+def _first_step(steps_log: Path, proc: subprocess.Popen[bytes], timeout_s: float = 240) -> float:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            first = json.loads(steps_log.read_text().splitlines()[0])
+            return float(first["t"])
+        if proc.poll() is not None:
+            raise LabError(f"the workload exited with {proc.returncode} before its first step")
+        time.sleep(0.2)
+    raise LabError(f"the workload made no step within {timeout_s:g} s")
+
+
+def _copy(src: Path, dst: Path) -> None:
+    with contextlib.suppress(OSError):
+        shutil.copyfile(src, dst)
+
+
+def _poll(agent: Agent, t0: float) -> list[Sighting]:
+    try:
+        data = agent.windows()
+    except (OSError, ValueError):
+        return []
+    now = time.time() - t0
+    closed = [
+        Sighting(now, float(x["start"]) - t0, str(x["cause"]), float(x["end"]) - t0)
+        for x in data.get("windows", [])
+    ]
+    return closed + [
+        Sighting(now, float(x["start"]) - t0, str(x["cause"])) for x in data.get("open", [])
+    ]
+
+
+def _drive(
+    s: Scenario,
+    agent: Agent,
+    injectors: list[tuple[Any, Any]],
+    proc: subprocess.Popen[bytes],
+    t0: float,
+) -> list[Sighting]:
+    """Starts and stops the faults on schedule until the scenario's end, polling the
+    agent's windows; stops early if the workload dies."""
+    events = sorted(
+        [(f.start_s, 1, i) for i, (f, _) in enumerate(injectors)]
+        + [(f.stop_s, 0, i) for i, (f, _) in enumerate(injectors)]
+    )
+    sightings: list[Sighting] = []
+    next_poll = 0.0
+    while True:
+        now = time.time() - t0
+        while events and events[0][0] <= now:
+            _, starting, i = events.pop(0)
+            f, inj = injectors[i]
+            (inj.start if starting else inj.stop)()
+            print(f"  {now:6.1f} s  {'start' if starting else 'stop '} {f.kind}", flush=True)
+        if now >= s.duration_s + TAIL_SECONDS or proc.poll() is not None:
+            return sightings
+        if now >= next_poll:
+            sightings += _poll(agent, t0)
+            next_poll = now + POLL_SECONDS
+        time.sleep(0.2)
+
+
+def _steps(path: Path, t0: float) -> tuple[Step, ...]:
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError, KeyError):
+                d = json.loads(line)
+                out.append(Step(float(d["t"]) - t0, float(d["s"]), float(d["c"])))
+    return tuple(out)
+
+
+def scenarios_for(names: list[str], suite: str) -> list[Scenario]:
+    if names:
+        return [find(n) for n in names]
+    return [s for s in load_all() if suite in s.suites and s.nodes == 1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lab.run", description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help="scenario names or YAML paths (default: the suite)")
+    ap.add_argument("--suite", default="lab", help="run the scenarios of this suite (default: lab)")
+    ap.add_argument("--launcher", choices=("run", "sdk", "both", "scenario"), default="both")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
+    ap.add_argument("--nice", type=int, default=-5, help="niceness of agent and workload")
+    args = ap.parse_args(argv)
+    problem = host_problem()
+    if problem:
+        print(f"lab: {problem}", file=sys.stderr)
+        return 2
+    try:
+        chosen = scenarios_for(args.names, args.suite)
+    except ScenarioError as exc:
+        print(f"lab: {exc}", file=sys.stderr)
+        return 2
+    from lab.report import write_report
+
+    results: list[RunResult] = []
+    failed = 0
+    with signals_raise():
+        for s in chosen:
+            launchers = (
+                [s.workload.launcher]
+                if args.launcher == "scenario"
+                else ["run", "sdk"]
+                if args.launcher == "both"
+                else [args.launcher]
+            )
+            for launcher in launchers:
+                print(f"lab: {s.name} ({launcher}), {s.duration_s:g} s", flush=True)
+                try:
+                    results.append(run_one(s, launcher, args.out, args.nice))
+                except (LabError, RuntimeError, OSError, ValueError) as exc:
+                    print(f"lab: {s.name} ({launcher}) could not run: {exc}", file=sys.stderr)
+                    failed += 1
+    report = write_report(results, args.out)
+    print(report.read_text() if report.exists() else "", flush=True)
+    if failed:
+        return 2
+    return 0 if all(score(r.scenario, [r.run]).passed() for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

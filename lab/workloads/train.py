@@ -1,0 +1,231 @@
+"""The lab's training program: plain PyTorch, the way people write it.
+
+Input workers (DataLoader num_workers) read one file per sample with O_DIRECT (so that the
+page cache cannot hide a slow tier) and do some CPU work on it (the decode/augment
+stand-in); the loop trains a small MLP and then waits `--device-seconds` per step: without
+a GPU that wait stands in for the device (the host waiting on the device's kernels), so the
+input pipeline, storage and CPUs are real and the device is the only stand-in. Checkpoints
+are torch.save to a file on a tier. Before the first step it may read `--weights` (the
+start-up load of a model) with O_DIRECT.
+
+--mode plain imports nothing of gpufeed: it is run unmodified under `gpufeed run`.
+--mode sdk reports through gpufeed's SDK (Job.track, Job.checkpoint), the other variant.
+
+It measures itself, independently of gpufeed: one JSON line per step in --steps-log
+(`t` unix end, `s` the step's seconds, `c` compute: loop body and device wait, `w` data
+wait, `k` checkpoint seconds), which the lab uses to check that a fault really slowed it.
+A control file (--control, JSON, re-read when it changes) lets a fault change its settings
+mid-run: `checkpoint_every_steps`, `checkpoint_dir`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import mmap
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+FEATURES = 256
+
+
+def read_direct(path: str) -> mmap.mmap:
+    """The whole file, read with O_DIRECT into a page-aligned buffer."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        size = os.fstat(fd).st_size
+        buf = mmap.mmap(-1, max(size, mmap.PAGESIZE))
+        done = 0
+        while done < size:
+            view = memoryview(buf)[done:]
+            n = os.preadv(fd, [view], done)
+            view.release()
+            if n <= 0:
+                break
+            done += n
+        return buf
+    finally:
+        os.close(fd)
+
+
+def work_unit() -> float:
+    """One unit of preprocessing work (a few small single-threaded matmuls)."""
+    a = torch.ones(64, 64)
+    for _ in range(4):
+        a = (a @ a).clamp_(-1, 1)
+    return float(a[0, 0])
+
+
+def calibrate(ms: float) -> int:
+    """How many work units take `ms` on this CPU when it is not contended (best of 5)."""
+    if ms <= 0:
+        return 0
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(20):
+            work_unit()
+        best = min(best, (time.perf_counter() - t0) / 20)
+    return max(1, round(ms / 1000 / best))
+
+
+class DirectFiles(Dataset[tuple[torch.Tensor, int]]):
+    def __init__(self, files: list[str], units: int) -> None:
+        self.files = files
+        self.units = units
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        buf = read_direct(self.files[i])
+        x = torch.frombuffer(bytearray(buf), dtype=torch.uint8).float()
+        buf.close()
+        for _ in range(self.units):  # decode / augment: CPU work per sample
+            work_unit()
+        x = x[: (x.numel() // FEATURES) * FEATURES].view(-1, FEATURES).mean(0) / 255.0
+        return x, i % 4
+
+
+def one_thread(_worker: int) -> None:
+    torch.set_num_threads(1)
+
+
+class Control:
+    """The control file, re-read when its mtime changes; absent = the defaults."""
+
+    def __init__(self, path: str, every: int, directory: str) -> None:
+        self.path = path
+        self.defaults = (every, directory)
+        self.every, self.dir = self.defaults
+        self.mtime: float | None = None
+
+    def poll(self) -> None:
+        try:
+            m = os.stat(self.path).st_mtime
+        except FileNotFoundError:
+            self.mtime = None
+            self.every, self.dir = self.defaults
+            return
+        if m == self.mtime:
+            return
+        self.mtime = m
+        with contextlib.suppress(OSError, ValueError):
+            with open(self.path) as f:
+                d = json.load(f)
+            self.every = int(d.get("checkpoint_every_steps", self.defaults[0]))
+            self.dir = str(d.get("checkpoint_dir", self.defaults[1]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=("plain", "sdk"), required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--ckpt", required=True)
+    ap.add_argument("--ckpt-every", type=int, default=0)
+    ap.add_argument("--ckpt-mib", type=int, default=24)
+    ap.add_argument("--device-seconds", type=float, default=0.05)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--preprocess-ms", type=float, default=2.0)
+    ap.add_argument("--weights", default="")
+    ap.add_argument("--seconds", type=float, required=True, help="run this long after step 1")
+    ap.add_argument("--steps-log", required=True)
+    ap.add_argument("--control", default="")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+
+    job: Any = None
+    if args.mode == "sdk":
+        import gpufeed
+
+        job = gpufeed.Job("lab-train")
+
+    if args.weights:  # the start-up load: the model's weights from their tier
+        w = read_direct(args.weights)
+        weights = torch.frombuffer(bytearray(w), dtype=torch.uint8)
+        w.close()
+    else:
+        weights = torch.zeros(args.ckpt_mib << 20, dtype=torch.uint8)
+
+    files = sorted(os.path.join(args.data, f) for f in os.listdir(args.data))
+    units = calibrate(args.preprocess_ms)
+    loader = DataLoader(
+        DirectFiles(files, units),
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+        worker_init_fn=one_thread,
+        persistent_workers=args.workers > 0,
+        prefetch_factor=2 if args.workers > 0 else None,
+    )
+    model = nn.Sequential(nn.Linear(FEATURES, 128), nn.ReLU(), nn.Linear(128, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    loss_fn = nn.CrossEntropyLoss()
+    control = Control(args.control, args.ckpt_every, args.ckpt)
+    log = open(args.steps_log, "a", buffering=1 << 16)  # noqa: SIM115 - flushed per second
+    flushed = time.monotonic()
+    clock = time.perf_counter
+    steps = 0
+    until = float("inf")
+    done = False
+    while not done:
+        t_prev = clock()
+        batches = job.track(loader) if job is not None else loader
+        for x, y in batches:
+            t1 = clock()
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+            time.sleep(args.device_seconds)  # the device stand-in: the host waits on it
+            steps += 1
+            if steps == 1:
+                until = time.time() + args.seconds
+            control.poll()
+            k = 0.0
+            if control.every and steps % control.every == 0:
+                os.makedirs(control.dir, exist_ok=True)
+                path = os.path.join(control.dir, f"ckpt-{steps % 2}.pt")
+                k0 = clock()
+                state = {"model": model.state_dict(), "weights": weights, "step": steps}
+                with job.checkpoint(path) if job is not None else contextlib.nullcontext():
+                    torch.save(state, path)
+                k = clock() - k0
+            t2 = clock()
+            log.write(
+                json.dumps(
+                    {
+                        "t": round(time.time(), 3),
+                        "s": round(t2 - t_prev, 5),
+                        "c": round(t2 - t1 - k, 5),
+                        "w": round(t1 - t_prev, 5),
+                        "k": round(k, 5),
+                    }
+                )
+                + "\n"
+            )
+            if time.monotonic() - flushed >= 1.0:
+                log.flush()
+                flushed = time.monotonic()
+            t_prev = t2
+            if time.time() >= until:
+                done = True
+                break
+        if job is not None:
+            job.epoch()
+    log.close()
+    if job is not None:
+        job.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
