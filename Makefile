@@ -9,7 +9,7 @@ RUN_VENV ?= .venv-run
 RUN_STAMP := $(RUN_VENV)/.installed
 ARGS ?=
 
-.PHONY: install runtime run promtool test lint typecheck unit bench bench-correlator soak lab dashboards alerts docs clean
+.PHONY: install runtime run promtool test lint typecheck unit bench bench-correlator soak lab lab-multinode dashboards alerts docs clean
 
 install: $(STAMP)
 
@@ -39,7 +39,8 @@ run: runtime
 	fi
 
 # The real servers the tests run: Debian's prometheus (promtool), alertmanager (amtool),
-# node_exporter (the benchmark's reference), e2fsprogs for the loop-mounted tiers,
+# node_exporter (the benchmark's reference), e2fsprogs for the loop-mounted tiers, iproute2
+# (ip netns, tc) for the multi-node lab,
 # systemd for systemd-analyze (the unit's verify and security checks), python3-seccomp (the
 # agent run under the unit's system-call filter), openssl for the certificates of the
 # TLS tests, and victoria-metrics (the streamed `analyze --prometheus` test and benchmark).
@@ -51,6 +52,7 @@ promtool:
 	command -v amtool >/dev/null 2>&1 || missing="$$missing prometheus-alertmanager"; \
 	command -v prometheus-node-exporter >/dev/null 2>&1 || missing="$$missing prometheus-node-exporter"; \
 	command -v mkfs.ext4 >/dev/null 2>&1 || missing="$$missing e2fsprogs"; \
+	command -v tc >/dev/null 2>&1 || missing="$$missing iproute2"; \
 	command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
 	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
 	command -v victoria-metrics >/dev/null 2>&1 || missing="$$missing victoria-metrics"; \
@@ -87,12 +89,22 @@ soak: install
 	$(PY) -m bench.soak $(ARGS)
 
 # The fault lab (docs/lab.md): the "lab" suite's scenarios (lab/scenarios/*.yaml), each under
-# `gpufeed run` and with the SDK, real faults against the real agent; root, ~25 min on 2
+# `gpufeed run` and with the SDK, real faults against the real agent, then the multi-node
+# scenarios (lab-multinode, ~12 min more; ARGS go to the single-node part); root, ~25 min on 2
 # cores. Writes lab-results/report.md (+ .json, a timeline PNG per run); exit 1 when a
 # scenario misses its targets. ARGS="single-node --launcher sdk" runs a part of it. The short
 # form runs inside `make test` (tests/test_lab_short.py).
 lab: install promtool
-	$(PY) -m lab.run --suite lab --out lab-results $(ARGS)
+	@status=0; $(PY) -m lab.run --suite lab --out lab-results $(ARGS) || status=$$?; \
+	  $(PY) -m lab.multinode.run --suite lab --results lab-results/multinode || status=$$?; \
+	  exit $$status
+
+# The fault lab's multi-node scenarios (root; docs/lab.md, "Multi-node on one host"): 2-4
+# network-namespace "nodes", one DDP job, a fault on one node; what every node's agent said
+# goes to lab-results/multinode/ (report.md, per scenario run.json, score.json, recordings).
+# About 2 minutes a scenario on 2 cores. Part of `make lab`.
+lab-multinode: install
+	$(PY) -m lab.multinode.run --suite lab --results lab-results/multinode $(ARGS)
 
 # Regenerate the committed dashboards/json/*.json, alerts/gpufeed.rules.yml and
 # deploy/kubernetes/prometheusrule.yaml from code (tests fail when they drift).

@@ -116,7 +116,7 @@ _TOP_KEYS = {
     "suites",
 }
 # Keys another lane's runner reads (the multi-node harness); kept, not interpreted here.
-_TOP_EXTRA_KEYS = {"network", "links", "ranks"}
+_TOP_EXTRA_KEYS = {"network", "links", "ranks", "agent"}
 _WORKLOAD_KEYS = {
     "kind",
     "launcher",
