@@ -105,7 +105,12 @@ def run_scenario(plan: Plan, results: Path) -> dict[str, Any]:
         work = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
         undo.callback(shutil.rmtree, work, True)
         run = Run(plan, out, prefix, f"lab{prefix[3:]}", undo)
-        summary: dict[str, Any] = {"scenario": plan.name, "prefix": prefix, "job_id": run.job_id}
+        summary: dict[str, Any] = {
+            "scenario": plan.name,
+            "prefix": prefix,
+            "job_id": run.job_id,
+            "agent_correlator": dict(plan.agent_correlator),
+        }
         try:
             _setup(run, work)
             _start_job(run)
