@@ -24,6 +24,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,7 @@ import yaml
 from lab.multinode import procs
 from lab.multinode.cgroups import RankCgroup
 from lab.multinode.fabric import Fabric, NodeLink
+from lab.multinode.report import read_steps
 from lab.multinode.scenario import Fault, Plan
 from lab.multinode.tiers import Tier, fill, make_tier
 
@@ -288,14 +290,7 @@ def _start_job(run: Run) -> None:
 
 
 def _steps(node: Node) -> list[dict[str, Any]]:
-    path = node.out / "steps.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(ValueError):
-            out.append(json.loads(line))
-    return out
+    return read_steps(node.out / "steps.jsonl")
 
 
 def _trainer_pid(node: Node) -> int:
@@ -321,9 +316,9 @@ def _apply(run: Run, fault: Fault) -> Callable[[], None] | None:
         return node.cgroup.limit_cpu(fault.param("cpus"))
     pid = _trainer_pid(node)
     if fault.kind == "rank_stop":
-        os.kill(pid, 19)  # SIGSTOP
-        return lambda: _signal_quietly(pid, 18)  # SIGCONT
-    os.kill(pid, 9)  # rank_kill
+        os.kill(pid, signal.SIGSTOP)
+        return lambda: _signal_quietly(pid, signal.SIGCONT)
+    os.kill(pid, signal.SIGKILL)  # rank_kill
     return None
 
 
