@@ -33,6 +33,10 @@ CAUSE_HINTS: dict[str, str] = {
         "The job is writing a checkpoint: compare checkpoint durations and bytes on the Job "
         "dashboard with the write throughput and latency of the checkpoint tier."
     ),
+    Cause.STRAGGLER.value: (
+        "The job waits for a slower peer: the window names the culprit (instance, GPU, rank) "
+        "and the culprit's own cause; follow the culprit's node, not this one."
+    ),
     Cause.NETWORK.value: (
         "The job waits for collective communication: check fabric throughput against link "
         "speed and transmit-wait on the Node dashboard, on this node and its peers."

@@ -626,7 +626,8 @@ def build(
     """A multi-node trace covering every cause in every guise, plus confounders."""
     r = random.Random(seed)
     t0 = 1_760_000_000.0 + r.randrange(0, 86400)
-    kinds_all = [(c, g) for c in CAUSES if c != "startup" for g in GUISES[c]]
+    # straggler is a job-level cause: bench/multinode_scenarios.py generates it
+    kinds_all = [(c, g) for c in CAUSES if c != "startup" for g in GUISES.get(c, ())]
     kinds_all += [(c, "") for c in CONFOUNDERS]
     lines: list[str] = []
     labels: list[Label] = []

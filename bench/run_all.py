@@ -17,6 +17,7 @@ BENCHES = [
     ("simulated node sampling cost", ["simulated_node"]),
     ("SDK event cost", ["sdk_event_cost"]),
     ("correlator speed", ["correlator_speed"]),
+    ("culprit accuracy (job level)", ["culprit_accuracy"]),
 ]
 
 

@@ -59,6 +59,7 @@ CAUSE_COLOURS: dict[str, str] = {
     Cause.STARTUP.value: "green",
     Cause.IDLE.value: "text",
     Cause.GPU_ERROR.value: "dark-red",
+    Cause.STRAGGLER.value: "dark-orange",
     Cause.UNKNOWN.value: "light-blue",
 }
 WINDOW_ANNOTATION_COLOUR = "orange"

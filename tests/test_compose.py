@@ -71,6 +71,7 @@ ROUTES = {
     ("GpuUtilizationLow", "startup"): "oncall",
     ("GpuUtilizationLow", "idle"): "oncall",
     ("GpuUtilizationLow", "gpu_error"): "oncall",
+    ("GpuUtilizationLow", "straggler"): "oncall",
     ("GpuUtilizationLow", "unknown"): "oncall",
     ("GpuClockThrottled", None): "oncall",
     ("GpufeedAgentDown", None): "oncall",

@@ -24,7 +24,14 @@ from gpufeed.vocabulary import Cause
 # reports no job data at all (the bench's nodes all do); nvlink_peak_ratio needs NVLink
 # traffic well above its healthy median, and the bench's NVLink only follows utilization.
 # Their names are still checked against the rules and the summary above.
-NOT_IN_BENCH = {Feature.GPU_MEMORY_IDLE, Feature.NVLINK_PEAK_RATIO}
+# collective_wait_ratio needs per-rank signals and sm_active_drop_ratio GPM's SM activity,
+# which the bench's nodes do not report (tests/test_correlator_sm_active.py computes both).
+NOT_IN_BENCH = {
+    Feature.GPU_MEMORY_IDLE,
+    Feature.NVLINK_PEAK_RATIO,
+    Feature.COLLECTIVE_WAIT_RATIO,
+    Feature.SM_ACTIVE_DROP_RATIO,
+}
 
 
 def unknown_rule_features(rules: tuple[Rule, ...]) -> list[str]:

@@ -44,6 +44,9 @@ class Cause(StrEnum):
     STARTUP = "startup"
     IDLE = "idle"
     GPU_ERROR = "gpu_error"
+    # waits for a peer: another rank of the job (on another node, or a GPU here) arrives
+    # last at the collectives; the job-level correlation names the culprit and its cause
+    STRAGGLER = "straggler"
     UNKNOWN = "unknown"
 
     def __str__(self) -> str:

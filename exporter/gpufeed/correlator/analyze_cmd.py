@@ -151,6 +151,7 @@ def warn_incomplete(trace: str, node: NodeSeries) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpufeed.correlator.feeds.analyze import analyze_nodes
+    from gpufeed.correlator.job.culprit import correlate_jobs
     from gpufeed.correlator.outputs.output import write_result
 
     problem = _usage_problem(args)
@@ -185,6 +186,8 @@ def run(args: argparse.Namespace) -> int:
         for node in nodes.values():
             warn_incomplete(args.trace, node)
     windows = analyze_nodes(nodes.values(), params, jobs=args.jobs)
+    # the job level: a multi-node job's victims wait for a culprit on another node
+    windows = correlate_jobs(nodes.values(), windows, params.threshold_ratio)
     try:
         write_result(windows, args.format, args.output)
     except OSError as e:

@@ -361,6 +361,7 @@ class Engine:
         for g in job.gpus:
             u = a.util + noise.gauss(0, a.util_sd) if a.util_sd else a.util
             c.util[g] = min(a.util_max, max(0.0, u))
+            c.sm_scale[g] = a.sm_fraction
             clock = a.clock_fraction
             c.clock[g] = clock * (0.985 + noise.gauss(0, 0.006)) if a.util > 0.05 else clock
             c.reason[g] = a.reason
@@ -426,7 +427,7 @@ class Engine:
             held, u = c.held[g], c.util[g]
             gauges[base + L.G_UP] = 1.0 if c.up[g] else 0.0
             gauges[base + L.G_UTIL] = u
-            gauges[base + L.G_SMACT] = min(1.0, u * (0.62 + 0.2 * noise.random()))
+            gauges[base + L.G_SMACT] = min(1.0, u * (0.62 + 0.2 * noise.random()) * c.sm_scale[g])
             gauges[base + L.G_MEMBW] = min(1.0, u * (0.5 + 0.15 * noise.random()))
             # GPM's other ratios follow SM activity and memory traffic; derived, so that the
             # noise stream (and every scenario's values) stays what it was
@@ -577,6 +578,7 @@ class _Cell:
         self.up = [True] * n
         self.held = [False] * n
         self.util = [0.0] * n
+        self.sm_scale = [1.0] * n  # SM activity per unit of utilization (a phase's)
         self.clock = [1.0] * n
         self.reason = [""] * n
         self.memory = [0.0] * n

@@ -27,8 +27,10 @@ from gpufeed.simulate.scenario import (
     default_tiers,
 )
 
-# Every phase but compute and startup (idle: the job ends; it comes back through `startup`).
-STALL_CAUSES = tuple(p for p in PHASES if p not in ("compute", "startup"))
+# Every phase but compute and startup (idle: the job ends; it comes back through `startup`),
+# and straggler: one node alone cannot tell a peer is late without per-rank signals (a
+# scenario file may still ask for it; bench/culprit_accuracy.py judges the job level).
+STALL_CAUSES = tuple(p for p in PHASES if p not in ("compute", "startup", "straggler"))
 CONFOUNDERS = ("busy_tier", "dip", "thermal")
 
 

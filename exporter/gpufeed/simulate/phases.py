@@ -64,6 +64,7 @@ class JobLoad:
     io_pressure: float = 0.0
     io_pressure_full: float = 0.0
     lost_gpu: int = -1
+    sm_fraction: float = 1.0  # SM activity for the utilization NVML reads (GPM)
     checkpoint_bytes_per_second: float = 0.0
 
 
@@ -233,6 +234,20 @@ def _gpu_error(c: JobContext, a: JobLoad) -> None:
     a.cpu_user, a.cpu_system, a.cpu_iowait = 0.1 * c.gpus, 0.05 * c.gpus, 0.0
 
 
+def _straggler(c: JobContext, a: JobLoad) -> None:
+    """A peer on another node is late: the job's ranks here wait in collectives. NCCL's
+    kernel spins meanwhile, so NVML reads the GPUs busy while few SMs work (GPM); this
+    node's storage, CPUs and fabric are quiet."""
+    p = c.params
+    a.util, a.util_sd, a.util_max = 0.95 + 0.04 * p[0], 0.01, 1.0
+    a.sm_fraction = 0.08 + 0.12 * p[1]
+    wait = 0.6 + 0.25 * p[2]
+    a.sdk.update(communication=wait, compute=1 - wait)
+    a.step_fraction = 1 - wait
+    a.rail_fraction, a.nvlink_fraction = 0.03 + 0.04 * p[3], 0.02
+    a.reads.append((c.data_tier, c.healthy_read * (1 - wait)))
+
+
 def _idle(c: JobContext, a: JobLoad) -> None:
     """The job holds nothing (never called: an idle job is not present)."""
 
@@ -247,4 +262,5 @@ PHYSICS: dict[str, Callable[[JobContext, JobLoad], None]] = {
     "throttling": _throttling,
     "gpu_error": _gpu_error,
     "idle": _idle,
+    "straggler": _straggler,
 }

@@ -37,6 +37,7 @@ PHASES: tuple[str, ...] = (
             _C.THROTTLING,
             _C.GPU_ERROR,
             _C.IDLE,
+            _C.STRAGGLER,
         )
     ),
 )

@@ -38,6 +38,9 @@ class Kind:
     # A job's read rate per tier: (kind, job_id, tier). An ended job's are forgotten by
     # the prefix (kind, job_id).
     JOB_READ: Final = "jrd"
+    # A job's collective wait per rank here: (kind, job_id); forgotten like JOB_READ.
+    COLLECTIVE_WAIT: Final = "cwait"
+    SM_ACTIVE: Final = "smact"  # (kind, gpu): SM activity of a busy GPU (GPM)
 
 
 class Baselines:

@@ -8,7 +8,13 @@ import math
 from collections.abc import Iterable
 
 from gpufeed.correlator.engine.baseline import Baselines, Kind
-from gpufeed.correlator.engine.features import FATAL_XIDS, THROTTLE_REASONS, Evidence, job_features
+from gpufeed.correlator.engine.features import (
+    COLLECTIVE_WAIT_RISE,
+    FATAL_XIDS,
+    THROTTLE_REASONS,
+    Evidence,
+    job_features,
+)
 from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.names import Feature as F
 from gpufeed.correlator.engine.node import GpuColumns, NodeSeries
@@ -91,11 +97,10 @@ class Classifier:
     def observe_healthy_gpu(self, g: GpuColumns, t: float) -> None:
         """Feeds a busy GPU's baselines (its SM clock, its NVLink rate and peak): the ones
         this GPU's evidence is measured against, next to where they are read."""
-        clk = g.fields.get("sm_clock")
-        if clk is not None:
-            self.baselines.observe(
-                (Kind.SM_CLOCK, g.gpu), clk.value_at(t, self.timing.stale_seconds)
-            )
+        for name, kind in (("sm_clock", Kind.SM_CLOCK), ("sm_active", Kind.SM_ACTIVE)):
+            s = g.fields.get(name)
+            if s is not None:
+                self.baselines.observe((kind, g.gpu), s.value_at(t, self.timing.stale_seconds))
         nv = self.nvlink(g, t)
         if nv is not None:
             self.baselines.observe((Kind.NVLINK, g.gpu), nv)
@@ -153,7 +158,19 @@ class Classifier:
         self._nvlink_evidence(u, g, t, ev)
         if job:
             self._job_gpus_evidence(u, job, t, ev)
+            self._rank_evidence(u, job, ev)
         return ev
+
+    def _rank_evidence(self, u: Unit, job: str, ev: Evidence) -> None:
+        """The collective wait of the rank on this GPU, where a rank names it: a hung rank
+        does not wait for its peers, they wait for it."""
+        jv = self._view.jobs.get(job) if self._view is not None else None
+        mine = jv.gpu_collective_wait_ratio.get(u.uuid) if jv is not None and u.uuid else None
+        if mine is not None:
+            base = self.baselines.median((Kind.COLLECTIVE_WAIT, job))
+            ev.features[F.COLLECTIVE_WAIT_RATIO] = (
+                mine if base is None or mine - base >= COLLECTIVE_WAIT_RISE else 0.0
+            )
 
     def _job_evidence(self, job: str, t: float) -> Evidence:
         """Node- and job-level features, computed once per job and instant."""
@@ -220,12 +237,18 @@ class Classifier:
             ev.context[Ctx.THROTTLE_REASONS] = ",".join(sorted(reasons))
 
     def _clock_evidence(self, u: Unit, g: GpuColumns, t: float, ev: Evidence) -> None:
-        clk = g.fields.get("sm_clock")
-        base = self.baselines.median((Kind.SM_CLOCK, u.gpu))
-        if clk is not None and base:
-            c = clk.value_at(t, self.timing.stale_seconds)
-            if c is not None:
-                ev.features[F.SM_CLOCK_DROP_RATIO] = max(0.0, 1.0 - c / base)
+        """SM clock against this GPU's healthy median; SM activity (GPM) too where the
+        GPU reads busy but is waiting (engine: `Unit.waiting`)."""
+        checks = [("sm_clock", Kind.SM_CLOCK, F.SM_CLOCK_DROP_RATIO)]
+        if u.waiting:
+            checks.append(("sm_active", Kind.SM_ACTIVE, F.SM_ACTIVE_DROP_RATIO))
+        for name, kind, feature in checks:
+            s = g.fields.get(name)
+            base = self.baselines.median((kind, u.gpu))
+            if s is not None and base:
+                c = s.value_at(t, self.timing.stale_seconds)
+                if c is not None:
+                    ev.features[feature] = max(0.0, 1.0 - c / base)
 
     def _nvlink_evidence(self, u: Unit, g: GpuColumns, t: float, ev: Evidence) -> None:
         nv = self.nvlink(g, t)

@@ -33,6 +33,10 @@ LOW_FRACTION_TO_OPEN = 0.75
 # this far at most (or twice the minimum window, if longer), trimmed every TRIM_SLACK.
 RUN_HISTORY_SECONDS = 600.0
 RUN_TRIM_SLACK_SECONDS = 60.0
+# A busy GPU whose SM activity is below this share of its own healthy median is waiting,
+# not working: it counts as underutilized at that share (what it really does).
+SM_WAITING_RATIO = 0.6
+MIN_SM_ACTIVE_BASELINE = 0.02  # below this, the healthy level itself is noise
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +120,12 @@ class NodeCorrelator:
                 up = up_s.value_at(t, stale)
                 if up is not None and up < 0.5:
                     return 0.0, True
+            u.waiting = False
+            if v is not None and v >= self.p.threshold_ratio:
+                working = self._working_ratio(u, t)
+                if working is not None and working < SM_WAITING_RATIO:
+                    u.waiting = True  # busy, but not working: it waits (see below)
+                    return working, False
             return v, False
         phases = self.node.jobs[u.cpu_job].phases
         tm = self.timing
@@ -126,6 +136,22 @@ class NodeCorrelator:
         if comp is None or total <= 1e-9:
             return None, False
         return comp / total, False
+
+    def _working_ratio(self, u: Unit, t: float) -> float | None:
+        """SM activity (GPM, Hopper and newer) over this GPU's own healthy median. NVML
+        utilization reads 1.0 whenever any kernel runs, including a collective kernel that
+        spins while it waits for a slow peer; SM activity then falls far below the level
+        the job keeps while it computes. Judged against the GPU's own level, so a healthy
+        job that never keeps more than a third of its SMs busy is not paged."""
+        assert u.cols is not None
+        s = u.cols.fields.get("sm_active")
+        if s is None:
+            return None
+        base = self.baselines.median((Kind.SM_ACTIVE, u.gpu))
+        if base is None or base < MIN_SM_ACTIVE_BASELINE:
+            return None
+        sm = s.value_at(t, self.timing.stale_seconds)
+        return None if sm is None else min(sm / base, 1.0)
 
     # ---- the main step -------------------------------------------------------------------
     def step(self, t: float) -> None:
@@ -396,6 +422,7 @@ class NodeCorrelator:
         CPU-only units and busy marks. The caller drops their series from the node."""
         for job_id in ended:
             self.baselines.forget_prefix((Kind.JOB_READ, job_id))
+            self.baselines.forget_prefix((Kind.COLLECTIVE_WAIT, job_id))
             self.units.pop("job:" + job_id, None)
             self.watch.busy_at.pop("job:" + job_id, None)
         self.watch.ever_busy = {k for k in self.watch.ever_busy if k[0] not in ended}

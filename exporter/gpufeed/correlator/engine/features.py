@@ -25,6 +25,7 @@ MIN_TIER_READ_BYTES = 1e5  # a tier reading less than this is not feeding anyone
 USUAL_TIER_READ_BYTES = 1e6  # healthy median above this: a tier the node's jobs read from
 BURST_MIN_WRITE_BYTES = 5e7
 WRITE_FLOOR_BYTES = 2e7
+COLLECTIVE_WAIT_RISE = 0.15  # collective wait counts this far above its healthy median
 
 
 @dataclass(slots=True)
@@ -58,6 +59,7 @@ def observe_healthy(b: Baselines, view: NodeView) -> None:
     for job_id, jv in view.jobs.items():
         for tier, r in jv.tier_read_bytes_per_second.items():
             b.observe((Kind.JOB_READ, job_id, tier), r)
+        b.observe((Kind.COLLECTIVE_WAIT, job_id), jv.collective_wait_ratio)
 
 
 def _rise(value: float | None, base: float | None, min_rise: float) -> float | None:
@@ -108,6 +110,13 @@ def job_features(b: Baselines, view: NodeView, job_id: str, ev: Evidence) -> Non
     _network_features(b, view, ev)
     if jv is not None:
         _sdk_features(jv, ev)
+        cw = _rise(
+            jv.collective_wait_ratio,
+            b.median((Kind.COLLECTIVE_WAIT, job_id)),
+            COLLECTIVE_WAIT_RISE,
+        )
+        if cw is not None:
+            ev.features[F.COLLECTIVE_WAIT_RATIO] = cw
 
 
 def _tier_candidates(b: Baselines, view: NodeView, job_id: str, jv: JobView | None) -> list[str]:

@@ -53,6 +53,11 @@ class Feature:
     NETWORK_THROUGHPUT_DROP_RATIO: Final = "network_throughput_drop_ratio"
     NVLINK_PEAK_RATIO: Final = "nvlink_peak_ratio"
     SDK_COMMUNICATION_SHARE: Final = "sdk_communication_share"
+    # straggler: the job's ranks here wait in collectives (seconds per second per rank,
+    # counted 0.15 above its healthy median); the GPU reads busy but its SM activity is
+    # far below its own healthy level (a collective kernel spinning for a peer)
+    COLLECTIVE_WAIT_RATIO: Final = "collective_wait_ratio"
+    SM_ACTIVE_DROP_RATIO: Final = "sm_active_drop_ratio"
 
 
 class Context:

@@ -40,6 +40,7 @@ GPU_FIELDS = {
     "gpufeed_gpu_sm_clock_hertz": "sm_clock",
     "gpufeed_gpu_nvlink_transmit_bytes_total": "nvlink_tx",
     "gpufeed_gpu_nvlink_receive_bytes_total": "nvlink_rx",
+    "gpufeed_gpu_sm_active_ratio": "sm_active",
 }
 
 # Every metric name the correlator reads (the range-query loader asks for exactly these).
@@ -58,6 +59,8 @@ USED_METRICS: tuple[str, ...] = (
     "gpufeed_job_checkpoint_written_bytes_total",
     "gpufeed_job_storage_read_bytes_total",
     "gpufeed_job_storage_written_bytes_total",
+    "gpufeed_job_rank_phase_seconds_total",
+    "gpufeed_job_rank_info",
 )
 # Read from trace files only: the recorder's count of samples it had to leave out.
 USED_METRIC_SET = frozenset((*USED_METRICS, DROPPED_SAMPLES))
@@ -80,6 +83,10 @@ class JobColumns:
     checkpoint_bytes: Series | None = None
     tier_read: dict[str, Series] = field(default_factory=dict)
     tier_written: dict[str, Series] = field(default_factory=dict)
+    # per rank (the ranks running on this node): (rank, phase) -> seconds, rank -> presence
+    rank_phases: dict[tuple[str, str], Series] = field(default_factory=dict)
+    rank_info: dict[str, Series] = field(default_factory=dict)
+    rank_uuid: dict[str, str] = field(default_factory=dict)  # rank -> its GPU, where known
 
 
 @dataclass(slots=True)
@@ -155,6 +162,12 @@ class NodeSeries:
             self.job(job_id)
             return _slot(self.job_info, key)
         j = self.job(job_id)
+        if name == "gpufeed_job_rank_phase_seconds_total":
+            return _slot(j.rank_phases, (get("rank", ""), get("phase", "other")))
+        if name == "gpufeed_job_rank_info":
+            if get("uuid"):
+                j.rank_uuid[get("rank", "")] = get("uuid", "")
+            return _slot(j.rank_info, get("rank", ""))
         if name == "gpufeed_job_phase_seconds_total":
             return _slot(j.phases, get("phase", "other"))
         if name == "gpufeed_job_steps_total":
@@ -183,6 +196,7 @@ class NodeSeries:
         out += self.job_info.values()
         for j in self.jobs.values():
             out += [*j.phases.values(), *j.tier_read.values(), *j.tier_written.values()]
+            out += [*j.rank_phases.values(), *j.rank_info.values()]
             out += [s for s in (j.steps, j.checkpoint_bytes) if s is not None]
         return out
 

@@ -93,6 +93,11 @@ RULES: tuple[Rule, ...] = (
     Rule(C.NETWORK, F.NETWORK_THROUGHPUT_DROP_RATIO, 0.25, 0.6, 0.4, primary=False),
     Rule(C.NETWORK, F.NVLINK_PEAK_RATIO, 0.9, 0.98, 0.6),
     Rule(C.NETWORK, F.SDK_COMMUNICATION_SHARE, 0.25, 0.55, 0.6, primary=False),
+    # the job's ranks here wait in collectives and nothing here explains it: a peer is late
+    # (the job-level correlation, correlator/job/, names it); a GPU that reads busy while
+    # its SM activity is far below its own healthy level spins in a collective kernel
+    Rule(C.STRAGGLER, F.COLLECTIVE_WAIT_RATIO, 0.25, 0.55, 0.9),
+    Rule(C.STRAGGLER, F.SM_ACTIVE_DROP_RATIO, 0.5, 0.8, 0.4, primary=False),
 )
 
 INHIBITS: tuple[Inhibit, ...] = (
@@ -113,6 +118,12 @@ INHIBITS: tuple[Inhibit, ...] = (
     Inhibit(C.PREPROCESSING, C.THROTTLING, 0.4),
     Inhibit(C.NETWORK, C.PREPROCESSING, 0.5),
     Inhibit(C.PREPROCESSING, C.NETWORK, 0.5),
+    # waiting for a peer is what is left when this node has no reason of its own
+    *(
+        Inhibit(C.STRAGGLER, c, 0.95)
+        for c in (C.STARTUP, C.CHECKPOINTING, C.DATA_LOADING, C.PREPROCESSING, C.THROTTLING)
+    ),
+    Inhibit(C.STRAGGLER, C.NETWORK, 0.9),
 )
 
 RULES_BY_CAUSE: dict[Cause, tuple[Rule, ...]] = {

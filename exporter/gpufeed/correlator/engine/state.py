@@ -100,6 +100,7 @@ class Unit:
     fatal_xids: set[str] = field(default_factory=set)
     fresh_at: float | None = None  # when, in this run, the job's GPU memory was nearly empty
     last_mark: Mark | None = None  # the last classified sample of this run
+    waiting: bool = False  # at the current sample: reads busy, but its SMs are not working
 
 
 def segment_window(instance: str, u: Unit, seg: Segment, end: float, open_: bool) -> Window:

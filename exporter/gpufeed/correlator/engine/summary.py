@@ -17,6 +17,7 @@ HEADLINES = {
     Cause.STARTUP: "is starting up",
     Cause.IDLE: "is idle",
     Cause.GPU_ERROR: "has failed",
+    Cause.STRAGGLER: "waits for a slower peer of its job",
     Cause.UNKNOWN: "is underutilized and no signal stands out",
 }
 
@@ -72,6 +73,8 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
         F.GPU_MEMORY_IDLE: "nothing is resident on the GPU",
         F.GPU_LOST: "the GPU is lost (gpufeed_gpu_up 0)",
         F.XID_FATAL_EVENTS: f"fatal XID {ctx.get(Ctx.XIDS, '?')}",
+        F.COLLECTIVE_WAIT_RATIO: f"its ranks here wait in collectives {_pct(v)} of the time",
+        F.SM_ACTIVE_DROP_RATIO: f"SM activity {_pct(v)} below its healthy level",
         F.JOB_PEER_GPU_ERROR: f"GPU {ctx.get(Ctx.FAILED_PEERS, '?')} of the same job has failed",
     }
     return table.get(name)

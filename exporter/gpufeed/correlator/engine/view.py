@@ -10,6 +10,7 @@ from gpufeed.correlator.engine.series import Series
 
 # Below this many operations per second a mean latency is mostly noise: leave it out.
 MIN_OPS_FOR_LATENCY = 2.0
+COLLECTIVE_WAIT = "collective_wait"  # the per-rank phase: time inside collectives
 BUSY_CPU_MODES = ("user", "system", "nice", "irq", "softirq", "steal")
 
 
@@ -68,6 +69,10 @@ class JobView:
     checkpoint_bytes_per_second: float | None = None
     tier_read_bytes_per_second: dict[str, float] = field(default_factory=dict)
     tier_write_bytes_per_second: dict[str, float] = field(default_factory=dict)
+    # mean over the job's ranks here of their collective wait, seconds per second, and
+    # per GPU (uuid) where a rank names its GPU
+    collective_wait_ratio: float | None = None
+    gpu_collective_wait_ratio: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -173,5 +178,13 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
             r = rate(s)
             if r is not None:
                 jv.tier_write_bytes_per_second[tier] = r
+        waits = []
+        for (rank, p), s in j.rank_phases.items():
+            if p == COLLECTIVE_WAIT and (r := rate(s)) is not None:
+                waits.append(r)
+                if rank in j.rank_uuid:
+                    jv.gpu_collective_wait_ratio[j.rank_uuid[rank]] = min(r, 1.0)
+        if waits:
+            jv.collective_wait_ratio = min(sum(waits) / len(waits), 1.0)
         view.jobs[job_id] = jv
     return view

@@ -9,6 +9,40 @@ from gpufeed.correlator.engine.causes import Cause
 
 
 @dataclass(frozen=True, slots=True)
+class Culprit:
+    """Who a `straggler` window waits for (the job-level correlation names it): the node,
+    the GPU ("" for the node as a whole) and its uuid, the rank ("" where unknown), and the
+    culprit's own cause (`unknown`: its node shows no reason)."""
+
+    instance: str
+    gpu: str
+    uuid: str
+    rank: str
+    cause: Cause
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "instance": self.instance,
+            "gpu": self.gpu,
+            "uuid": self.uuid,
+            "rank": self.rank,
+            "cause": self.cause.value,
+        }
+
+    @classmethod
+    def from_json(cls, d: Any) -> Culprit:
+        if not isinstance(d, dict):
+            raise ValueError("culprit is not an object")
+        return cls(
+            str(d.get("instance", "")),
+            str(d.get("gpu", "")),
+            str(d.get("uuid", "")),
+            str(d.get("rank", "")),
+            Cause(d.get("cause", Cause.UNKNOWN.value)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Window:
     instance: str
     gpu: str  # NVML index; "" for a CPU-only job
@@ -22,6 +56,7 @@ class Window:
     evidence: tuple[tuple[str, float | str], ...]  # the numbers that decided it
     summary: str
     open: bool = False
+    culprit: Culprit | None = None  # straggler windows: who the job waits for
 
     @property
     def duration_seconds(self) -> float:
@@ -29,6 +64,8 @@ class Window:
 
     def to_json(self) -> dict[str, Any]:
         ev: dict[str, Any] = dict(self.evidence)
+        if self.culprit is not None:
+            ev["culprit"] = self.culprit.to_json()
         ev["summary"] = self.summary
         out: dict[str, Any] = {
             "instance": self.instance,
@@ -48,6 +85,7 @@ class Window:
     def from_json(cls, d: dict[str, Any], open_: bool = False) -> Window:
         ev = dict(d.get("evidence") or {})
         summary = str(ev.pop("summary", ""))
+        culprit = Culprit.from_json(ev.pop("culprit")) if "culprit" in ev else None
         return cls(
             instance=str(d["instance"]),
             gpu=str(d["gpu"]),
@@ -61,4 +99,5 @@ class Window:
             evidence=tuple(ev.items()),
             summary=summary,
             open=open_,
+            culprit=culprit,
         )

@@ -1,0 +1,1 @@
+"""Job-level correlation: joins every node of a multi-node job (issue 13)."""

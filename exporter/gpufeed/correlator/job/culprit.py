@@ -1,0 +1,363 @@
+"""Who holds a multi-node job back: the culprit of each stall, and its victims.
+
+A data-parallel job moves at the pace of its slowest rank: when one node's tier stalls or
+one GPU slows down, every other rank waits in its collectives, and their own nodes look
+healthy (`unknown`, or `straggler` where the ranks report their collective wait). This
+joins every node (instance) of a job: the windows the node engines found, per stall (the
+job's windows that overlap in time), and the nodes' columns.
+
+The culprit, in order of what decides it:
+1. **Who arrives last** (per-rank signals, `gpufeed_job_rank_phase_seconds_total{phase=
+   "collective_wait"}`): the rank that waits least in collectives over the stall, if it
+   waits clearly less than the rest (under half the ranks' median, which is itself at
+   least `MIN_MEDIAN_WAIT`). Ranks that had stopped reporting before the stall (an
+   elastic job that went on without them) are not candidates.
+2. **The one node that shows a reason**: windows of the stall with a cause of their own
+   (not `unknown`, not `straggler`, not a network window whose reason is a peer) on at
+   most a quarter of the job's nodes (one, or the one with most such time). More than
+   half of the nodes with their own cause (congestion everywhere) is no straggler: no
+   culprit, every window keeps its cause.
+3. **The busiest GPU**: one GPU of the job above the threshold while the job's median
+   GPU is below it (it computes while everyone waits: a slow GPU, a heavier shard).
+A culprit's cause is its node's own cause over the stall (on a GPU it names: a throttled or
+failed peer), else `unknown`: its node shows no reason, which the summary says rather
+than guess. Victims (the stall's windows that are `unknown`, `straggler` or a peer-network
+window, except the culprit GPU's own) become `straggler` with the culprit in evidence.
+
+`correlate_job` works on one job's instances, so a caller that analyses in batches (the
+streamed `--prometheus`) passes the instances of whole jobs together, with columns that
+reach back over the windows it joins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from statistics import median
+
+from gpufeed.correlator.engine.names import Context as Ctx
+from gpufeed.correlator.engine.node import NodeSeries
+from gpufeed.correlator.engine.summary import HEADLINES
+from gpufeed.correlator.engine.window import Culprit, Window
+from gpufeed.vocabulary import DEFAULT_THRESHOLD_RATIO, Cause
+
+CLUSTER_GAP_SECONDS = 60.0  # windows of a job this close in time are one stall
+MIN_MEDIAN_WAIT = 0.25  # the ranks' median collective wait during a stall, seconds/second
+LAST_ARRIVER_RATIO = 0.5  # the culprit waits less than this share of the median
+ACTIVE_LOOKBACK_SECONDS = 300.0  # a rank that reported in this span before the stall
+WAITING = frozenset((Cause.UNKNOWN, Cause.STRAGGLER))
+# network windows whose reason (i13-network's sub-cause) says a peer is late
+NETWORK_REASON = "network_reason"
+PEER_REASON = "peer"
+# the culprit's own cause in words, for the victims' summary
+CULPRIT_WORDS = {
+    Cause.DATA_LOADING: "waits for the {tier} tier",
+    Cause.PREPROCESSING: "waits for its CPUs (input preprocessing)",
+    Cause.CHECKPOINTING: "writes a checkpoint",
+    Cause.NETWORK: "is held back by its network link",
+    Cause.THROTTLING: "is slowed by clock throttling",
+    Cause.STARTUP: "is still starting up",
+    Cause.IDLE: "is idle",
+    Cause.GPU_ERROR: "has failed",
+    Cause.STRAGGLER: "waits for another peer",
+    Cause.UNKNOWN: "shows no reason on its node (a slow GPU or an imbalanced shard)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    culprit: Culprit
+    signal: str  # what decided it: "last_to_arrive", "own_cause", "busiest_gpu"
+    tier: str = ""  # the culprit's data tier, where its cause is data_loading
+
+
+def correlate_jobs(
+    nodes: Iterable[NodeSeries],
+    windows: Sequence[Window],
+    threshold_ratio: float = DEFAULT_THRESHOLD_RATIO,
+) -> list[Window]:
+    """`windows` with the victims of every multi-node job's stalls turned into
+    `straggler` (same order); single-node jobs' windows are returned as they are."""
+    by_inst = {n.instance: n for n in nodes}
+    spans: dict[str, list[str]] = {}
+    for inst, n in sorted(by_inst.items()):
+        for job in {j for j, _gpu in n.job_info}:
+            spans.setdefault(job, []).append(inst)
+    out = list(windows)
+    for job, insts in spans.items():
+        if len(insts) < 2 or not job:
+            continue
+        idx = [i for i, w in enumerate(out) if w.job_id == job and w.instance in insts]
+        if not idx:
+            continue
+        joined = correlate_job(
+            job, {i: by_inst[i] for i in insts}, [out[i] for i in idx], threshold_ratio
+        )
+        for i, w in zip(idx, joined, strict=True):
+            out[i] = w
+    return out
+
+
+def correlate_job(
+    job_id: str,
+    nodes: Mapping[str, NodeSeries],
+    windows: Sequence[Window],
+    threshold_ratio: float = DEFAULT_THRESHOLD_RATIO,
+) -> list[Window]:
+    """One job's windows (any order) over its instances' columns; same order back."""
+    out = list(windows)
+    for start, end, members in stalls(windows):
+        found = find_culprit(
+            job_id, nodes, [windows[i] for i in members], start, end, threshold_ratio
+        )
+        if found is None:
+            continue
+        for i in members:
+            w = windows[i]
+            if is_waiting(w) and not _is_culprit_gpu(w, found.culprit):
+                out[i] = as_straggler(w, found)
+    return out
+
+
+def stalls(windows: Sequence[Window]) -> list[tuple[float, float, list[int]]]:
+    """The job's stalls: spans where its waiting windows overlap (or nearly), each with
+    the indices of every window that overlaps it (a GPU lost an hour ago has one long
+    window: it joins each later stall, it does not make them one)."""
+    order = sorted(
+        (i for i, w in enumerate(windows) if is_waiting(w)),
+        key=lambda i: windows[i].start_seconds,
+    )
+    spans: list[list[float]] = []
+    for i in order:
+        w = windows[i]
+        if not spans or w.start_seconds > spans[-1][1] + CLUSTER_GAP_SECONDS:
+            spans.append([w.start_seconds, w.end_seconds])
+        spans[-1][1] = max(spans[-1][1], w.end_seconds)
+    out = []
+    for a, b in spans:
+        members = [i for i, w in enumerate(windows) if w.start_seconds <= b and w.end_seconds >= a]
+        out.append((a, b, members))
+    return out
+
+
+def is_waiting(w: Window) -> bool:
+    """A window its own node cannot explain (or explains as a late peer)."""
+    if w.cause in WAITING:
+        return True
+    return w.cause is Cause.NETWORK and dict(w.evidence).get(NETWORK_REASON) == PEER_REASON
+
+
+def find_culprit(
+    job_id: str,
+    nodes: Mapping[str, NodeSeries],
+    windows: Sequence[Window],
+    start: float,
+    end: float,
+    threshold_ratio: float = DEFAULT_THRESHOLD_RATIO,
+) -> Found | None:
+    """The culprit of one stall of `job_id` over [start, end] (see the module's doc)."""
+    if not any(is_waiting(w) for w in windows):
+        return None
+    own = _own_causes(windows, start, end)
+    if len(own) > len(nodes) / 2:
+        return None  # most nodes have their own reason: a job-wide cause, not a straggler
+    gpu = uuid = rank = ""
+    last = _last_to_arrive(job_id, nodes, start, end)
+    if last is not None:
+        inst, gpu, uuid, rank = last
+        signal = "last_to_arrive"
+    elif own and len(own) <= max(1, len(nodes) // 4):
+        inst = max(own, key=lambda i: sum(own[i].values()))
+        signal = "own_cause"
+    else:
+        inst, gpu = _busiest_gpu(job_id, nodes, start, end, threshold_ratio)
+        signal = "busiest_gpu"
+        if not inst:
+            return None
+    n = nodes[inst]
+    if not gpu and len(n.gpus) > 1:
+        gpu = _named_gpu(windows, inst)
+        if not gpu:
+            gpu = _busiest_gpu(job_id, {inst: n}, start, end, threshold_ratio)[1]
+    uuid = uuid or (n.gpus[gpu].uuid if gpu in n.gpus else "")
+    rank = rank or _rank_of(n, job_id, uuid)
+    cause = _cause_on(own.get(inst))
+    tier = next(
+        (str(v) for w in windows if w.instance == inst and w.cause is Cause.DATA_LOADING
+         for k, v in w.evidence if k == Ctx.DATA_TIER),
+        "",
+    )  # fmt: skip
+    return Found(Culprit(inst, gpu, uuid, rank, cause), signal, tier)
+
+
+def _own_causes(
+    windows: Sequence[Window], start: float, end: float
+) -> dict[str, dict[Cause, float]]:
+    """instance -> seconds, within [start, end], of windows with a cause of their own that
+    began with the stall (a GPU lost an hour ago is no reason for it)."""
+    own: dict[str, dict[Cause, float]] = {}
+    for w in windows:
+        d = min(w.end_seconds, end) - max(w.start_seconds, start)
+        if not is_waiting(w) and d > 0 and w.start_seconds >= start - CLUSTER_GAP_SECONDS:
+            per = own.setdefault(w.instance, {})
+            per[w.cause] = per.get(w.cause, 0.0) + d
+    return own
+
+
+def _cause_on(own: dict[Cause, float] | None) -> Cause:
+    if not own:
+        return Cause.UNKNOWN  # the culprit's node shows no reason: said, not guessed
+    return max(own, key=lambda c: own[c])
+
+
+def _named_gpu(windows: Sequence[Window], inst: str) -> str:
+    """A GPU the culprit node's own windows name (a throttled or failed peer), or the one
+    GPU they are on."""
+    named: set[str] = set()
+    gpus: set[str] = set()
+    for w in windows:
+        if w.instance != inst or is_waiting(w):
+            continue
+        gpus.add(w.gpu)
+        ev = dict(w.evidence)
+        for key in (Ctx.THROTTLED_PEERS, Ctx.FAILED_PEERS):
+            v = ev.get(key)
+            if isinstance(v, str) and v:
+                named.update(v.split(","))
+    if len(named) == 1:
+        return next(iter(named))
+    if not named and len(gpus) == 1:
+        return next(iter(gpus))
+    return ""
+
+
+def _rank_share(node: NodeSeries, job_id: str, start: float, end: float) -> dict[str, float]:
+    """rank -> collective wait, seconds per second over [start, end], for the ranks of the
+    job on this node that reported shortly before the stall."""
+    j = node.jobs.get(job_id)
+    if j is None or end <= start:
+        return {}
+    out: dict[str, float] = {}
+    for (rank, phase), s in j.rank_phases.items():
+        if phase != "collective_wait" or not len(s):
+            continue
+        info = j.rank_info.get(rank)
+        if info is not None and info.value_at(start, ACTIVE_LOOKBACK_SECONDS) is None:
+            continue  # the rank had left the job before the stall
+        a, b = s.value_at(start, ACTIVE_LOOKBACK_SECONDS), s.value_at(end, ACTIVE_LOOKBACK_SECONDS)
+        if a is None or b is None:
+            continue
+        out[rank] = max(0.0, b - a) / (end - start)
+    return out
+
+
+def _last_to_arrive(
+    job_id: str, nodes: Mapping[str, NodeSeries], start: float, end: float
+) -> tuple[str, str, str, str] | None:
+    """(instance, gpu, uuid, rank) of the ranks that wait clearly least in collectives:
+    all on one node (gpu, uuid and rank "" unless one rank alone arrives last)."""
+    shares: list[tuple[float, str, str]] = []
+    for inst, n in nodes.items():
+        for rank, x in _rank_share(n, job_id, start, end).items():
+            shares.append((x, inst, rank))
+    if len(shares) < 2:
+        return None
+    mid = median(x for x, _, _ in shares)
+    late = [(inst, rank) for x, inst, rank in shares if x <= LAST_ARRIVER_RATIO * mid]
+    if mid < MIN_MEDIAN_WAIT or not late or len({i for i, _ in late}) > 1:
+        return None  # nobody clearly last, or ranks on several nodes
+    inst = late[0][0]
+    if len(late) > 1:
+        return inst, "", "", ""
+    rank = late[0][1]
+    n = nodes[inst]
+    uuid = n.jobs[job_id].rank_uuid.get(rank, "")
+    gpu = next((g for g, c in n.gpus.items() if uuid and c.uuid == uuid), "")
+    return inst, gpu, uuid, rank
+
+
+def _busiest_gpu(
+    job_id: str,
+    nodes: Mapping[str, NodeSeries],
+    start: float,
+    end: float,
+    threshold_ratio: float,
+) -> tuple[str, str]:
+    """(instance, gpu) of the one GPU of the job that stays busy over the stall while the
+    job's median GPU does not (a slow GPU everyone waits for); ("", "") if none."""
+    means: list[tuple[float, str, str]] = []
+    for inst, n in nodes.items():
+        for (job, gpu), _s in n.job_info.items():
+            g = n.gpus.get(gpu)
+            if job != job_id or g is None:
+                continue
+            u = _mean_working(g.fields, start, end)
+            if u is not None:
+                means.append((u, inst, gpu))
+    if len(means) < 2:
+        return "", ""
+    means.sort(reverse=True)
+    top, second = means[0][0], means[1][0]
+    mid = median(m for m, _, _ in means)
+    if top >= threshold_ratio and second < threshold_ratio and mid < threshold_ratio:
+        return means[0][1], means[0][2]
+    return "", ""
+
+
+def _mean_working(fields: Mapping[str, object], start: float, end: float) -> float | None:
+    """Mean utilization over [start, end], where SM activity exists scaled by it (a GPU
+    spinning in a collective reads busy but is not working)."""
+    from gpufeed.correlator.engine.series import Series
+
+    util = fields.get("util")
+    if not isinstance(util, Series):
+        return None
+    sm = fields.get("sm_active")
+    i0, i1 = util.index_at(start), util.index_at(end)
+    vals = [util.vs[k] for k in range(max(i0, 0), i1 + 1) if util.ts[k] >= start]
+    if not vals:
+        return None
+    if isinstance(sm, Series) and len(sm):
+        base = median(sm.vs[: max(1, sm.index_at(start))])
+        j0, j1 = sm.index_at(start), sm.index_at(end)
+        svals = [sm.vs[k] for k in range(max(j0, 0), j1 + 1) if sm.ts[k] >= start]
+        if svals and base > 0.02:
+            return min(sum(vals) / len(vals), sum(svals) / len(svals) / base)
+    return sum(vals) / len(vals)
+
+
+def _rank_of(node: NodeSeries, job_id: str, uuid: str) -> str:
+    j = node.jobs.get(job_id)
+    if j is None or not uuid:
+        return ""
+    return next((r for r, u in j.rank_uuid.items() if u == uuid), "")
+
+
+def _is_culprit_gpu(w: Window, c: Culprit) -> bool:
+    """The culprit's own window (any on its node when the culprit is the whole node)."""
+    return w.instance == c.instance and (not c.gpu or w.gpu == c.gpu)
+
+
+def culprit_words(c: Culprit, tier: str = "") -> str:
+    where = (
+        c.instance + (f" GPU {c.gpu}" if c.gpu else "") + (f" (rank {c.rank})" if c.rank else "")
+    )
+    return f"{where}, which " + CULPRIT_WORDS[c.cause].format(tier=tier or "data")
+
+
+def as_straggler(w: Window, found: Found) -> Window:
+    """The victim's window: cause straggler, the culprit in evidence and summary."""
+    c = found.culprit
+    who = f"GPU {w.gpu}" if w.gpu else "CPU job"
+    summary = (
+        f"{who} (job {w.job_id}) {HEADLINES[Cause.STRAGGLER]}: job {w.job_id} waits on "
+        + culprit_words(c, found.tier)
+    )
+    ev = tuple(kv for kv in w.evidence if kv[0] != "culprit_signal")
+    return replace(
+        w,
+        cause=Cause.STRAGGLER,
+        evidence=(*ev, ("culprit_signal", found.signal)),
+        summary=summary,
+        culprit=c,
+    )
