@@ -14,6 +14,7 @@ import pytest
 
 from bench import multinode_scenarios as mn
 from correlator_helpers import analyze_text
+from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.job.culprit import correlate_jobs
 from gpufeed.trace.reader import read_trace
@@ -146,3 +147,28 @@ def test_analyze_writes_job_level_results(tmp_path: object) -> None:
     assert {d["evidence"]["culprit"]["instance"] for d in stragglers} == {culprit}
     assert {d["evidence"]["culprit"]["cause"] for d in stragglers} == {"preprocessing"}
     assert {d["cause"] for d in got if d["instance"] == culprit} == {"preprocessing"}
+
+
+def test_cpu_only_jobs_are_joined_too() -> None:
+    """A CPU-only job (SDK phases, no GPU: the fault lab's gloo jobs) on two nodes: one
+    node's data stall is the culprit of the other's unexplained one."""
+    from gpufeed.correlator.engine.causes import Cause
+    from gpufeed.correlator.feeds.node import NodeSeries
+
+    nodes = []
+    for inst in ("a:1", "b:1"):
+        n = NodeSeries(inst)
+        n.job("lab1").phases["compute"] = Series()
+        nodes.append(n)
+
+    def window(inst: str, cause: Cause) -> Window:
+        return Window(inst, "", "", "lab1", 100.0, 200.0, cause, 0.8, 0.3, (), "s")
+
+    got = correlate_jobs(nodes, [window("a:1", Cause.DATA_LOADING), window("b:1", Cause.UNKNOWN)])
+    assert [w.cause for w in got] == [Cause.DATA_LOADING, Cause.STRAGGLER]
+    assert got[1].culprit is not None
+    assert (got[1].culprit.instance, got[1].culprit.cause) == ("a:1", Cause.DATA_LOADING)
+    assert got[1].summary == (
+        "CPU job (job lab1) waits for a slower peer of its job: job lab1 waits on a:1,"
+        " which waits for the data tier"
+    )

@@ -81,7 +81,8 @@ def correlate_jobs(
     by_inst = {n.instance: n for n in nodes}
     spans: dict[str, list[str]] = {}
     for inst, n in sorted(by_inst.items()):
-        for job in {j for j, _gpu in n.job_info}:
+        # the jobs holding GPUs here, and CPU-only jobs (SDK phases, no GPU)
+        for job in {j for j, _gpu in n.job_info} | {j for j, c in n.jobs.items() if c.phases}:
             spans.setdefault(job, []).append(inst)
     out = list(windows)
     for job, insts in spans.items():
