@@ -37,6 +37,7 @@ from statistics import median
 
 from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.node import NodeSeries
+from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.summary import HEADLINES
 from gpufeed.correlator.engine.window import Culprit, Window
 from gpufeed.vocabulary import DEFAULT_THRESHOLD_RATIO, Cause
@@ -305,20 +306,19 @@ def _busiest_gpu(
     return "", ""
 
 
-def _mean_working(fields: Mapping[str, object], start: float, end: float) -> float | None:
-    """Mean utilization over [start, end], where SM activity exists scaled by it (a GPU
-    spinning in a collective reads busy but is not working)."""
-    from gpufeed.correlator.engine.series import Series
-
+def _mean_working(fields: Mapping[str, Series], start: float, end: float) -> float | None:
+    """Mean utilization over [start, end]; where SM activity exists, no more than SM
+    activity over its median before the stall (a GPU spinning in a collective reads busy
+    but is not working)."""
     util = fields.get("util")
-    if not isinstance(util, Series):
+    if util is None:
         return None
     sm = fields.get("sm_active")
     i0, i1 = util.index_at(start), util.index_at(end)
     vals = [util.vs[k] for k in range(max(i0, 0), i1 + 1) if util.ts[k] >= start]
     if not vals:
         return None
-    if isinstance(sm, Series) and len(sm):
+    if sm is not None and len(sm):
         base = median(sm.vs[: max(1, sm.index_at(start))])
         j0, j1 = sm.index_at(start), sm.index_at(end)
         svals = [sm.vs[k] for k in range(max(j0, 0), j1 + 1) if sm.ts[k] >= start]
