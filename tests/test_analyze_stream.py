@@ -21,6 +21,7 @@ from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.correlator.feeds.analyze import analyze_nodes
 from gpufeed.correlator.feeds.batches import job_groups, pack_batches, parse_shard, shard_groups
 from gpufeed.correlator.feeds.promql import load_range
+from gpufeed.correlator.job.culprit import correlate_jobs
 from gpufeed.correlator.outputs.output import render
 from gpufeed.simulate.tracegen import DEFAULT_START_UNIX, generate_trace
 from victoria import import_trace, victoria
@@ -122,7 +123,8 @@ def test_streamed_batches_chunks_and_shards_give_the_file_windows(
     }
     # the unstreamed reference: the whole range of every node in memory at once
     nodes = load_range(url, START, END, 15.0)
-    assert render(analyze_nodes(nodes.values(), WindowParams()), "jsonl").encode() == want
+    windows = correlate_jobs(nodes.values(), analyze_nodes(nodes.values(), WindowParams()))
+    assert render(windows, "jsonl").encode() == want
 
     whole = tmp_path / "whole.jsonl"
     assert _analyze(url, whole) == 0  # one batch, one chunk

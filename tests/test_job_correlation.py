@@ -153,7 +153,7 @@ def test_cpu_only_jobs_are_joined_too() -> None:
     """A CPU-only job (SDK phases, no GPU: the fault lab's gloo jobs) on two nodes: one
     node's data stall is the culprit of the other's unexplained one."""
     from gpufeed.correlator.engine.causes import Cause
-    from gpufeed.correlator.feeds.node import NodeSeries
+    from gpufeed.correlator.engine.node import NodeSeries
 
     nodes = []
     for inst in ("a:1", "b:1"):

@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from gpufeed.correlator.engine.classify import STARTUP_MAX_SECONDS
 from gpufeed.correlator.engine.engine import NodeCorrelator, WindowParams
 from gpufeed.correlator.engine.node import NodeSeries
-from gpufeed.correlator.engine.view import Timing
+from gpufeed.correlator.engine.view import COLLECTIVE_WAIT, Timing
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.feeds import promql
 from gpufeed.correlator.feeds.analyze import estimate_interval
 from gpufeed.correlator.feeds.batches import Batch, job_groups, pack_batches, shard_groups
+from gpufeed.correlator.job.culprit import correlate_jobs
 from gpufeed.correlator.outputs.merge import window_key
 from gpufeed.correlator.outputs.output import render
 
@@ -125,7 +126,16 @@ def _trim(node: NodeSeries, before: float) -> None:
     series keep their first point too: the engine reads when a job began from it."""
     first = {id(s) for s in node.job_info.values()}
     first.update(id(s) for j in node.jobs.values() for s in j.phases.values())
+    # the job-level join reads each rank's collective wait at the start and end of every
+    # stall of the batch: those few series stay whole
+    whole = {
+        id(s) for j in node.jobs.values() for (_r, p), s in j.rank_phases.items()
+        if p == COLLECTIVE_WAIT
+    }  # fmt: skip
+    whole.update(id(s) for j in node.jobs.values() for s in j.rank_info.values())
     for s in node.all_series():
+        if id(s) in whole:
+            continue
         if id(s) not in first:
             s.trim_before(before)
             continue
@@ -165,6 +175,8 @@ def analyze_batch(cfg: StreamConfig, batch: Batch, cost: list[int] | None = None
                     run = runs[inst] = _NodeRun(nodes[inst])
                 run.advance(cfg.params, last)
     out = [w for r in runs.values() if r.corr is not None for w in r.corr.windows]
+    # the job level: a batch holds the instances of whole jobs (see correlator/job/)
+    out = correlate_jobs(nodes.values(), out, cfg.params.threshold_ratio)
     out.sort(key=window_key)
     if cost is not None:
         cost[:] = [queries, points]
