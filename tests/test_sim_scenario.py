@@ -24,7 +24,9 @@ def test_default_scenario_covers_every_cause_with_stalls_long_enough_for_a_windo
     s = default_scenario()
     assert 360 <= s.cycle_seconds <= 480  # 6-8 minutes at pace 1
     seen = {ph.phase for job in s.jobs for ph in job.phases}
-    assert seen == set(PHASES)
+    # straggler (a peer on another node is late) is a job-level cause: a single simulated
+    # node does not draw it (a scenario file may ask for it)
+    assert seen == set(PHASES) - {"straggler"}
     for job in s.jobs:
         for ph in job.phases:
             if ph.phase != "compute":
