@@ -38,6 +38,16 @@ GUISES: dict[str, tuple[str, ...]] = {
     # no resource is stressed, so the only honest answer is `unknown`
     "unknown": ("slow_user_code",),
 }
+# The network benchmark's guises (bench/network_accuracy.py), with the `network_reason` each
+# one is: the saturated and congested ones above, and three that only its traces schedule
+# (the main benchmark's traces stay as they were).
+NETWORK_GUISE_REASONS: dict[str, str] = {
+    "saturated": "saturated",
+    "congested": "congestion",
+    "flapping": "link_errors",
+    "link_errors": "link_errors",
+    "peer": "peer",
+}
 WARMUP_MIN = (15.0, 20.0)  # healthy minutes before the first episode
 CONFOUNDERS = ("archive_busy", "short_dip", "thermal_full_util", "network_busy_healthy")
 # one GPU reports a clock slowdown for a long time while its job trains at full speed
@@ -51,6 +61,7 @@ class Label:
     start: float
     end: float
     cause: str
+    network_reason: str = ""  # for cause network: saturated, congestion, link_errors, peer
 
 
 @dataclass(slots=True)
@@ -77,6 +88,10 @@ class Net:
     rx: float = 0.0
     tx: float = 0.0
     tx_wait: float = 0.0
+    up: float = 1.0
+    # fault and congestion counters by the kernel's name (emitted with link_counters only)
+    errors: dict[str, float] = field(default_factory=dict)
+    congestion: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -110,7 +125,13 @@ class NodeSim:
     steps: dict[str, float] = field(default_factory=dict)
     ckpt_bytes: dict[str, float] = field(default_factory=dict)
     job_tier: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    rank_phases: dict[tuple[str, str, str], float] = field(default_factory=dict)
     data_tier: str = "warm"
+    # The network benchmark's nodes: link state, fault and congestion counters and per-rank
+    # phases are emitted; `roce` makes the job's fabric RoCE (ECN/CNP, no transmit-wait).
+    link_counters: bool = False
+    roce: bool = False
+    errors_trickle: float = 0.0  # healthy symbol errors per second (a marginal cable)
 
     def __post_init__(self) -> None:
         r = self.rng
@@ -121,9 +142,18 @@ class NodeSim:
         }
         self.data_tier = r.choice(["warm", "warm", "hot", "cold"])
         self.nets = {
-            "mlx5_0": Net("mlx5_0", "infiniband", 25e9),
+            "mlx5_0": Net("mlx5_0", "roce" if self.roce else "infiniband", 25e9),
             "eth0": Net("eth0", "ethernet", 12.5e9),
         }
+        if self.link_counters:
+            ib = self.nets["mlx5_0"]
+            if self.roce:
+                ib.errors = dict.fromkeys(("link_downed", "out_of_sequence"), 0.0)
+                ib.congestion = dict.fromkeys(("np_ecn_marked_roce_packets", "np_cnp_sent"), 0.0)
+            else:
+                ib.errors = dict.fromkeys(("symbol_error", "link_downed", "port_rcv_errors"), 0.0)
+                ib.congestion = {"port_xmit_discards": 0.0}
+            self.nets["eth0"].errors = dict.fromkeys(("carrier_changes", "rx_errors"), 0.0)
         self.cpu = {
             m: 0.0 for m in ("user", "system", "iowait", "idle", "irq", "softirq", "steal", "nice")
         }
@@ -200,8 +230,11 @@ def simulate(
             target = e.gpus
             if e.kind == "throttling":
                 target = tuple(g for g in e.gpus if g not in e.extra.get("hot", ()))  # type: ignore[operator]
+            reason = NETWORK_GUISE_REASONS[e.guise] if e.kind == "network" else ""
+            # a late peer makes this node's GPUs victims: straggler (the reason stays peer)
+            cause = "straggler" if reason == "peer" else e.kind
             for g in target:
-                labels.append(Label(inst, str(g), e.start + iv, e.end + iv, e.kind))
+                labels.append(Label(inst, str(g), e.start + iv, e.end + iv, cause, reason))
     # throttling: which GPUs are slowed (the others of the job wait for them)
     for e in eps:
         if e.kind == "throttling":
@@ -260,6 +293,8 @@ def simulate(
         ib_extra = 0.0
         tx_wait_rate = 0.002 * _noise(r, 0.3)
         ib_eff = 1.0
+        link_fault = ""  # the network benchmark's guises: "flapping", "link_errors"
+        ecn_rate = 0.0
         write_tier: str | None = None
         write_rate = 0.0
         compute_overhead = 0.0
@@ -283,6 +318,22 @@ def simulate(
                 if e.guise == "saturated":
                     ib_extra = 1.0
                     t_comm = r.uniform(1.8, 2.5)
+                    if sim.link_counters:  # a full link runs out of credits now and then too
+                        tx_wait_rate = r.uniform(0.005, 0.08)
+                elif e.guise in ("flapping", "link_errors"):
+                    # retrains and lost packets: the collectives crawl, little gets through,
+                    # and what waits to be resent waits for credits too
+                    link_fault = e.guise
+                    ib_eff = r.uniform(0.3, 0.6)
+                    t_comm = r.uniform(1.8, 2.8)
+                    tx_wait_rate = r.uniform(0.002, 0.03)
+                elif e.guise == "peer":
+                    # another node's rank is late: this node's links idle while it waits
+                    t_comm = r.uniform(1.8, 2.8)
+                elif sim.roce:  # congested RoCE: switches mark ECN, DCQCN slows the senders
+                    ib_eff = r.uniform(0.25, 0.45)
+                    ecn_rate = r.uniform(3e3, 1e5)
+                    t_comm = r.uniform(1.8, 2.8)
                 else:
                     ib_eff = r.uniform(0.25, 0.45)
                     tx_wait_rate = r.uniform(0.25, 0.6)
@@ -433,6 +484,8 @@ def simulate(
         ib.tx += ib_rate * _noise(r, 0.05) * iv
         ib.rx += ib_rate * _noise(r, 0.05) * iv
         ib.tx_wait += tx_wait_rate * iv
+        if sim.link_counters:
+            _link_counters(sim, r, link_fault, ecn_rate, eps, t)
         eth = sim.nets["eth0"]
         eth_rate = 5e7 * _noise(r, 0.3)
         nfs = sim.tiers["cold"]
@@ -505,6 +558,13 @@ def simulate(
                 ph["data_wait"] = rest * 0.3
             for p, v in ph.items():
                 sim.phases[(jid, p)] = sim.phases.get((jid, p), 0.0) + v * ranks * iv
+            if sim.link_counters:
+                # per rank (the SDK's rank view): time in collectives is the communication
+                # share; every rank of this node waits alike
+                for rank in range(ranks):
+                    for p, v in ph.items():
+                        k2 = (jid, f"{rank}", "collective_wait" if p == "communication" else p)
+                        sim.rank_phases[k2] = sim.rank_phases.get(k2, 0.0) + v * iv
             sim.steps[jid] = sim.steps.get(jid, 0.0) + (0 if startup else ju * iv * 2)
             if stall_all:
                 sim.ckpt_bytes[jid] = sim.ckpt_bytes.get(jid, 0.0) + write_rate * iv
@@ -590,7 +650,16 @@ def simulate(
             L(f"gpufeed_network_receive_bytes_total{{{nl}}} {n.rx:.6g} {ts}")
             L(f"gpufeed_network_transmit_bytes_total{{{nl}}} {n.tx:.6g} {ts}")
             L(f"gpufeed_network_speed_bytes_per_second{{{nl}}} {n.speed:.6g} {ts}")
-            L(f"gpufeed_network_transmit_wait_seconds_total{{{nl}}} {n.tx_wait:.6g} {ts}")
+            if n.fabric != "roce":  # RoCE ports do not count transmit-wait
+                L(f"gpufeed_network_transmit_wait_seconds_total{{{nl}}} {n.tx_wait:.6g} {ts}")
+            if sim.link_counters:
+                L(f"gpufeed_network_link_up{{{nl}}} {n.up:g} {ts}")
+                for fam, counters in (
+                    ("link_errors", n.errors),
+                    ("congestion_packets", n.congestion),
+                ):
+                    for c, v in counters.items():
+                        L(f'gpufeed_network_{fam}_total{{counter="{c}",{nl}}} {v:.0f} {ts}')
         for m, v in sim.cpu.items():
             L(f'gpufeed_host_cpu_seconds_total{{mode="{m}",{il}}} {v:.6g} {ts}')
         L(f"gpufeed_host_cpus{{{il}}} 64 {ts}")
@@ -606,6 +675,11 @@ def simulate(
                             f'gpufeed_job_phase_seconds_total{{job_id="{jid}",phase="{p}",{il}}} {v:.6g} {ts}'
                         )
                 L(f'gpufeed_job_steps_total{{job_id="{jid}",{il}}} {sim.steps[jid]:.0f} {ts}')
+                for (j, rank, p), v in sim.rank_phases.items():
+                    if j == jid:
+                        L(
+                            f'gpufeed_job_rank_phase_seconds_total{{job_id="{jid}",rank="{rank}",phase="{p}",{il}}} {v:.6g} {ts}'
+                        )
                 L(
                     f'gpufeed_job_checkpoint_written_bytes_total{{job_id="{jid}",{il}}} {sim.ckpt_bytes[jid]:.6g} {ts}'
                 )
@@ -618,6 +692,45 @@ def simulate(
                             f'gpufeed_job_storage_{m}_bytes_total{{job_id="{jid}",tier="{tn}",{il}}} {v:.6g} {ts}'
                         )
     return out, labels
+
+
+def _link_counters(
+    sim: NodeSim, r: random.Random, fault: str, ecn_rate: float, eps: list[Episode], t: float
+) -> None:
+    """The job port's state and fault/congestion counters for one sample (network benchmark).
+
+    Healthy links count nothing; a flapping link goes down now and then (down for a sample
+    or two, link_downed +1, a burst of symbol errors as it retrains); a faulty one stays up
+    with a steady stream of errors; a congested RoCE fabric marks ECN and sends CNPs. The
+    management Ethernet's carrier changes once in a while, in healthy time too.
+    """
+    iv = sim.interval
+    ib = sim.nets["mlx5_0"]
+    ib.up = 1.0
+    if fault == "flapping" and r.random() < iv / 60.0:
+        ib.up = 0.0
+        ib.errors["link_downed"] += 1
+        if "symbol_error" in ib.errors:
+            ib.errors["symbol_error"] += r.randint(20, 400)
+        else:
+            ib.errors["out_of_sequence"] += r.randint(50, 500)
+    elif fault == "link_errors":
+        rate = r.uniform(2.0, 200.0)
+        key = "port_rcv_errors" if "port_rcv_errors" in ib.errors else "out_of_sequence"
+        ib.errors[key] += rate * iv
+        if "symbol_error" in ib.errors:
+            ib.errors["symbol_error"] += rate * r.uniform(2, 5) * iv
+    # a marginal cable on some nodes: a trickle of errors in healthy time too
+    if sim.errors_trickle and "symbol_error" in ib.errors:
+        ib.errors["symbol_error"] += r.uniform(0.0, 2.0 * sim.errors_trickle) * iv
+    if sim.roce:  # DCQCN reacts to the odd marked packet in healthy time too
+        ecn_rate += r.uniform(0.0, 400.0)
+    if ecn_rate:
+        ib.congestion["np_ecn_marked_roce_packets"] += ecn_rate * iv
+        ib.congestion["np_cnp_sent"] += ecn_rate * r.uniform(0.3, 0.6) * iv
+    eth = sim.nets["eth0"]
+    if r.random() < iv / 7200.0:  # a management link flap, unrelated to any job
+        eth.errors["carrier_changes"] += 2
 
 
 def build(
@@ -662,9 +775,18 @@ def single(
     sdk: bool = True,
     job_io: bool = False,
     minutes: float = 40.0,
+    link_counters: bool = False,
+    roce: bool = False,
 ) -> tuple[str, list[Label]]:
     """One node, one episode (a cause in one guise, or a confounder): for tests."""
-    sim = NodeSim("node-t:9400", random.Random(seed), sdk=sdk, job_io=job_io)
+    sim = NodeSim(
+        "node-t:9400",
+        random.Random(seed),
+        sdk=sdk,
+        job_io=job_io,
+        link_counters=link_counters,
+        roce=roce,
+    )
     t0 = 1_760_000_000.0
     eps = schedule(sim, t0, minutes / 60, [(cause, guise)])
     out, labels = simulate(sim, eps, t0, t0 + minutes * 60)
@@ -704,6 +826,51 @@ def peer_fault_then_stalls(seed: int = 5, interval: float = 5.0) -> tuple[str, l
             Episode("data_loading", "saturated", d0, d0 + 300, stalled),
             Episode("network", "saturated", n0, n0 + 300, stalled),
         ]
+        out, labs = simulate(sim, eps, t0, t_end)
+        lines.extend(out)
+        labels.extend(labs)
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n", labels
+
+
+# What the network benchmark's nodes live through besides their network episodes: other
+# causes (the reason must not leak into them) and a confounder.
+NETWORK_BENCH_OTHERS: tuple[tuple[str, str], ...] = (
+    ("data_loading", "saturated"),
+    ("throttling", "thermal_peer"),
+    ("unknown", "slow_user_code"),
+    ("network_busy_healthy", ""),
+    ("short_dip", ""),
+)
+
+
+def build_network(
+    seed: int, nodes: int = 6, hours: float = 4.0, interval: float = 5.0
+) -> tuple[str, list[Label]]:
+    """Traces for the network sub-cause benchmark: every network guise on every node (twice
+    on long traces), InfiniBand and RoCE nodes, with and without SDK (and per-rank) signals."""
+    r = random.Random(seed)
+    t0 = 1_760_000_000.0 + r.randrange(0, 86400)
+    lines: list[str] = []
+    labels: list[Label] = []
+    t_end = t0 + hours * 3600
+    for n in range(nodes):
+        sim = NodeSim(
+            f"net-{n:02d}:9400",
+            random.Random(r.random()),
+            sdk=(n % 3 != 2),
+            interval=interval,
+            link_counters=True,
+            roce=(n % 2 == 1),
+            errors_trickle=0.05 if n % 4 == 0 else 0.0,
+        )
+        # a peer is seen only through the job's own account of its waits (SDK, per rank):
+        # without it such a stall is indistinguishable from slow user code
+        guises = [g for g in NETWORK_GUISE_REASONS if sim.sdk or g != "peer"]
+        kinds = [("network", g) for g in guises] * 2 + list(NETWORK_BENCH_OTHERS)
+        sim.rng.shuffle(kinds)
+        eps = schedule(sim, t0, hours, kinds)
+        eps = [e for e in eps if e.end < t_end - 600]
         out, labs = simulate(sim, eps, t0, t_end)
         lines.extend(out)
         labels.extend(labs)

@@ -62,12 +62,22 @@ def test_window_context_keys_are_known() -> None:
 @pytest.fixture(scope="module")
 def computed(tmp_path_factory: pytest.TempPathFactory) -> tuple[set[str], set[str]]:
     """(features, context keys) the engine computes over the bench's labelled trace."""
-    text, _labels = scenarios.build(seed=11, nodes=4, hours=2.0)
-    path = tmp_path_factory.mktemp("names") / "trace.om"
-    path.write_text(text)
+    # the bench's trace, and one node per network guise that only the network benchmark
+    # schedules (link faults, RoCE congestion, per-rank collective waits)
+    texts = [scenarios.build(seed=11, nodes=4, hours=2.0)[0]]
+    for guise, roce in (("flapping", False), ("link_errors", False), ("congested", True),
+                        ("peer", False)):  # fmt: skip
+        texts.append(
+            scenarios.single("network", guise, minutes=30, link_counters=True, roce=roce)[0]
+        )
+    nodes = []
+    for i, body in enumerate(texts):
+        path = tmp_path_factory.mktemp("names") / f"trace-{i}.om"
+        path.write_text(body)
+        nodes += read_trace(str(path)).nodes.values()
     features: set[str] = set()
     context: set[str] = set()
-    for node in read_trace(str(path)).nodes.values():
+    for node in nodes:
         corr = NodeCorrelator(node, Timing(estimate_interval(node)))
         corr.refresh_units()
         for t in corr.timeline():

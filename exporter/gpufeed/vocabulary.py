@@ -53,6 +53,33 @@ class Cause(StrEnum):
         return self.value
 
 
+class NetworkReason(StrEnum):
+    """Why a `network` window's GPUs wait (its `network_reason`), decided from the counters:
+
+    - `saturated`: a link (or NVLink) runs at its speed: the job asks more than it carries.
+    - `congestion`: the fabric cannot deliver although the link is not full: InfiniBand
+      transmit-wait, RoCE ECN marks / CNPs, discards.
+    - `link_errors`: the link itself is faulty or flapping: link downs, carrier changes,
+      symbol / CRC / sequence errors, a port that is down.
+    - `peer`: this node's links are fine and the job waits in its collectives: another
+      rank holds it back (the job-level view names it and calls the victims `straggler`).
+    """
+
+    SATURATED = "saturated"
+    CONGESTION = "congestion"
+    LINK_ERRORS = "link_errors"
+    PEER = "peer"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# The fault counters (gpufeed_network_link_errors_total's `counter`) that count a link going
+# down (link_downed) or changing state (carrier_changes: down and up, two per flap); the
+# others count errors on a link that stays up.
+LINK_FLAP_COUNTERS: Final[tuple[str, ...]] = ("link_downed", "carrier_changes")
+
+
 # The causes that evidence can decide; `unknown` is what is left when none does.
 DECIDABLE_CAUSES: Final[tuple[Cause, ...]] = tuple(c for c in Cause if c is not Cause.UNKNOWN)
 

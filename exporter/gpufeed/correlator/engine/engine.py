@@ -380,13 +380,17 @@ class NodeCorrelator:
 
     # ---- windows -------------------------------------------------------------------------
     def _emit(self, u: Unit, seg: Segment, end: float) -> None:
-        self._sink(segment_window(self.node.instance, u, seg, end, open_=False))
+        self._sink(segment_window(self.node.instance, u, seg, end, open_=False, node=self.node))
 
     def open_windows(self) -> list[Window]:
         out = []
         for u in self.units.values():
             if u.seg is not None:
-                out.append(segment_window(self.node.instance, u, u.seg, u.last_low_t, open_=True))
+                out.append(
+                    segment_window(
+                        self.node.instance, u, u.seg, u.last_low_t, open_=True, node=self.node
+                    )
+                )
         return out
 
     # ---- what a live feed needs to know and to forget ---------------------------------------

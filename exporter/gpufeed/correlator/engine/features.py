@@ -24,6 +24,11 @@ FATAL_XIDS = frozenset(vocabulary.FATAL_XIDS)
 MIN_TIER_READ_BYTES = 1e5  # a tier reading less than this is not feeding anyone
 USUAL_TIER_READ_BYTES = 1e6  # healthy median above this: a tier the node's jobs read from
 BURST_MIN_WRITE_BYTES = 5e7
+# A port carries the jobs' traffic when its healthy median is at least this share of the
+# busiest port's: a management link's flap or errors say nothing about a training job.
+TRAFFIC_PORT_SHARE = 0.1
+CONGESTION_FLOOR_PACKETS = 100.0  # per second: a quieter healthy baseline counts as this
+CONGESTION_MIN_PACKETS = 500.0  # per second: fewer congestion packets than this are noise
 WRITE_FLOOR_BYTES = 2e7
 COLLECTIVE_WAIT_RISE = 0.15  # collective wait counts this far above its healthy median
 
@@ -52,6 +57,9 @@ def observe_healthy(b: Baselines, view: NodeView) -> None:
         b.observe((Kind.TRANSMIT_WAIT, net), nv.transmit_wait_ratio)
         b.observe((Kind.NETWORK_BYTES, net), nv.bytes_per_second)
         b.observe((Kind.NETWORK_UTILIZATION, net), nv.utilization_ratio)
+        b.observe((Kind.LINK_UP, net), nv.link_up)
+        b.observe((Kind.LINK_ERRORS, net), nv.errors_per_second)
+        b.observe((Kind.CONGESTION_PACKETS, net), nv.congestion_packets_per_second)
     b.observe((Kind.CPU_BUSY,), view.cpu_busy_ratio)
     b.observe((Kind.IOWAIT,), view.iowait_ratio)
     b.observe((Kind.PRESSURE, "cpu"), view.psi_some.get("cpu"))
@@ -221,6 +229,45 @@ def _network_features(b: Baselines, view: NodeView, ev: Evidence) -> None:
         f[F.NETWORK_UTILIZATION_RATIO] = util_best
     if wait_best >= 0:
         f[F.NETWORK_TRANSMIT_WAIT_X_BASELINE] = wait_best
+    _link_features(b, view, ev)
+
+
+def _traffic_ports(b: Baselines, view: NodeView) -> list[str]:
+    """The ports that carry the node's traffic (all of them until there is a baseline)."""
+    usual = {net: b.median((Kind.NETWORK_BYTES, net)) for net in view.nets}
+    top = max((u for u in usual.values() if u is not None), default=None)
+    if not top:
+        return list(view.nets)
+    return [net for net, u in usual.items() if u is None or u >= TRAFFIC_PORT_SHARE * top]
+
+
+def _link_features(b: Baselines, view: NodeView, ev: Evidence) -> None:
+    """Faults and congestion counted by the traffic ports: flaps, a port down that is
+    normally up, fault counters above their healthy rate, congestion packets above theirs."""
+    best: dict[str, tuple[float, str]] = {}
+
+    def keep(name: str, x: float | None, net: str) -> None:
+        if x is not None and x > best.get(name, (-1.0, ""))[0]:
+            best[name] = (x, net)
+
+    for net in _traffic_ports(b, view):
+        nv = view.nets[net]
+        keep(F.NETWORK_LINK_FLAPS, nv.flaps, net)
+        if nv.link_up is not None:
+            usual = b.median((Kind.LINK_UP, net))
+            keep(F.NETWORK_LINK_DOWN, 1.0 if nv.link_up < 0.5 and (usual or 0) >= 0.5 else 0.0, net)
+        if nv.errors_per_second is not None:
+            base = b.median((Kind.LINK_ERRORS, net)) or 0.0
+            keep(F.NETWORK_LINK_ERRORS_PER_SECOND, max(0.0, nv.errors_per_second - base), net)
+        c = nv.congestion_packets_per_second
+        if c is not None:
+            base = b.median((Kind.CONGESTION_PACKETS, net)) or 0.0
+            x = c / max(base, CONGESTION_FLOOR_PACKETS) if c >= CONGESTION_MIN_PACKETS else 0.0
+            keep(F.NETWORK_CONGESTION_PACKETS_X_BASELINE, x, net)
+    for name, (x, net) in best.items():
+        ev.features[name] = x
+        if x > 0:
+            ev.context[Ctx.NETWORK_DEVICE] = net
 
 
 # The job's own account (SDK): phase -> the feature of its share of the reported time.

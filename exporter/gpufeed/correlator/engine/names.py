@@ -51,6 +51,10 @@ class Feature:
     NETWORK_UTILIZATION_RATIO: Final = "network_utilization_ratio"
     NETWORK_TRANSMIT_WAIT_X_BASELINE: Final = "network_transmit_wait_x_baseline"
     NETWORK_THROUGHPUT_DROP_RATIO: Final = "network_throughput_drop_ratio"
+    NETWORK_LINK_FLAPS: Final = "network_link_flaps"  # link downs in the last minutes
+    NETWORK_LINK_DOWN: Final = "network_link_down"  # a port that is normally up is down
+    NETWORK_LINK_ERRORS_PER_SECOND: Final = "network_link_errors_per_second"
+    NETWORK_CONGESTION_PACKETS_X_BASELINE: Final = "network_congestion_packets_x_baseline"
     NVLINK_PEAK_RATIO: Final = "nvlink_peak_ratio"
     SDK_COMMUNICATION_SHARE: Final = "sdk_communication_share"
     # straggler: the job's ranks here wait in collectives (seconds per second per rank,
@@ -66,6 +70,10 @@ class Context:
     DATA_TIER: Final = "data_tier"
     CHECKPOINT_TIER: Final = "checkpoint_tier"
     NETWORK_DEVICE: Final = "network_device"
+    # a network window's sub-cause (vocabulary.NetworkReason) and the counters that decided
+    # it over the window ("link_downed +3, symbol_error +1200 on mlx5_0/1")
+    NETWORK_REASON: Final = "network_reason"
+    NETWORK_COUNTERS: Final = "network_counters"
     THROTTLE_REASONS: Final = "throttle_reasons"
     THROTTLED_PEERS: Final = "throttled_peers"
     XIDS: Final = "xids"

@@ -31,7 +31,15 @@ NETWORK_FIELDS = {
     "gpufeed_network_transmit_bytes_total": "tx",
     "gpufeed_network_speed_bytes_per_second": "speed",
     "gpufeed_network_transmit_wait_seconds_total": "tx_wait",
+    "gpufeed_network_link_up": "up",
 }
+# Per-counter families: the field is PREFIX + the `counter` label (network/<port> columns).
+NETWORK_COUNTER_PREFIXES = {
+    "gpufeed_network_link_errors_total": "err:",
+    "gpufeed_network_congestion_packets_total": "cong:",
+}
+ERROR_PREFIX = NETWORK_COUNTER_PREFIXES["gpufeed_network_link_errors_total"]
+CONGESTION_PREFIX = NETWORK_COUNTER_PREFIXES["gpufeed_network_congestion_packets_total"]
 GPU_FIELDS = {
     "gpufeed_gpu_utilization_ratio": "util",
     "gpufeed_gpu_up": "up",
@@ -50,6 +58,7 @@ USED_METRICS: tuple[str, ...] = (
     "gpufeed_gpu_xid_errors_total",
     *STORAGE_FIELDS,
     *NETWORK_FIELDS,
+    *NETWORK_COUNTER_PREFIXES,
     "gpufeed_host_cpu_seconds_total",
     "gpufeed_host_pressure_waiting_seconds_total",
     "gpufeed_host_pressure_stalled_seconds_total",
@@ -147,6 +156,10 @@ class NodeSeries:
         f = NETWORK_FIELDS.get(name)
         if f is not None:
             return _slot(_slot_map(self.network, (get("device", ""), get("port", ""))), f)
+        prefix = NETWORK_COUNTER_PREFIXES.get(name)
+        if prefix is not None:
+            port = _slot_map(self.network, (get("device", ""), get("port", "")))
+            return _slot(port, prefix + get("counter", ""))
         if name == "gpufeed_host_cpu_seconds_total":
             return _slot(self.cpu, get("mode", ""))
         if name == "gpufeed_host_pressure_waiting_seconds_total":

@@ -98,6 +98,13 @@ RULES: tuple[Rule, ...] = (
     # its SM activity is far below its own healthy level spins in a collective kernel
     Rule(C.STRAGGLER, F.COLLECTIVE_WAIT_RATIO, 0.25, 0.55, 0.9),
     Rule(C.STRAGGLER, F.SM_ACTIVE_DROP_RATIO, 0.5, 0.8, 0.4, primary=False),
+    # the link itself: it went down (flapped) in the last minutes, is down now, or counts
+    # errors far above its healthy rate
+    Rule(C.NETWORK, F.NETWORK_LINK_FLAPS, 0.0, 1.0, 0.85),
+    Rule(C.NETWORK, F.NETWORK_LINK_DOWN, 0.5, 1.0, 0.85),
+    Rule(C.NETWORK, F.NETWORK_LINK_ERRORS_PER_SECOND, 0.1, 2.0, 0.8),
+    # RoCE congestion: ECN marks and CNPs far above their healthy rate
+    Rule(C.NETWORK, F.NETWORK_CONGESTION_PACKETS_X_BASELINE, 3.0, 8.0, 0.85),
 )
 
 INHIBITS: tuple[Inhibit, ...] = (

@@ -66,6 +66,23 @@ class Series:
     def first_time(self) -> float | None:
         return self.ts[0] if self.ts else None
 
+    def increase(self, t0: float, t1: float) -> float | None:
+        """How much a counter grew from `t0` to `t1`: from the last point at or before `t0`
+        (or the first after it) to the last at or before `t1`, resets counting from zero.
+        None when fewer than two points lie in reach."""
+        ts, vs = self.ts, self.vs
+        i = bisect_right(ts, t1) - 1
+        j = max(bisect_right(ts, t0) - 1, 0)
+        if i <= j:
+            return None
+        inc = 0.0
+        prev = vs[j]
+        for n in range(j + 1, i + 1):
+            v = vs[n]
+            inc += v - prev if v >= prev else v
+            prev = v
+        return inc
+
     def rate_at(
         self, t: float, window_seconds: float, stale_seconds: float, gap_seconds: float
     ) -> float | None:

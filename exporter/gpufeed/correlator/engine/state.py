@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from gpufeed.correlator.engine.causes import Cause
 from gpufeed.correlator.engine.names import Context as Ctx
-from gpufeed.correlator.engine.node import GpuColumns
+from gpufeed.correlator.engine.netreason import deciding_counters, network_reason
+from gpufeed.correlator.engine.node import GpuColumns, NodeSeries
 from gpufeed.correlator.engine.rules import RULES_BY_CAUSE
 from gpufeed.correlator.engine.summary import summarize
 from gpufeed.correlator.engine.window import Window
@@ -103,8 +104,16 @@ class Unit:
     waiting: bool = False  # at the current sample: reads busy, but its SMs are not working
 
 
-def segment_window(instance: str, u: Unit, seg: Segment, end: float, open_: bool) -> Window:
-    """The window a segment stands for, with its evidence averaged over agreeing samples."""
+def segment_window(
+    instance: str,
+    u: Unit,
+    seg: Segment,
+    end: float,
+    open_: bool,
+    node: NodeSeries | None = None,
+) -> Window:
+    """The window a segment stands for, with its evidence averaged over agreeing samples.
+    A network window also gets its sub-cause and the counters that moved (from `node`)."""
     cause = seg.cause
     agree = seg.agree_time
     conf = seg.conf_time / agree if agree > 0 else 0.0
@@ -130,6 +139,16 @@ def segment_window(instance: str, u: Unit, seg: Segment, end: float, open_: bool
             ctx[k] = v
     relevant = CONTEXT_FOR.get(cause, ())
     ctx = {k: v for k, v in ctx.items() if k in relevant}
+    reason = ""
+    if cause is Cause.NETWORK:
+        nr = network_reason(ev)
+        reason = nr.value
+        ctx[Ctx.NETWORK_REASON] = reason
+        if node is not None:
+            device = ctx.get(Ctx.NETWORK_DEVICE, "")
+            moved = deciding_counters(node, nr, seg.start, end, device)
+            if moved:
+                ctx[Ctx.NETWORK_COUNTERS] = moved
     summary = summarize(cause, u.gpu, seg.job_id, ev, ctx)
     evidence: tuple[tuple[str, float | str], ...] = (*ev.items(), *ctx.items())
     return Window(
@@ -145,6 +164,7 @@ def segment_window(instance: str, u: Unit, seg: Segment, end: float, open_: bool
         evidence=evidence,
         summary=summary,
         open=open_,
+        network_reason=reason,
     )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from gpufeed.correlator.engine.causes import Cause
 from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.names import Feature as F
+from gpufeed.vocabulary import NetworkReason
 
 HEADLINES = {
     Cause.DATA_LOADING: "waits for data from storage",
@@ -19,6 +20,15 @@ HEADLINES = {
     Cause.GPU_ERROR: "has failed",
     Cause.STRAGGLER: "waits for a slower peer of its job",
     Cause.UNKNOWN: "is underutilized and no signal stands out",
+}
+
+
+# The headline's words for a network window's sub-cause.
+NETWORK_REASON_WORDS = {
+    NetworkReason.SATURATED: "link saturated",
+    NetworkReason.CONGESTION: "congestion",
+    NetworkReason.LINK_ERRORS: "link errors",
+    NetworkReason.PEER: "own links fine, waiting for a peer",
 }
 
 
@@ -61,6 +71,10 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
         F.NETWORK_THROUGHPUT_DROP_RATIO: f"throughput down {_pct(v)}",
         F.NVLINK_PEAK_RATIO: f"NVLink at {_pct(v)} of its peak",
         F.SDK_COMMUNICATION_SHARE: f"job in communication {_pct(v)} of the time",
+        F.NETWORK_LINK_FLAPS: f"{dev} went down {v:.0f}x in the last minutes",
+        F.NETWORK_LINK_DOWN: f"{dev} is down",
+        F.NETWORK_LINK_ERRORS_PER_SECOND: f"{dev} link errors {v:.1f}/s above normal",
+        F.NETWORK_CONGESTION_PACKETS_X_BASELINE: f"{dev} ECN/CNP packets {_x(v)} normal",
         F.CLOCK_EVENTS_ACTIVE: f"clock event reasons active ({ctx.get(Ctx.THROTTLE_REASONS, '?')})",
         F.JOB_PEER_CLOCK_EVENTS_ACTIVE: (
             f"waiting for throttled GPU {ctx.get(Ctx.THROTTLED_PEERS, '?')} of the same job"
@@ -93,6 +107,12 @@ def summarize(
         who += f" (job {job_id})"
     phrases = [p for name, v in evidence.items() if (p := phrase(name, v, context))]
     line = f"{who} {HEADLINES[cause]}"
+    reason = context.get(Ctx.NETWORK_REASON)
+    if cause is Cause.NETWORK and reason in NETWORK_REASON_WORDS:
+        line += f" ({NETWORK_REASON_WORDS[NetworkReason(reason)]})"
+        moved = context.get(Ctx.NETWORK_COUNTERS)
+        if moved:
+            phrases.insert(0, moved)
     if phrases:
         line += ": " + ", ".join(phrases[:limit])
     return line

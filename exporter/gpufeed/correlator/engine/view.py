@@ -5,13 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpufeed.correlator.engine.node import NodeSeries
+from gpufeed.correlator.engine.node import CONGESTION_PREFIX, ERROR_PREFIX, NodeSeries
 from gpufeed.correlator.engine.series import Series
+from gpufeed.vocabulary import LINK_FLAP_COUNTERS
 
 # Below this many operations per second a mean latency is mostly noise: leave it out.
 MIN_OPS_FOR_LATENCY = 2.0
 COLLECTIVE_WAIT = "collective_wait"  # the per-rank phase: time inside collectives
 BUSY_CPU_MODES = ("user", "system", "nice", "irq", "softirq", "steal")
+# A link that went down this recently still explains a stall: a flapping link spends its
+# time retraining between the downs, and the job's collectives time out and retry after.
+LINK_FLAP_LOOKBACK_SECONDS = 300.0
+# carrier_changes counts both transitions of a flap; link_downed counts the flap once
+FLAP_WEIGHT = {c: 0.5 if c == "carrier_changes" else 1.0 for c in LINK_FLAP_COUNTERS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +66,10 @@ class NetView:
     bytes_per_second: float | None = None  # the busier direction
     utilization_ratio: float | None = None  # of link speed
     transmit_wait_ratio: float | None = None  # seconds waited per second
+    link_up: float | None = None  # 1 up, 0 down (gpufeed_network_link_up)
+    flaps: float | None = None  # link downs within LINK_FLAP_LOOKBACK_SECONDS
+    errors_per_second: float | None = None  # the other fault counters, summed
+    congestion_packets_per_second: float | None = None
 
 
 @dataclass(slots=True)
@@ -144,7 +154,8 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
         speed = sp.value_at(t, tm.stale_seconds) if sp is not None else None
         util = bps / speed if bps is not None and speed else None
         name = f"{dev}/{port}" if port else dev
-        view.nets[name] = NetView(bps, util, rate(f.get("tx_wait")))
+        nv = view.nets[name] = NetView(bps, util, rate(f.get("tx_wait")))
+        _link_view(nv, f, t, tm, rate)
     if node.cpu:
         rates = {m: rate(s) for m, s in node.cpu.items()}
         total = sum(r for r in rates.values() if r is not None)
@@ -188,3 +199,27 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
             jv.collective_wait_ratio = min(sum(waits) / len(waits), 1.0)
         view.jobs[job_id] = jv
     return view
+
+
+def _link_view(
+    nv: NetView,
+    f: dict[str, Series],
+    t: float,
+    tm: Timing,
+    rate: Callable[[Series | None], float | None],
+) -> None:
+    """Link state, flaps, fault and congestion rates of one port (absent where not exported)."""
+    up = f.get("up")
+    nv.link_up = up.value_at(t, tm.stale_seconds) if up is not None else None
+    for key, s in f.items():
+        if key.startswith(ERROR_PREFIX):
+            counter = key[len(ERROR_PREFIX) :]
+            weight = FLAP_WEIGHT.get(counter)
+            if weight is not None:
+                inc = s.increase(t - LINK_FLAP_LOOKBACK_SECONDS, t)
+                if inc is not None:
+                    nv.flaps = (nv.flaps or 0.0) + inc * weight
+            else:
+                nv.errors_per_second = _add(nv.errors_per_second, rate(s))
+        elif key.startswith(CONGESTION_PREFIX):
+            nv.congestion_packets_per_second = _add(nv.congestion_packets_per_second, rate(s))

@@ -57,6 +57,8 @@ class Window:
     summary: str
     open: bool = False
     culprit: Culprit | None = None  # straggler windows: who the job waits for
+    # cause network only: saturated, congestion, link_errors or peer (vocabulary.NetworkReason)
+    network_reason: str = ""
 
     @property
     def duration_seconds(self) -> float:
@@ -79,6 +81,8 @@ class Window:
             "mean_utilization": round(self.mean_utilization_ratio, 4),
             "evidence": ev,
         }
+        if self.network_reason:
+            out["network_reason"] = self.network_reason
         return out
 
     @classmethod
@@ -100,4 +104,5 @@ class Window:
             summary=summary,
             open=open_,
             culprit=culprit,
+            network_reason=str(d.get("network_reason", "")),
         )
