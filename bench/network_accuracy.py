@@ -120,6 +120,7 @@ def run(seeds: list[int], nodes: int, hours: float, interval: float) -> dict[str
     res["cause_network"] = causes["per_cause"]["network"]  # type: ignore[index]
     res["cause_straggler"] = causes["per_cause"]["straggler"]  # type: ignore[index]
     res["healthy_in_window_ratio"] = causes["healthy_in_window_ratio"]
+    res["cause_confusion"] = causes["confusion"]
     return res
 
 
@@ -152,6 +153,7 @@ def main() -> int:
         f" network precision {net['precision']:.3f} recall {net['recall']:.3f},"
         f" healthy GPU time in a window {float(res['healthy_in_window_ratio']) * 100:.2f}%"  # type: ignore[arg-type]
     )
+    print(f"cause confusions (truth->window, GPU-seconds): {res['cause_confusion']}")
     return 0 if macro >= GOAL_MACRO_F1 else 1
 
 
