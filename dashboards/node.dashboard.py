@@ -218,6 +218,35 @@ dashboard = build_dashboard(
                     RATIO,
                     description="Fraction of time a port had data to send but could not.",
                 ),
+                timeseries(
+                    "Link faults (network_reason link_errors)",
+                    [
+                        target(
+                            f"rate(gpufeed_network_link_errors_total{{{NODE}}}{RI}) > 0",
+                            "{{device}} {{port}} {{counter}}",
+                        ),
+                        target(
+                            f"gpufeed_network_link_up{{{NODE}}} == 0",
+                            "{{device}} {{port}} down",
+                        ),
+                    ],
+                    PER_SECOND,
+                    description="Link downs, carrier changes and error counters per second, "
+                    "by the kernel's counter name, and ports that are down: what decides a "
+                    "network window's link_errors reason.",
+                ),
+                timeseries(
+                    "Congestion packets (network_reason congestion)",
+                    [
+                        target(
+                            f"rate(gpufeed_network_congestion_packets_total{{{NODE}}}{RI})",
+                            "{{device}} {{port}} {{counter}}",
+                        )
+                    ],
+                    PER_SECOND,
+                    description="RoCE ECN marks and CNPs, InfiniBand transmit discards: with "
+                    "transmit-wait, what decides a network window's congestion reason.",
+                ),
             ],
         ),
         (
