@@ -65,8 +65,10 @@ def wait_value(srv: SdkServer, name: str, want: float, timeout: float = 5.0, **l
 def test_sdk_and_agent_share_the_wire_format() -> None:
     assert sdk.HEADER.format == wire.HEADER.format
     assert sdk.PHASES == wire.PHASES
+    assert (sdk.RANK_PHASES, sdk.COLLECTIVE_WAIT) == (wire.RANK_PHASES, wire.COLLECTIVE_WAIT)
     assert (sdk.MAGIC, sdk.WIRE_VERSION) == (wire.MAGIC, wire.WIRE_VERSION)
-    kinds = ("STEP", "PHASE", "CHECKPOINT", "EPOCH", "CLOSE", "IO")
+    assert sdk.MAX_WORLD_SIZE == wire.MAX_WORLD_SIZE
+    kinds = ("STEP", "PHASE", "CHECKPOINT", "EPOCH", "CLOSE", "IO", "RANK")
     assert [getattr(sdk, "KIND_" + k) for k in kinds] == [getattr(wire, "KIND_" + k) for k in kinds]
     assert (sdk.MAX_JOB_ID_BYTES, sdk.MAX_NAME_BYTES) == (
         wire.MAX_JOB_ID_BYTES,

@@ -22,7 +22,7 @@ seconds = st.floats(min_value=0.0, max_value=wire.MAX_EVENT_SECONDS, allow_nan=F
 
 @st.composite
 def messages(draw: st.DrawFn) -> wire.Message:
-    kind = draw(st.sampled_from([1, 2, 3, 4, 5, 6]))
+    kind = draw(st.sampled_from([1, 2, 3, 4, 5, 6, 7]))
     job_id, name = draw(label), draw(label)
     if kind == wire.KIND_STEP:
         return wire.Message(
@@ -35,7 +35,11 @@ def messages(draw: st.DrawFn) -> wire.Message:
         )
     if kind == wire.KIND_PHASE:
         return wire.Message(
-            kind, job_id, name, phase=draw(st.sampled_from(wire.PHASES)), seconds=draw(seconds)
+            kind,
+            job_id,
+            name,
+            phase=draw(st.sampled_from(wire.RANK_PHASES)),
+            seconds=draw(seconds),
         )
     if kind == wire.KIND_CHECKPOINT:
         nbytes = draw(st.none() | st.integers(0, wire.MAX_CHECKPOINT_BYTES))
@@ -47,6 +51,16 @@ def messages(draw: st.DrawFn) -> wire.Message:
         return wire.Message(
             kind, job_id, name, read_bytes=draw(io_bytes), written_bytes=draw(io_bytes)
         )
+    if kind == wire.KIND_RANK:
+        world = draw(st.integers(1, wire.MAX_WORLD_SIZE))
+        return wire.Message(
+            kind,
+            job_id,
+            name,
+            rank=draw(st.integers(0, world - 1)),
+            local_rank=draw(st.none() | st.integers(0, world - 1)),
+            world_size=world,
+        )
     return wire.Message(kind, job_id, name)
 
 
@@ -54,20 +68,27 @@ def _check(result: wire.Message | str) -> None:
     if isinstance(result, str):
         assert result in wire.DROP_REASONS
         return
-    assert 1 <= result.kind <= 6
+    assert 1 <= result.kind <= wire.KIND_RANK
     assert 0 <= result.read_bytes <= wire.MAX_IO_BYTES
     assert 0 <= result.written_bytes <= wire.MAX_IO_BYTES
     assert 0 < len(result.job_id.encode()) <= wire.MAX_JOB_ID_BYTES
     assert 0 < len(result.name.encode()) <= wire.MAX_NAME_BYTES
     for x in (result.seconds, result.compute_seconds):
         assert math.isfinite(x) and 0 <= x <= wire.MAX_EVENT_SECONDS
-    assert result.phase == "" or result.phase in wire.PHASES
+    assert result.phase == "" or result.phase in wire.RANK_PHASES
+    if result.kind == wire.KIND_RANK:
+        assert 0 <= result.rank < result.world_size <= wire.MAX_WORLD_SIZE
+        assert result.local_rank is None or 0 <= result.local_rank < result.world_size
     for text in (result.job_id, result.name):
         assert not {unicodedata.category(c) for c in text} & wire.REFUSED_CATEGORIES
     # whatever decodes must also be safe to add into the job table
     table = JobTable(max_jobs=2, grace_seconds=1, pid_alive=lambda p: False)
     assert table.apply(result, 0, 0.0) is None
-    table.families()
+    # and from a process the agent sees, after it said its rank (the per-rank sums)
+    rank = wire.Message(wire.KIND_RANK, result.job_id, result.name, rank=1, world_size=2)
+    assert table.apply(rank, 4242, 0.0) is None
+    assert table.apply(result, 4242, 0.0) is None
+    table.families({4242: {"GPU-x"}})
 
 
 def _check_all(result: list[wire.Message] | str) -> None:
@@ -115,7 +136,7 @@ def test_oversized_datagram_is_refused() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.sampled_from(wire.PHASES),
+    st.sampled_from(wire.RANK_PHASES),
     seconds,
     st.text(min_size=1, max_size=200).filter(lambda s: s.strip() != ""),
 )
@@ -124,7 +145,15 @@ def test_what_the_sdk_sends_decodes(phase: str, secs: float, name: str) -> None:
     job = sdk.Job(name, socket="/nonexistent/gpufeed.sock")
     lens, suffix = job._lens, job._suffix
     raw = sdk.HEADER.pack(
-        sdk.MAGIC, sdk.WIRE_VERSION, sdk.KIND_PHASE, sdk.PHASES.index(phase), 0, *lens, secs, 0, 0
+        sdk.MAGIC,
+        sdk.WIRE_VERSION,
+        sdk.KIND_PHASE,
+        sdk.RANK_PHASES.index(phase),
+        0,
+        *lens,
+        secs,
+        0,
+        0,
     )
     decoded = wire.decode_datagram(raw + suffix)
     assert isinstance(decoded, list), decoded  # the SDK makes any name label-safe

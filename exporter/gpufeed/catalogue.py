@@ -465,6 +465,39 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "sdk",
         optional_labels=("name",),
     ),
+    # Per rank (issue 13): only the ranks running on this node, at most 256 per job.
+    MetricSpec(
+        "gpufeed_job_rank_phase_seconds_total",
+        "counter",
+        "Time one rank of the job reported in each phase; collective_wait (time inside "
+        "torch.distributed collectives and barriers) overlaps the other phases",
+        ("job_id", "rank", "phase"),
+        "seconds",
+        "jobs",
+        "sdk",
+    ),
+    MetricSpec(
+        "gpufeed_job_rank_steps_total",
+        "counter",
+        "Training steps one rank of the job completed",
+        ("job_id", "rank"),
+        "",
+        "jobs",
+        "sdk",
+    ),
+    MetricSpec(
+        "gpufeed_job_rank_info",
+        "gauge",
+        "A rank of the job running on this node (1): its local rank, the world size and "
+        "the GPU it uses where known",
+        ("job_id", "rank", "local_rank", "world_size", "uuid"),
+        "",
+        "jobs",
+        "sdk",
+        # local_rank: absent where the launcher does not say; uuid: absent unless NVML
+        # lists the rank's process on exactly one GPU
+        optional_labels=("local_rank", "uuid"),
+    ),
     MetricSpec(
         "gpufeed_job_storage_read_bytes_total",
         "counter",

@@ -7,6 +7,7 @@
     with job.phase("eval"): ...
     with job.checkpoint(path): torch.save(state, path)
     job.epoch()
+    with job.collective(): dist.all_reduce(t)   # time waiting for peers -> collective_wait
     job.close()
 
 Events go as datagrams on a Unix socket (the agent's `--sdk.socket`), sent with
@@ -30,6 +31,17 @@ MAX_DATAGRAM_BYTES in all, each:
     CLOSE:      the process is done with the job
     IO:         a = read_bytes, b = write_bytes of the process's own /proc/self/io (sent
                 at close, just before CLOSE, in a datagram of its own; added in 0.2.0)
+    RANK:       n = rank, a = local rank (-1: not known), b = world size: this process is
+                that rank of the job (added in 0.3.0)
+A PHASE with phase = len(PHASES) is collective_wait (added in 0.3.0). RANK and
+collective_wait go in a datagram of their own, sent before the rest of a flush: an agent
+that predates them refuses that datagram only (as it refuses IO), and everything else
+arrives as before.
+
+Rank: from the launcher's environment (torchrun's RANK/LOCAL_RANK/WORLD_SIZE, Open MPI's
+OMPI_COMM_WORLD_*, Slurm's SLURM_PROCID/SLURM_LOCALID/SLURM_STEP_NUM_TASKS), else from
+torch.distributed once the program has initialised it, else `Job.set_rank`; a process with
+no rank reports to its job only.
 """
 
 from __future__ import annotations
@@ -38,8 +50,10 @@ import atexit
 import os
 import socket as _socket
 import struct
+import sys
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import TypeVar
 
@@ -51,7 +65,11 @@ KIND_CHECKPOINT = 3
 KIND_EPOCH = 4
 KIND_CLOSE = 5
 KIND_IO = 6
+KIND_RANK = 7
 PHASES = ("compute", "data_wait", "checkpoint", "communication", "startup", "eval", "other")
+COLLECTIVE_WAIT = "collective_wait"  # a per-rank phase: PHASE index len(PHASES)
+RANK_PHASES = (*PHASES, COLLECTIVE_WAIT)
+MAX_WORLD_SIZE = 1 << 24  # gpufeed.jobs.wire.MAX_WORLD_SIZE
 HEADER = struct.Struct("<2sBBBBBBddq")
 MAX_JOB_ID_BYTES = 128
 MAX_NAME_BYTES = 64
@@ -70,9 +88,21 @@ _RECONNECT_SECONDS = 1.0
 _MAX_EVENT_SECONDS = 30 * 86400.0
 _MAX_IO_BYTES = 1 << 50  # gpufeed.jobs.wire.MAX_IO_BYTES
 FLUSH_SECONDS = 0.1
+# RANK is sent again this often (and after every reconnect), so that an agent that lost it
+# (restarted, or forgot the job after its grace period) learns it back.
+RANK_RESEND_SECONDS = 10.0
+# (rank, world size, local rank) variables of each launcher, the first one set wins: torchrun
+# (also under srun, where SLURM_PROCID is torchrun's own task), Open MPI's mpirun, srun.
+RANK_ENVIRONMENTS = (
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+)
 _PHASE_INDEX = {name: i for i, name in enumerate(PHASES)}
 _DATA_WAIT = _PHASE_INDEX["data_wait"]
 _STARTUP = _PHASE_INDEX["startup"]
+_COLLECTIVE_INDEX = len(PHASES)
 
 T = TypeVar("T")
 
@@ -90,8 +120,10 @@ class Job:
     observation, are queued and go out whole with the same flush. `events_sent` /
     `events_dropped` count events (a step, a phase block, a checkpoint ...), not datagrams.
 
-    A Job belongs to the thread that runs the loop; another thread that reports phases
-    makes its own Job with the same name (the agent adds them up).
+    A Job belongs to the thread that runs the loop (the one that made it); another thread
+    that reports phases makes its own Job with the same name (the agent adds them up).
+    Collective waits are the exception: `collective()` / `add_collective_wait()` may be
+    called from any thread.
     """
 
     def __init__(self, name: str, socket: str | None = None) -> None:
@@ -122,6 +154,14 @@ class Job:
         self._acc_events = 0
         self._flush_at = time.perf_counter() + FLUSH_SECONDS
         self._pid = os.getpid()
+        self._owner = threading.get_ident()
+        # collective waits may come from any thread: summed under a lock of their own
+        self._collective_lock = threading.Lock()
+        self._acc_collective = 0.0
+        self._acc_collective_events = 0
+        # (rank, world size, local rank or -1) once known; when RANK was last sent
+        self._rank = launcher_rank(os.environ)
+        self._rank_sent_at = float("-inf")
         atexit.register(self._at_exit)
 
     # -- the API ---------------------------------------------------------------------------
@@ -163,7 +203,12 @@ class Job:
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Time spent in the block counts as phase `name` (one of PHASES)."""
+        """Time spent in the block counts as phase `name` (one of PHASES, or
+        "collective_wait": then as `collective()`)."""
+        if name == COLLECTIVE_WAIT:
+            with self.collective():
+                yield
+            return
         index = _PHASE_INDEX.get(name)
         if index is None:
             raise ValueError(f"unknown phase {name!r}; phases are: {', '.join(PHASES)}")
@@ -190,6 +235,47 @@ class Job:
             self._inner_seconds += own
             size = path_bytes(path) if path is not None else -1
             self._emit(KIND_CHECKPOINT, own, size)
+
+    @contextmanager
+    def collective(self) -> Iterator[None]:
+        """Time spent in the block is this rank's collective_wait: wrap a collective or a
+        barrier (the host-side wait: see docs/jobs.md for what that means per backend).
+        It overlaps the enclosing phase (it is not subtracted from compute), and is
+        reported only once the rank is known (launcher environment, torch.distributed or
+        set_rank())."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add_collective_wait(time.perf_counter() - t0)
+
+    def add_collective_wait(self, seconds: float) -> None:
+        """Adds `seconds` of collective_wait (any thread may call this)."""
+        if not seconds > 0.0:
+            return
+        with self._collective_lock:
+            self._acc_collective += min(seconds, _MAX_EVENT_SECONDS)
+            self._acc_collective_events += 1
+        if threading.get_ident() == self._owner and time.perf_counter() >= self._flush_at:
+            self._flush()
+
+    def set_rank(self, rank: int, world_size: int, local_rank: int | None = None) -> None:
+        """Declares this process's rank where neither the launcher's environment nor
+        torch.distributed tells it; ValueError unless 0 <= rank < world_size."""
+        got = _valid_rank(rank, world_size, local_rank)
+        if got is None:
+            raise ValueError(
+                f"gpufeed: rank {rank!r} of world size {world_size!r} is not a rank: "
+                f"need 0 <= rank < world_size <= {MAX_WORLD_SIZE}"
+            )
+        if got != self._rank:
+            self._rank = got
+            self._rank_sent_at = float("-inf")
+
+    @property
+    def rank(self) -> int | None:
+        """This process's global rank, where known."""
+        return None if self._rank is None else self._rank[0]
 
     def epoch(self) -> None:
         """An epoch boundary: the time since the previous one (or since the Job was made)."""
@@ -264,10 +350,15 @@ class Job:
     def _flush(self) -> None:
         """Sends the pending sums and observations, packed into as few datagrams as fit;
         if any datagram fails, all the flush's events count as dropped."""
-        self._flush_at = time.perf_counter() + FLUSH_SECONDS
-        events = self._acc_events
+        now = time.perf_counter()
+        self._flush_at = now + FLUSH_SECONDS
+        with self._collective_lock:
+            collective, self._acc_collective = self._acc_collective, 0.0
+            events = self._acc_events + self._acc_collective_events
+            self._acc_collective_events = 0
         if not events:
             return
+        ok = self._send_rank_datagram(collective, now)
         pack, head = HEADER.pack, (MAGIC, WIRE_VERSION)
         lens, suffix = self._lens, self._suffix
         msgs = []
@@ -294,7 +385,6 @@ class Job:
         self._acc_wait = self._acc_compute = 0.0
         self._acc_steps = self._acc_events = 0
         self._acc_phase = [0.0] * len(PHASES)
-        ok = True
         per_datagram = max(MAX_DATAGRAM_BYTES // len(msgs[0]), 1) if msgs else 1
         for i in range(0, len(msgs), per_datagram):
             ok = self._send(b"".join(msgs[i : i + per_datagram])) and ok
@@ -302,6 +392,29 @@ class Job:
             self.events_sent += events
         else:
             self.events_dropped += events
+
+    def _send_rank_datagram(self, collective: float, now: float) -> bool:
+        """RANK (when due) and collective_wait, in a datagram of their own before the rest
+        of the flush, so that the agent knows the rank before the steps arrive. Without a
+        known rank the collective wait has nowhere to go and is left out."""
+        if self._rank is None:
+            self._rank = torch_rank()
+            if self._rank is None:
+                return True
+        due = now - self._rank_sent_at >= RANK_RESEND_SECONDS
+        if not due and collective <= 0.0:
+            return True
+        head, lens = (MAGIC, WIRE_VERSION), self._lens
+        rank, world, local = self._rank
+        msgs = [HEADER.pack(*head, KIND_RANK, 0, 0, *lens, float(local), float(world), rank)]
+        if collective > 0.0:
+            msgs.append(
+                HEADER.pack(*head, KIND_PHASE, _COLLECTIVE_INDEX, 0, *lens, collective, 0.0, 0)
+            )
+        ok = self._send(b"".join(m + self._suffix for m in msgs))
+        if ok:
+            self._rank_sent_at = now
+        return ok
 
     def _emit(self, kind: int, a: float, n: int) -> None:
         """A checkpoint or an epoch: an observation of its own, sent with the next flush."""
@@ -347,6 +460,7 @@ class Job:
             self._retry_at = now + _RECONNECT_SECONDS
             return None
         self._sock = sock
+        self._rank_sent_at = float("-inf")  # maybe a new agent: tell it the rank again
         return sock
 
 
@@ -379,6 +493,48 @@ def resolve_job_id(name: str) -> str:
     if m:
         return m.group(1).replace("_", "-").lower()
     return os.environ.get(JOB_ID_ENV, "").strip() or name
+
+
+def launcher_rank(environ: Mapping[str, str]) -> tuple[int, int, int] | None:
+    """(rank, world size, local rank or -1) from the first launcher whose variables are set
+    (RANK_ENVIRONMENTS), None where none is (or its values are not a rank)."""
+    for rank_var, size_var, local_var in RANK_ENVIRONMENTS:
+        rank, size = environ.get(rank_var, "").strip(), environ.get(size_var, "").strip()
+        if not (rank and size):
+            continue
+        try:
+            local = environ.get(local_var, "").strip()
+            return _valid_rank(int(rank), int(size), int(local) if local else None)
+        except ValueError:
+            return None
+    return None
+
+
+def torch_rank() -> tuple[int, int, int] | None:
+    """(rank, world size, local rank or -1) of an initialised torch.distributed default
+    group; None where the program has not imported or initialised it. Never imports torch."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return None
+    try:
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        local = os.environ.get("LOCAL_RANK", "").strip()
+        return _valid_rank(
+            int(dist.get_rank()), int(dist.get_world_size()), int(local) if local else None
+        )
+    except Exception:  # a half-initialised group, a LOCAL_RANK that is no number
+        return None
+
+
+def _valid_rank(rank: int, world: int, local: int | None) -> tuple[int, int, int] | None:
+    if not (isinstance(rank, int) and isinstance(world, int)):
+        return None
+    if not 0 <= rank < world <= MAX_WORLD_SIZE:
+        return None
+    if local is not None and not (isinstance(local, int) and 0 <= local < world):
+        local = None
+    return rank, world, -1 if local is None else local
 
 
 def own_io_bytes() -> tuple[int, int] | None:

@@ -3,11 +3,15 @@
 Owns the SDK socket server: `start()` binds `sdk.socket_path` and starts its receiving
 thread, `stop()` / `close()` undo that. `collect()` serves the current per-job sums and
 the drop counters; a job with no GPU gets its series all the same.
+
+It is a `Consumer` of "gpu": the processes NVML lists on each GPU in the same tick name the
+GPU (`uuid`) of each rank in gpufeed_job_rank_info; without that reading the label is left
+out, and everything else is served as before.
 """
 
 from __future__ import annotations
 
-from gpufeed.collectors.base import CollectorContext
+from gpufeed.collectors.base import CollectorContext, TickData
 from gpufeed.jobs.io_accounting import DeviceBytes
 from gpufeed.jobs.sdk_server import SdkServer
 from gpufeed.model import Family
@@ -15,6 +19,7 @@ from gpufeed.model import Family
 
 class SdkCollector:
     name = "sdk"
+    needs = ("gpu",)
 
     def __init__(self, context: CollectorContext, socket_path: str | None = None) -> None:
         cfg = context.config.sdk
@@ -34,6 +39,13 @@ class SdkCollector:
 
     def collect(self) -> list[Family]:
         return self.server.families()
+
+    def collect_with(self, data: TickData) -> list[Family]:
+        gpus_of_pid: dict[int, set[str]] = {}
+        for sample in data.gpu_samples:
+            for proc in sample.processes:
+                gpus_of_pid.setdefault(proc.pid, set()).add(sample.identity.uuid)
+        return self.server.families(gpus_of_pid)
 
     def close(self) -> None:
         self.server.stop()

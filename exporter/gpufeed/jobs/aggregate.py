@@ -10,19 +10,30 @@ belongs to the sender that started it, and when the table is full (and no job ha
 a sender holding less than its share (max_jobs / senders holding jobs) takes the slot of
 the least recently updated job of the sender holding the most, if that one holds more than
 its share. One process can thus fill the table while it is alone, but not keep it.
+
+Per rank (issue 13): a process that sends RANK (its rank, local rank and world size) has
+its later steps and phases summed for that rank too, keyed by the sender's pid, so a node's
+ranks are not summed into one. The per-job sums stay exactly what they were; the per-rank
+phase `collective_wait` overlaps the other phases and goes to the rank only. A job holds at
+most MAX_RANKS_PER_JOB ranks on one node: only the ranks running here report here, so more
+is a broken or lying sender; its further ranks are refused with one log line per job.
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping, Set
 from dataclasses import dataclass, field
 
 from gpufeed.catalogue import spec
 from gpufeed.jobs import wire
 from gpufeed.jobs.io_accounting import DeviceBytes
+from gpufeed.logonce import LogOnce
 from gpufeed.model import Families, Family
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_BUCKETS_SECONDS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
 EPOCH_BUCKETS_SECONDS = (1.0, 10.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0)
@@ -30,6 +41,10 @@ EPOCH_BUCKETS_SECONDS = (1.0, 10.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 
 # A process the agent cannot see (pid 0: another pid namespace) counts as alive this long
 # after its last message; one it can see is alive while /proc/PID exists.
 UNSEEN_PROCESS_TIMEOUT_SECONDS = 300.0
+
+# Ranks of one job on one node: 8 GPUs make 8, CPU-only jobs a few dozen; the bound keeps a
+# sender claiming ever new ranks from growing the exposition without end.
+MAX_RANKS_PER_JOB = 256
 
 
 class Histogram:
@@ -60,6 +75,17 @@ class Histogram:
 
 
 @dataclass(slots=True)
+class RankState:
+    """One rank of a job on this node: its sums, and the processes that spoke for it."""
+
+    local_rank: int | None
+    world_size: int
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
+    pids: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True)
 class JobState:
     job_id: str
     name: str
@@ -72,6 +98,8 @@ class JobState:
     processes: dict[int, tuple[bool, float]] = field(default_factory=dict)
     # pid -> (its parent's pid or 0, the /proc/self/io it reported at close)
     final_io: dict[int, tuple[int, DeviceBytes]] = field(default_factory=dict)
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    pid_ranks: dict[int, int] = field(default_factory=dict)  # pid -> the rank it said it is
     ended_at: float | None = None
     owner: Hashable = None  # the sender that started the job
     updated_at: float = 0.0  # monotonic time of its last message
@@ -90,6 +118,7 @@ class JobTable:
         self.grace_seconds = grace_seconds
         self._pid_alive = pid_alive
         self._jobs: dict[str, JobState] = {}
+        self._log = LogOnce(log)
 
     def apply(
         self, msg: wire.Message, pid: int, now: float, ppid: int = 0, owner: Hashable = None
@@ -112,18 +141,35 @@ class JobTable:
                 if closed:
                     del job.processes[p]
                     job.final_io.pop(p, None)
+                    job.pid_ranks.pop(p, None)
         job.processes[pid] = (msg.kind == wire.KIND_CLOSE, now)
         if msg.kind != wire.KIND_CLOSE:
             job.ended_at = None
+        if msg.kind == wire.KIND_RANK:
+            self._set_rank(job, msg, pid)
+            return None
+        rank = job.ranks.get(job.pid_ranks[pid]) if pid in job.pid_ranks else None
+        if msg.kind == wire.KIND_PHASE and msg.phase == wire.COLLECTIVE_WAIT:
+            if rank is not None:  # a per-rank phase only (see the module's docstring)
+                _add(rank.phase_seconds, msg.phase, msg.seconds)
+            return None
         ph = job.phase_seconds
         if msg.kind == wire.KIND_STEP:
-            ph["data_wait"] = ph.get("data_wait", 0.0) + msg.seconds
-            ph["compute"] = ph.get("compute", 0.0) + msg.compute_seconds
+            _add(ph, "data_wait", msg.seconds)
+            _add(ph, "compute", msg.compute_seconds)
             job.steps += msg.steps
+            if rank is not None:
+                _add(rank.phase_seconds, "data_wait", msg.seconds)
+                _add(rank.phase_seconds, "compute", msg.compute_seconds)
+                rank.steps += msg.steps
         elif msg.kind == wire.KIND_PHASE:
-            ph[msg.phase] = ph.get(msg.phase, 0.0) + msg.seconds
+            _add(ph, msg.phase, msg.seconds)
+            if rank is not None:
+                _add(rank.phase_seconds, msg.phase, msg.seconds)
         elif msg.kind == wire.KIND_CHECKPOINT:
-            ph["checkpoint"] = ph.get("checkpoint", 0.0) + msg.seconds
+            _add(ph, "checkpoint", msg.seconds)
+            if rank is not None:
+                _add(rank.phase_seconds, "checkpoint", msg.seconds)
             job.checkpoint.observe(msg.seconds)
             if msg.checkpoint_bytes is not None:
                 job.checkpoint_bytes = (job.checkpoint_bytes or 0) + msg.checkpoint_bytes
@@ -132,6 +178,31 @@ class JobTable:
         elif msg.kind == wire.KIND_IO and pid > 0:
             job.final_io[pid] = (ppid, DeviceBytes(msg.read_bytes, msg.written_bytes))
         return None
+
+    def _set_rank(self, job: JobState, msg: wire.Message, pid: int) -> None:
+        """Process `pid` is rank `msg.rank` of the job from now on. A sender the agent cannot
+        see (pid 0) cannot be told apart from others, so its rank is not kept."""
+        if pid <= 0:
+            return
+        state = job.ranks.get(msg.rank)
+        if state is None:
+            if len(job.ranks) >= MAX_RANKS_PER_JOB:
+                self._log.log(
+                    logging.WARNING,
+                    ("max_ranks", job.job_id),
+                    "SDK job %r: rank %d (pid %d) not tracked: the job already has %d "
+                    "ranks on this node, the most one job may have here; its further ranks "
+                    "report into the job's series only",
+                    job.job_id,
+                    msg.rank,
+                    pid,
+                    MAX_RANKS_PER_JOB,
+                )
+                return
+            state = job.ranks[msg.rank] = RankState(msg.local_rank, msg.world_size)
+        state.local_rank, state.world_size = msg.local_rank, msg.world_size
+        state.pids.add(pid)
+        job.pid_ranks[pid] = msg.rank
 
     def expire(self, now: float) -> None:
         """Marks jobs with no live process as ended, and drops those past their grace.
@@ -150,6 +221,7 @@ class JobTable:
                 job.ended_at = now
             if now - job.ended_at >= self.grace_seconds:
                 del self._jobs[job_id]
+                self._log.clear(("max_ranks", job_id))
 
     def job_ids(self) -> list[str]:
         return list(self._jobs)
@@ -172,7 +244,9 @@ class JobTable:
         """The I/O each process reported of itself at close, per job: (ppid, bytes) by pid."""
         return {j.job_id: dict(j.final_io) for j in self._jobs.values() if j.final_io}
 
-    def families(self) -> list[Family]:
+    def families(self, gpus_of_pid: Mapping[int, Set[str]] | None = None) -> list[Family]:
+        """The per-job and per-rank families; `gpus_of_pid` (pid -> the UUIDs of the GPUs
+        NVML lists it on) names the GPU of a rank whose processes are on exactly one GPU."""
         f = Families()
         phases = spec("gpufeed_job_phase_seconds_total")
         steps = spec("gpufeed_job_steps_total")
@@ -202,7 +276,29 @@ class JobTable:
                 job.epoch.total,
                 job.epoch.count,
             )
+        self._rank_families(f, gpus_of_pid or {})
         return f.build()
+
+    def _rank_families(self, f: Families, gpus_of_pid: Mapping[int, Set[str]]) -> None:
+        phases = spec("gpufeed_job_rank_phase_seconds_total")
+        steps = spec("gpufeed_job_rank_steps_total")
+        info = spec("gpufeed_job_rank_info")
+        for s in (phases, steps, info):
+            f.declare_spec(s)
+        for job in self._jobs.values():
+            for rank, state in sorted(job.ranks.items()):
+                labels = {"job_id": job.job_id, "rank": str(rank)}
+                for phase, seconds in sorted(state.phase_seconds.items()):
+                    f.put(phases, {**labels, "phase": phase}, seconds)
+                f.put(steps, labels, state.steps)
+                extra = {"world_size": str(state.world_size)}
+                if state.local_rank is not None:
+                    extra["local_rank"] = str(state.local_rank)
+                live = [p for p in state.pids if not job.processes.get(p, (True, 0.0))[0]]
+                gpus = set().union(*(gpus_of_pid.get(p, ()) for p in live))
+                if len(gpus) == 1:  # on several GPUs (a stray context): which is not known
+                    extra["uuid"] = gpus.pop()
+                f.put(info, {**labels, **extra}, 1.0)
 
     def _has_live_process(self, job: JobState, now: float) -> bool:
         """Whether a process still speaks for the job (exited ones are closed by expire)."""
@@ -233,3 +329,7 @@ class JobTable:
             return False
         del self._jobs[min(ended)[1]]
         return True
+
+
+def _add(sums: dict[str, float], phase: str, seconds: float) -> None:
+    sums[phase] = sums.get(phase, 0.0) + seconds

@@ -22,6 +22,7 @@ place, so it is never reachable with looser permissions.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -32,7 +33,7 @@ import struct
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Set
 from pathlib import Path
 
 from gpufeed.catalogue import spec
@@ -151,11 +152,13 @@ class SdkServer:
 
     # -- what the collectors read ------------------------------------------------------------
 
-    def families(self) -> list[Family]:
+    def families(self, gpus_of_pid: Mapping[int, Set[str]] | None = None) -> list[Family]:
+        """The SDK's families; `gpus_of_pid` (pid -> GPU UUIDs, from NVML's process lists)
+        names the GPU of each rank where it is known."""
         now = self._clock()
         with self._lock:
             self._table.expire(now)
-            fams = self._table.families()
+            fams = self._table.families(gpus_of_pid)
             dropped = dict(self._dropped)
             received = self._received
         f = Families()
@@ -228,16 +231,7 @@ class SdkServer:
         if ident is not None and ident.scheduler != SCHEDULER_PROCESS:
             # The scheduler's id from the kernel beats the one the process sent: it joins
             # gpufeed_job_info and cannot be forged by a process inside the job.
-            msg = wire.Message(
-                msg.kind,
-                ident.job_id,
-                msg.name,
-                msg.phase,
-                msg.seconds,
-                msg.compute_seconds,
-                msg.steps,
-                msg.checkpoint_bytes,
-            )
+            msg = dataclasses.replace(msg, job_id=ident.job_id)
         ppid = 0
         if msg.kind == wire.KIND_IO and pid > 0:
             # Read now, while the sender is most likely still there (it is closing): the

@@ -1,5 +1,9 @@
 """The agent's decoder for SDK datagrams (format v1, described in gpufeed/sdk.py).
 
+Format v1 only grows: a new kind or phase index is sent by the SDK in a datagram of its own
+(an agent that predates it refuses just that datagram), and every older datagram decodes
+as it always did (tests/test_sdk_wire_compat.py).
+
 A datagram holds one or more messages back to back (the SDK sends a whole flush in one).
 Everything that arrives on the socket is untrusted: `decode_datagram` either returns the
 messages, every field of each in range, or the name of the first rule the datagram broke
@@ -25,7 +29,16 @@ KIND_CLOSE: Final = 5
 # Added in 0.2.0 (an older agent drops it as `schema`; the SDK sends it in a datagram of
 # its own so that nothing else is lost with it): a process's own /proc/self/io at close.
 KIND_IO: Final = 6
+# Added in 0.3.0 (issue 13), sent by the SDK in a datagram of its own (an older agent drops
+# that one as `schema`): the rank the sending process is in its job. The agent keys per-rank
+# sums by the sender's pid (SO_PASSCRED), so it follows the pid, not the datagram.
+KIND_RANK: Final = 7
 PHASES: Final = ("compute", "data_wait", "checkpoint", "communication", "startup", "eval", "other")
+# Time inside torch.distributed collectives and barriers: a per-rank phase only, overlapping
+# the job phase it happens in (mostly compute), so it is in no per-job family. PHASE index
+# len(PHASES); added in 0.3.0 and sent in the same datagram of its own as RANK.
+COLLECTIVE_WAIT: Final = "collective_wait"
+RANK_PHASES: Final = (*PHASES, COLLECTIVE_WAIT)
 HEADER: Final = struct.Struct("<2sBBBBBBddq")
 MAX_JOB_ID_BYTES: Final = 128
 MAX_NAME_BYTES: Final = 64
@@ -37,6 +50,8 @@ MAX_EVENT_SECONDS: Final = 30 * 86400.0
 MAX_STEPS_PER_EVENT: Final = 1_000_000
 MAX_CHECKPOINT_BYTES: Final = 1 << 50  # 1 PiB
 MAX_IO_BYTES: Final = 1 << 50  # an IO report's counters, carried exactly in f64 (< 2**53)
+# The largest world a RANK message may claim (ranks 0..MAX_WORLD_SIZE-1): beyond any real job.
+MAX_WORLD_SIZE: Final = 1 << 24
 
 # Unicode categories refused in a job id or name: control (Cc), format (Cf: the invisible
 # U+200B and U+FEFF, the bidirectional overrides U+202E...), line and paragraph separators
@@ -77,6 +92,9 @@ class Message:
     checkpoint_bytes: int | None = None  # CHECKPOINT only; None = not reported
     read_bytes: int = 0  # IO only: the process's read_bytes
     written_bytes: int = 0  # IO only: the process's write_bytes
+    rank: int = 0  # RANK only: the global rank
+    local_rank: int | None = None  # RANK only: the rank on its node; None = not known
+    world_size: int = 0  # RANK only: ranks in the whole job
 
 
 def decode_datagram(data: bytes) -> list[Message] | str:
@@ -107,7 +125,7 @@ def _decode_one(
         return REASON_SCHEMA
     if version != WIRE_VERSION:
         return REASON_VERSION
-    if not KIND_STEP <= kind <= KIND_IO or reserved != 0:
+    if not KIND_STEP <= kind <= KIND_RANK or reserved != 0:
         return REASON_SCHEMA
     if not 0 < id_len <= MAX_JOB_ID_BYTES or not 0 < name_len <= MAX_NAME_BYTES:
         return REASON_NAME_LENGTH
@@ -134,14 +152,16 @@ def _message(
         if n != 0 or not (_byte_count_ok(a) and _byte_count_ok(b)):
             return REASON_SCHEMA
         return Message(kind, job_id, name, read_bytes=int(a), written_bytes=int(b))
+    if kind == KIND_RANK:
+        return _rank_message(phase, a, b, n, job_id, name)
     if not (_duration_ok(a) and _duration_ok(b)):
         return REASON_SCHEMA
     if kind == KIND_PHASE:
-        if phase >= len(PHASES):
+        if phase >= len(RANK_PHASES):
             return REASON_PHASE
         if b != 0.0 or n != 0:
             return REASON_SCHEMA
-        return Message(kind, job_id, name, phase=PHASES[phase], seconds=a)
+        return Message(kind, job_id, name, phase=RANK_PHASES[phase], seconds=a)
     if phase != 0:
         return REASON_PHASE
     if kind == KIND_STEP:
@@ -159,11 +179,24 @@ def _message(
     return Message(kind, job_id, name, seconds=a)
 
 
+def _rank_message(phase: int, a: float, b: float, n: int, job_id: str, name: str) -> Message | str:
+    """RANK: n = rank, a = local rank (-1: not known), b = world size; whole numbers with
+    0 <= rank < world size <= MAX_WORLD_SIZE and -1 <= local rank < world size."""
+    if phase != 0:
+        return REASON_PHASE
+    if not (math.isfinite(a) and a.is_integer() and math.isfinite(b) and b.is_integer()):
+        return REASON_SCHEMA
+    if not (0 <= n < b <= MAX_WORLD_SIZE and -1 <= a < b):
+        return REASON_SCHEMA
+    local = None if a < 0 else int(a)
+    return Message(KIND_RANK, job_id, name, rank=n, local_rank=local, world_size=int(b))
+
+
 def encode(msg: Message) -> bytes:
     """One message's bytes (tests and tools; the SDK has its own copy of this); a datagram
     is one or more of these concatenated."""
     job_id, name = msg.job_id.encode(), msg.name.encode()
-    phase = PHASES.index(msg.phase) if msg.kind == KIND_PHASE else 0
+    phase = RANK_PHASES.index(msg.phase) if msg.kind == KIND_PHASE else 0
     if msg.kind == KIND_STEP:
         a, b, n = msg.seconds, msg.compute_seconds, msg.steps
     elif msg.kind == KIND_CHECKPOINT:
@@ -171,6 +204,9 @@ def encode(msg: Message) -> bytes:
         n = -1 if msg.checkpoint_bytes is None else msg.checkpoint_bytes
     elif msg.kind == KIND_IO:
         a, b, n = float(msg.read_bytes), float(msg.written_bytes), 0
+    elif msg.kind == KIND_RANK:
+        local = -1 if msg.local_rank is None else msg.local_rank
+        a, b, n = float(local), float(msg.world_size), msg.rank
     else:
         a, b, n = msg.seconds, 0.0, 0
     head = HEADER.pack(MAGIC, WIRE_VERSION, msg.kind, phase, 0, len(job_id), len(name), a, b, n)

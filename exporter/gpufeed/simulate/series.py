@@ -228,6 +228,7 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
                     gi=j, sample=fam + "_count")  # fmt: skip
             add("gpufeed_job_checkpoint_written_bytes_total", "counter", sl, COUNTER,
                 lay.jc(j, lay.j_ckpt_bytes), gate=JOB_PRESENT, gi=j)  # fmt: skip
+            out.extend(_rank_series(lay, j, job.job_id, [ids[g].uuid for g in job.gpus]))
         # per-tier I/O comes from cgroup accounting, not the SDK: present without it too,
         # for the tiers the job touches (cgroup io.stat lists only devices it used)
         touched = {job.data_tier, job.checkpoint_tier} | {ph.tier for ph in job.phases if ph.tier}
@@ -240,6 +241,31 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
             add("gpufeed_job_storage_written_bytes_total", "counter", tl, COUNTER,
                 lay.jc(j, lay.j_tier_write + t), gate=JOB_PRESENT, gi=j)  # fmt: skip
     return _by_family(out)
+
+
+def _rank_series(lay: L.Layout, j: int, job_id: str, uuids: list[str]) -> list[SeriesDef]:
+    """One rank per GPU of an SDK job, as `gpufeed run` under torchrun reports them. The
+    simulated ranks move in lockstep: each reports the job's phase fractions and steps (the
+    same counters), and waits in collectives for the job's `communication` time."""
+    phases = (*L.SDK_PHASES, "collective_wait")
+    comm = L.SDK_PHASES.index("communication")
+    out: list[SeriesDef] = []
+    for r, uuid in enumerate(uuids):
+        rl = {"job_id": job_id, "rank": str(r)}
+        for i, phase in enumerate(phases):
+            index = lay.jc(j, lay.j_phase + (comm if phase == "collective_wait" else i))
+            fam = "gpufeed_job_rank_phase_seconds_total"
+            out.append(SeriesDef(fam, "counter", fam, label_pairs({**rl, "phase": phase}),
+                                 COUNTER, index, gate=JOB_PRESENT, gate_index=j))  # fmt: skip
+        fam = "gpufeed_job_rank_steps_total"
+        out.append(SeriesDef(fam, "counter", fam, label_pairs(rl), COUNTER,
+                             lay.jc(j, lay.j_steps), gate=JOB_PRESENT, gate_index=j,
+                             integer=True))  # fmt: skip
+        info = {**rl, "local_rank": str(r), "world_size": str(len(uuids)), "uuid": uuid}
+        fam = "gpufeed_job_rank_info"
+        out.append(SeriesDef(fam, "gauge", fam, label_pairs(info), CONST, 0, 1.0,
+                             JOB_PRESENT, j))  # fmt: skip
+    return out
 
 
 def _by_family(defs: list[SeriesDef]) -> list[SeriesDef]:
