@@ -62,15 +62,61 @@ def test_agent_unreachable_tells_a_live_socket_from_a_missing_or_stale_one(
     assert run_cli.agent_unreachable(path) == os.strerror(errno.ECONNREFUSED)  # stale file
 
 
+JOB_ID_PROBE = (
+    "import os, sys; sys.path.insert(0, sys.argv[1]); from gpufeed import sdk; "
+    "print(sdk.resolve_job_id('x'), os.environ['GPUFEED_JOB_NAME'])"
+)
+
+
+def job_id_under_run(tmp_path: Path, *flags: str, **env: str) -> list[str]:
+    """(job id the SDK resolves, job name) in a program under `gpufeed run`."""
+    out = run([*flags, "--", sys.executable, "-c", JOB_ID_PROBE, str(EXPORTER)], tmp_path, **env)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
 def test_each_run_gets_its_own_job_id(tmp_path: Path) -> None:
-    probe = "import os; print(os.environ['GPUFEED_JOB_ID'], os.environ['GPUFEED_JOB_NAME'])"
-    first, second = (run(["--", sys.executable, "-c", probe], tmp_path) for _ in range(2))
-    ids = [first.stdout.split()[0], second.stdout.split()[0]]
+    first, second = (job_id_under_run(tmp_path) for _ in range(2))
+    ids = [first[0], second[0]]
     assert ids[0] != ids[1]
     assert all(i.startswith(("run", "pg")) for i in ids), ids
-    assert first.stdout.split()[1] == Path(sys.executable).name
-    nested = run(["--", sys.executable, "-c", probe], tmp_path, GPUFEED_JOB_ID="outer")
-    assert nested.stdout.split()[0] not in ("outer", *ids)
+    assert first[1] == Path(sys.executable).name
+    # a nested run is a run of its own: the outer run's id is replaced
+    nested = job_id_under_run(tmp_path, GPUFEED_RUN_ID="outer")
+    assert nested[0] not in ("outer", *ids)
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "want"),
+    [
+        # one id on every node: the user's, else torchrun's rendezvous id
+        (["--job-id", "train-48121"], {}, "train-48121"),
+        ([], {"GPUFEED_JOB_ID": "train-48121"}, "train-48121"),
+        ([], {"TORCHELASTIC_RUN_ID": "rdzv-7"}, "rdzv-7"),
+        ([], {"GPUFEED_JOB_ID": "mine", "TORCHELASTIC_RUN_ID": "rdzv-7"}, "mine"),
+        (["--job-id", "flag"], {"GPUFEED_JOB_ID": "env"}, "flag"),
+        # the scheduler's wins over all of them
+        (["--job-id", "flag"], {"SLURM_JOB_ID": "4242", "TORCHELASTIC_RUN_ID": "r"}, "4242"),
+    ],
+)
+def test_a_multi_node_job_has_one_id_on_every_node(
+    tmp_path: Path, flags: list[str], env: dict[str, str], want: str
+) -> None:
+    # two "nodes": two runs started apart (two processes, two per-run ids), one job id
+    got = {job_id_under_run(tmp_path, *flags, **env)[0] for _ in range(2)}
+    assert got == {want}
+
+
+def test_torchruns_default_rendezvous_id_is_no_job_id(tmp_path: Path) -> None:
+    # `none` is torchrun's default --rdzv-id, shared by unrelated jobs: the per-run id stands
+    got = job_id_under_run(tmp_path, TORCHELASTIC_RUN_ID="none")[0]
+    assert got.startswith(("run", "pg")), got
+
+
+def test_a_blank_job_id_is_refused(tmp_path: Path) -> None:
+    out = run(["--job-id", " ", "--", sys.executable, "-c", "pass"], tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip() == "gpufeed run: --job-id must not be blank"
 
 
 def test_a_program_without_torch_is_untouched(tmp_path: Path) -> None:

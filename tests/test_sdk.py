@@ -277,7 +277,13 @@ def plain_sdk_env() -> dict[str, str]:
     """This environment, with gpufeed importable and no job id from outside (a scheduler's
     or `gpufeed run`'s, should the tests run under one): the job id is the name."""
     env = {**os.environ, "PYTHONPATH": str(Path(sdk.__file__).parents[1])}
-    for var in ("SLURM_JOB_ID", "POD_UID", "GPUFEED_JOB_ID"):
+    for var in (
+        "SLURM_JOB_ID",
+        "POD_UID",
+        "GPUFEED_JOB_ID",
+        "TORCHELASTIC_RUN_ID",
+        "GPUFEED_RUN_ID",
+    ):
         env.pop(var, None)
     return env
 

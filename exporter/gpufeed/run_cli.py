@@ -1,10 +1,12 @@
 """`gpufeed run -- COMMAND ...`: runs a program with zero-code PyTorch instrumentation.
 
 The command runs with gpufeed/inject/ first on PYTHONPATH (its sitecustomize patches torch
-when the program imports it), GPUFEED_SOCKET, GPUFEED_JOB_NAME and GPUFEED_JOB_ID set, and
+when the program imports it), GPUFEED_SOCKET, GPUFEED_JOB_NAME and GPUFEED_RUN_ID set, and
 every process it starts inherits them: torchrun's ranks, mpirun's, a shell script's pythons.
-GPUFEED_JOB_ID is new for every run, so two runs of the same program are two jobs, each
-with the program's name as its name. See docs/jobs.md for coverage.
+GPUFEED_RUN_ID is new for every run, so two runs of the same program are two jobs, each
+with the program's name as its name. A job that spans nodes needs one id on all of them:
+the scheduler's, torchrun's --rdzv-id, or --job-id (GPUFEED_JOB_ID), which win over the
+per-run id. See docs/jobs.md for coverage.
 
 Runnable on its own as `python -m gpufeed.run_cli [--socket P] [--name N] -- COMMAND ...`.
 """
@@ -33,9 +35,11 @@ def instrumented_env(
     base: Mapping[str, str],
     socket_path: str | None = None,
     name: str | None = None,
+    run_id: str | None = None,
     job_id: str | None = None,
 ) -> dict[str, str]:
-    """The environment a command runs in under `gpufeed run`."""
+    """The environment a command runs in under `gpufeed run`: `run_id` new for this run,
+    `job_id` the one the user gave (else GPUFEED_JOB_ID stays as the environment has it)."""
     env = dict(base)
     inject = str(INJECT_DIR)
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != inject]
@@ -43,8 +47,10 @@ def instrumented_env(
     env["GPUFEED_SOCKET"] = socket_path or env.get("GPUFEED_SOCKET") or DEFAULT_SDK_SOCKET
     if name:
         env["GPUFEED_JOB_NAME"] = name
+    if run_id:
+        env["GPUFEED_RUN_ID"] = run_id  # replaces an outer run's: a nested run is a run
     if job_id:
-        env["GPUFEED_JOB_ID"] = job_id  # replaces an outer run's: a nested run is a run
+        env["GPUFEED_JOB_ID"] = job_id
     return env
 
 
@@ -66,7 +72,10 @@ def agent_unreachable(socket_path: str) -> str | None:
 
 
 def run_command(
-    command: Sequence[str], socket_path: str | None = None, name: str | None = None
+    command: Sequence[str],
+    socket_path: str | None = None,
+    name: str | None = None,
+    job_id: str | None = None,
 ) -> int:
     """Runs `command` instrumented, forwarding signals; returns its exit status the way a
     shell would (128 + N for a command killed by signal N)."""
@@ -78,6 +87,7 @@ def run_command(
         socket_path,
         name or Path(command[0]).name,
         run_job_id(read_proc_stat(Path("/proc"), me), me),
+        job_id,
     )
     # Said once, here, rather than by every rank; the program runs all the same and its
     # SDK connects by itself if an agent starts later.
@@ -113,10 +123,11 @@ def _func(args: argparse.Namespace) -> int:
     if not command:
         print("gpufeed run: give a command after --", file=sys.stderr)
         return 2
-    if args.name is not None and not args.name.strip():
-        print("gpufeed run: --name must not be blank", file=sys.stderr)
-        return 2
-    return run_command(command, args.socket, args.name)
+    for flag, given in (("--name", args.name), ("--job-id", args.job_id)):
+        if given is not None and not given.strip():
+            print(f"gpufeed run: {flag} must not be blank", file=sys.stderr)
+            return 2
+    return run_command(command, args.socket, args.name, args.job_id)
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -128,7 +139,14 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--name",
         help="the job's name (the `name` label; sets GPUFEED_JOB_NAME; default: the "
-        "command's name); the job id is the scheduler's, else one new for this run",
+        "command's name)",
+    )
+    p.add_argument(
+        "--job-id",
+        metavar="ID",
+        help="the job's id, the same on every node of a multi-node job (sets "
+        "GPUFEED_JOB_ID; a scheduler's id wins over it); default: the scheduler's, else "
+        "$GPUFEED_JOB_ID, else torchrun's --rdzv-id, else one new for this run",
     )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
     p.set_defaults(func=_func)

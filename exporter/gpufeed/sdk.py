@@ -79,8 +79,12 @@ REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
 # Same value as gpufeed.config.DEFAULT_SDK_SOCKET (not imported: this file stands alone).
 DEFAULT_SOCKET = "/run/gpufeed/sdk.sock"
 SOCKET_ENV = "GPUFEED_SOCKET"
-# The job id where no scheduler names one; `gpufeed run` sets a new one for every run.
+# The job id where no scheduler names one, the same on every node of a job: the user's (or
+# `gpufeed run --job-id`), else the launcher's (torchrun --rdzv-id; "none" is its default,
+# shared by unrelated jobs), else `gpufeed run`'s own, new for every run (one node only).
 JOB_ID_ENV = "GPUFEED_JOB_ID"
+TORCHELASTIC_RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
+RUN_ID_ENV = "GPUFEED_RUN_ID"
 _RECONNECT_SECONDS = 1.0
 # The agent refuses a duration over 30 days (gpufeed.jobs.wire.MAX_EVENT_SECONDS), and with
 # it the whole datagram: a process that ran that long before its first loop (a notebook
@@ -466,7 +470,8 @@ class Job:
 
 def resolve_job_id(name: str) -> str:
     """The scheduler's job id when there is one (Slurm, the Kubernetes pod), else
-    $GPUFEED_JOB_ID (set by `gpufeed run`, one per run), else `name`.
+    `launcher_job_id` (GPUFEED_JOB_ID, torchrun's rendezvous id, `gpufeed run`'s per-run
+    id), else `name`. All but the last are the same on every node of a multi-node job.
 
     The agent prefers the id it reads from the sending process's cgroup, so this matters
     mostly where the agent cannot see the process (another pid namespace).
@@ -481,7 +486,7 @@ def resolve_job_id(name: str) -> str:
         with open("/proc/self/cgroup", encoding="utf-8", errors="replace") as f:
             text = f.read()
     except OSError:
-        return os.environ.get(JOB_ID_ENV, "").strip() or name
+        return launcher_job_id(os.environ) or name
     import re  # only here: most processes never need it
 
     m = re.search(
@@ -492,7 +497,18 @@ def resolve_job_id(name: str) -> str:
     )
     if m:
         return m.group(1).replace("_", "-").lower()
-    return os.environ.get(JOB_ID_ENV, "").strip() or name
+    return launcher_job_id(os.environ) or name
+
+
+def launcher_job_id(environ: Mapping[str, str]) -> str | None:
+    """$GPUFEED_JOB_ID, else $TORCHELASTIC_RUN_ID (torchrun --rdzv-id, the same in every
+    rank on every node; not its default "none"), else $GPUFEED_RUN_ID (`gpufeed run`'s, one
+    per run and node); None where none is set."""
+    for var in (JOB_ID_ENV, TORCHELASTIC_RUN_ID_ENV, RUN_ID_ENV):
+        value = environ.get(var, "").strip()
+        if value and not (var == TORCHELASTIC_RUN_ID_ENV and value == "none"):
+            return value
+    return None
 
 
 def launcher_rank(environ: Mapping[str, str]) -> tuple[int, int, int] | None:

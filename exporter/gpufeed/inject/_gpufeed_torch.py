@@ -11,6 +11,12 @@
 - torch.distributed.checkpoint.save (and save_state_dict) is a checkpoint: its duration on
   every rank, and the size of the checkpoint directory, reported by global rank 0 only
   (every rank sees the whole directory). Saves nested inside a checkpoint count once.
+- torch.distributed's collectives and barriers (COLLECTIVES), and the wait() of the Work
+  an async one returns, are the rank's collective_wait: the host-side time of the call.
+  Collectives nested in another (barrier's own wait(), all_gather_object's all_gather)
+  count once. DistributedDataParallel's gradient all-reduce runs in its C++ Reducer, not
+  through these functions: its wait is timed at the end of backward (see
+  _time_ddp_gradient_sync). What the host-side time means per backend: docs/jobs.md.
 
 The SDK is gpufeed/sdk.py loaded by path: it is standard-library only, so this works in a
 training environment that does not have gpufeed installed.
@@ -31,7 +37,31 @@ from typing import Any
 
 _job: Any = None
 _job_lock = threading.Lock()
-_local = threading.local()  # .depth: how many checkpoints this thread is inside
+# .depth: how many checkpoints this thread is inside; .collective: how many collectives
+_local = threading.local()
+
+# The torch.distributed functions that wait for peers: timed as collective_wait.
+COLLECTIVES = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_coalesced",
+    "all_gather_object",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "broadcast_object_list",
+    "barrier",
+    "monitored_barrier",
+    "all_to_all",
+    "all_to_all_single",
+    "reduce",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+)
 
 
 def _sdk() -> ModuleType:
@@ -174,6 +204,10 @@ def patch_torch(torch: Any) -> None:
     serialization: Any = sys.modules.get("torch.serialization")
     if serialization is not None:
         serialization.save = save
+    try:
+        patch_distributed(torch)
+    except Exception as exc:  # an odd torch build: the rest stays instrumented
+        _warn_once(f"collectives not timed: {exc!r}")
 
 
 def _depth() -> int:
@@ -251,6 +285,128 @@ def _warn_once(msg: str) -> None:
         _warned = True
         with contextlib.suppress(Exception):
             sys.stderr.write(f"gpufeed: {msg}\n")
+
+
+# -- torch.distributed collectives -----------------------------------------------------------
+
+
+def patch_distributed(torch: Any) -> None:
+    """Times collectives, Work.wait() and DDP's gradient all-reduce as collective_wait."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available():
+        return  # a build without distributed: nothing to time
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    for name in COLLECTIVES:
+        orig = getattr(c10d, name, None) or getattr(dist, name, None)
+        if orig is None or getattr(orig, "_gpufeed", False):
+            continue
+        timed = _timed(orig)
+        for mod in (dist, c10d):
+            if mod is not None and getattr(mod, name, None) is orig:
+                setattr(mod, name, timed)
+    work = getattr(dist, "Work", None)
+    if work is not None and not getattr(work.wait, "_gpufeed", False):
+        work.wait = _timed(work.wait)
+    ddp = getattr(getattr(torch.nn, "parallel", None), "DistributedDataParallel", None)
+    if ddp is not None and not getattr(ddp.forward, "_gpufeed", False):
+        ddp.forward = _ddp_forward(ddp.forward)
+
+
+def _collective_depth() -> int:
+    depth: int = getattr(_local, "collective", 0)
+    return depth
+
+
+def _timed(orig: Any) -> Any:
+    """`orig`, its host-side time added to collective_wait unless it runs inside another
+    timed collective. The call itself is never touched: errors are the program's own."""
+
+    @functools.wraps(orig)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if _collective_depth():
+            return orig(*args, **kwargs)
+        _local.collective = 1
+        t0 = time.perf_counter()
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            _local.collective = 0
+            _add_collective_wait(time.perf_counter() - t0)
+
+    timed._gpufeed = True  # type: ignore[attr-defined]
+    return timed
+
+
+def _add_collective_wait(seconds: float) -> None:
+    try:
+        job().add_collective_wait(seconds)
+    except Exception as exc:
+        _warn_once(f"collective waits not reported: {exc!r}")
+
+
+def _ddp_forward(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, *args, **kwargs)
+        try:
+            if getattr(self, "require_backward_grad_sync", False):  # not inside no_sync()
+                _time_ddp_gradient_sync(out)
+        except Exception as exc:
+            _warn_once(f"DDP gradient all-reduce not timed: {exc!r}")
+        return out
+
+    forward._gpufeed = True  # type: ignore[attr-defined]
+    return forward
+
+
+def _time_ddp_gradient_sync(out: Any) -> None:
+    """Times what DDP's Reducer waits for at the end of backward: the rank's gradient
+    all-reduces that have not finished when its own gradients are all computed.
+
+    The Reducer launches each bucket's all-reduce as soon as its gradients are ready, and
+    when the last bucket is ready it queues a final callback on the autograd engine that
+    waits for all of them (finalize_backward). The engine runs final callbacks in the order
+    they were queued, and lets a callback queue more. So: a hook on the forward's output,
+    which fires at the start of backward, queues callback A (before the Reducer's, which is
+    queued only at the end of the gradient computation); A reads the clock and queues B,
+    which therefore runs right after the Reducer's wait; B adds the time since A."""
+    tensor = _first_grad_tensor(out)
+    if tensor is None:
+        return
+    import torch
+
+    engine = torch.autograd.Variable._execution_engine
+
+    def after_reducer(t0: float) -> None:
+        _add_collective_wait(time.perf_counter() - t0)
+
+    def before_reducer() -> None:
+        t0 = time.perf_counter()
+        engine.queue_callback(lambda: after_reducer(t0))
+
+    def on_backward(grad: Any) -> None:
+        try:
+            engine.queue_callback(before_reducer)
+        except Exception as exc:
+            _warn_once(f"DDP gradient all-reduce not timed: {exc!r}")
+
+    tensor.register_hook(on_backward)
+
+
+def _first_grad_tensor(out: Any, depth: int = 0) -> Any:
+    """The first tensor in a forward's output (tensor, tuple, list, dict) that backward
+    will reach; None if there is none within a few levels."""
+    if getattr(out, "requires_grad", False) and hasattr(out, "register_hook"):
+        return out
+    if depth >= 3:
+        return None
+    items = out.values() if isinstance(out, dict) else out
+    if isinstance(items, (tuple, list)) or isinstance(out, dict):
+        for item in items:
+            found = _first_grad_tensor(item, depth + 1)
+            if found is not None:
+                return found
+    return None
 
 
 # -- torch.distributed.checkpoint -------------------------------------------------------------
