@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -243,3 +244,36 @@ def test_the_sdk_reports_its_rank_and_collective_waits(
     )
     assert info == 1
     print(f"rank 2: collective_wait {got:.4f} s of {waited:.4f} s timed, compute {compute:.4f} s")
+
+
+def test_the_sdk_collector_names_a_ranks_gpu_from_the_gpu_collectors_tick(
+    tmp_path: Path,
+) -> None:
+    from gpufeed.collectors.base import CollectorContext, TickData
+    from gpufeed.collectors.sdk import SdkCollector
+    from gpufeed.gpu.backend import GpuIdentity, GpuProcess, GpuSample
+
+    def gpu(index: int, *pids: int) -> GpuSample:
+        ident = GpuIdentity(
+            index, f"GPU-{index}", "NVIDIA H100", "550.54", f"0000:{index:02x}:00.0"
+        )
+        return GpuSample(ident, processes=tuple(GpuProcess(p) for p in pids))
+
+    collector = SdkCollector(CollectorContext(), str(tmp_path / "s.sock"))
+    srv = collector.server
+    # live processes (the agent forgets the ranks of exited ones): this one, its parent, init
+    me, parent = os.getpid(), os.getppid()
+    for pid, rank in ((me, 0), (parent, 1), (1, 2)):
+        msg = wire.Message(wire.KIND_RANK, "j", "n", rank=rank, local_rank=rank, world_size=3)
+        assert srv.handle(wire.encode(msg), pid) is None
+    # rank 0 on GPU 0; rank 1 on GPU 1 and (a stray context) GPU 0; rank 2 on none
+    tick = TickData(gpu_samples=(gpu(0, me, parent), gpu(1, parent)))
+    uuids = {
+        dict(s.labels)["rank"]: dict(s.labels).get("uuid")
+        for s in iter_samples(collector.collect_with(tick))
+        if s.name == "gpufeed_job_rank_info"
+    }
+    assert uuids == {"0": "GPU-0", "1": None, "2": None}
+    # without the GPU collector's reading (off, failed, late): no uuid, the rest all the same
+    plain = [s for s in iter_samples(collector.collect()) if s.name == "gpufeed_job_rank_info"]
+    assert len(plain) == 3 and all("uuid" not in dict(s.labels) for s in plain)

@@ -201,6 +201,8 @@ class JobTable:
                 return
             state = job.ranks[msg.rank] = RankState(msg.local_rank, msg.world_size)
         state.local_rank, state.world_size = msg.local_rank, msg.world_size
+        # a rank restarted many times (elastic) keeps only its live processes
+        state.pids = {p for p in state.pids if not job.processes.get(p, (True, 0.0))[0]}
         state.pids.add(pid)
         job.pid_ranks[pid] = msg.rank
 
