@@ -13,7 +13,6 @@ harness is stopped with SIGTERM in the middle of a fault).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -87,7 +86,7 @@ def test_two_nodes_link_fault_recorded_and_cleaned_up(tmp_path: Path) -> None:
     assert proc.returncode == 0, err[-2000:]
     out = tmp_path / "mn2-short"
     run = json.loads((out / "run.json").read_text())
-    assert run["ok"] and leftovers(run["prefix"]) == []
+    assert run["ok"] and leftovers(run["prefix"], run["harness_pid"]) == []
 
     # the fault made the job slower on every rank: DDP waits for the slow link
     (start,) = [e["t_rel_s"] for e in run["events"] if e["event"] == "fault apply"]
@@ -141,5 +140,6 @@ def test_sigterm_mid_fault_leaves_nothing_behind(tmp_path: Path) -> None:
     assert proc.returncode == 130, "".join(seen) + rest
     run = json.loads((tmp_path / "mn2-short" / "run.json").read_text())
     assert run["ok"] is False and "SIGTERM" in run["error"]
-    assert leftovers(run["prefix"]) == []
-    assert not any(f"{run['prefix']}" in p for p in os.listdir("/sys/fs/cgroup"))
+    assert leftovers(run["prefix"], run["harness_pid"]) == []
+    for n in run["nodes"]:  # the job cgroups the run made, by name
+        assert n["cgroup_tops"] and not any(Path(d).exists() for d in n["cgroup_tops"])

@@ -18,15 +18,9 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from lab.host import sh
+
 SUBNET = "10.77.0"  # private to the run's namespaces: it never meets the host's routes
-
-
-def sh(*cmd: str) -> str:
-    """Runs a command, raising with its stderr in one line when it fails."""
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}: {done.stderr.strip() or done.returncode}")
-    return done.stdout.strip()
 
 
 def in_ns(ns: str, *cmd: str) -> str:

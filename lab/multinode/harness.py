@@ -20,6 +20,7 @@ What lands in `<results>/<scenario>/`:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -36,12 +37,11 @@ from typing import Any
 
 import yaml
 
+from lab.host import JobCgroup, LoopTier
 from lab.multinode import procs
-from lab.multinode.cgroups import RankCgroup
 from lab.multinode.fabric import Fabric, NodeLink
 from lab.multinode.report import read_steps
 from lab.multinode.scenario import Fault, Plan
-from lab.multinode.tiers import Tier, fill, make_tier
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "lab" / "multinode" / "ddp_train.py"
@@ -57,8 +57,8 @@ class Node:
     link: NodeLink
     work: Path
     out: Path
-    tiers: dict[str, Tier]
-    cgroup: RankCgroup
+    tiers: dict[str, LoopTier]
+    cgroup: JobCgroup
     agent: subprocess.Popen[bytes] | None = None
     port: int = 0
     rank: subprocess.Popen[bytes] | None = None
@@ -110,6 +110,7 @@ def run_scenario(plan: Plan, results: Path) -> dict[str, Any]:
         summary: dict[str, Any] = {
             "scenario": plan.name,
             "prefix": prefix,
+            "harness_pid": os.getpid(),
             "job_id": run.job_id,
             "agent_correlator": dict(plan.agent_correlator),
         }
@@ -140,11 +141,17 @@ def _setup(run: Run, work: Path) -> None:
         nwork, nout = work / f"n{i}", run.out / f"node-{i}"
         nwork.mkdir()
         nout.mkdir()
-        tiers = {t.name: make_tier(nwork, t.name, t.size_mib, run.undo.callback) for t in sc.tiers}
-        data = tiers[sc.workload.data_tier].mountpoint / "data"
-        fill(data, sc.workload.samples, sc.workload.sample_kib * 1024)
-        cg = RankCgroup(run.prefix, i, run.job_id, [t.device for t in tiers.values()])
-        run.undo.callback(cg.remove)
+        tiers = {}
+        for spec in sc.tiers:
+            tier = tiers[spec.name] = LoopTier(spec.name, nwork, spec.size_mib)
+            run.undo.callback(tier.close)  # safe after a half-finished open
+            tier.open()
+        data = tiers[sc.workload.data_tier].mnt / "data"
+        write_dataset(data, sc.workload.samples, sc.workload.sample_kib)
+        # A Slurm-shaped job cgroup per node (the same job id: one job across the nodes)
+        cg = JobCgroup(run.job_id)
+        run.undo.callback(cg.close)
+        cg.open([t.dev for t in tiers.values()])
         node = Node(i, link, nwork, nout, tiers, cg)
         run.nodes.append(node)
         _start_agent(run, node)
@@ -154,7 +161,7 @@ def _setup(run: Run, work: Path) -> None:
 def _agent_config(run: Run, node: Node) -> dict[str, Any]:
     return {
         "interval_seconds": 1,
-        "tiers": {name: [str(t.mountpoint)] for name, t in node.tiers.items()},
+        "tiers": {name: [str(t.mnt)] for name, t in node.tiers.items()},
         "correlator": {
             "windows_log": str(node.out / "windows.jsonl"),
             **dict(run.plan.agent_correlator),
@@ -225,7 +232,7 @@ def _start_job(run: Run) -> None:
             sys.executable,
             str(TRAIN),
             "--data",
-            str(node.tiers[w.data_tier].mountpoint / "data"),
+            str(node.tiers[w.data_tier].mnt / "data"),
             "--sample-bytes",
             str(w.sample_kib * 1024),
             "--batch-size",
@@ -247,26 +254,24 @@ def _start_job(run: Run) -> None:
         ]
         # Into the cgroup first: under `ip netns exec` /sys is the namespace's own, without
         # the cgroup mounts. Membership survives the exec into the namespace.
-        cmd = [
-            "sh",
-            "-c",
-            f'{node.cgroup.enter_command()} && exec "$@"',
-            "sh",
-            "ip",
-            "netns",
-            "exec",
-            node.link.netns,
-            sys.executable,
-            "-m",
-            "gpufeed",
-            "run",
-            "--socket",
-            str(node.work / "sdk.sock"),
-            "--name",
-            "ddp-lab",
-            "--",
-            *train,
-        ]
+        cmd = node.cgroup.enter_argv(
+            [
+                "ip",
+                "netns",
+                "exec",
+                node.link.netns,
+                sys.executable,
+                "-m",
+                "gpufeed",
+                "run",
+                "--socket",
+                str(node.work / "sdk.sock"),
+                "--name",
+                "ddp-lab",
+                "--",
+                *train,
+            ]
+        )
         with open(node.out / "rank.log", "wb") as log:
             node.rank = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, env=_rank_env(run, node)
@@ -311,9 +316,11 @@ def _apply(run: Run, fault: Fault) -> Callable[[], None] | None:
         return run.fabric.limit_rate(fault.node, fault.param("rate"), "16kb", "400ms")
     if fault.kind == "blkio_read_limit":
         tier = node.tiers[fault.param("tier")]
-        return node.cgroup.limit_read(tier.device, fault.param("bytes_per_s"))
+        node.cgroup.set_read_limit(tier.dev, fault.param("bytes_per_s"))
+        return functools.partial(node.cgroup.set_read_limit, tier.dev, None)
     if fault.kind == "cpu_quota":
-        return node.cgroup.limit_cpu(fault.param("cpus"))
+        node.cgroup.set_cpu_quota(fault.param("cpus"))
+        return functools.partial(node.cgroup.set_cpu_quota, None)
     pid = _trainer_pid(node)
     if fault.kind == "rank_stop":
         os.kill(pid, signal.SIGSTOP)
@@ -394,8 +401,17 @@ def _node_summary(node: Node) -> dict[str, Any]:
         "instance": node.instance,
         "netns": node.link.netns,
         "address": node.link.address,
-        "tiers": {t.name: {"loop": t.loop_device, "device": t.device} for t in node.tiers.values()},
+        "tiers": {t.name: {"loop": t.loop, "device": t.dev} for t in node.tiers.values()},
         "cgroups": [str(d) for d in node.cgroup.dirs],
+        "cgroup_tops": [str(d) for d in node.cgroup.tops],
         "rank_exit": node.rank.returncode if node.rank is not None else None,
         "steps": len(_steps(node)),
     }
+
+
+def write_dataset(directory: Path, samples: int, sample_kib: int) -> None:
+    """One file of random bytes per sample, synced to the tier's device."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for i in range(samples):
+        (directory / f"{i:05d}.bin").write_bytes(os.urandom(sample_kib << 10))
+    os.sync()

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
-from lab.multinode.cgroups import CGROUP_ROOT, cgroup_problem
+from lab.host import CGROUP_ROOT, cgroup_mode
 
 TOOLS = ("ip", "tc", "unshare", "hostname", "losetup", "mkfs.ext4", "mount", "umount")
 
@@ -19,12 +20,15 @@ def host_problem() -> str | None:
     lacking = [t for t in TOOLS if shutil.which(t) is None]
     if lacking:
         return f"missing tools: {', '.join(lacking)} (Debian: iproute2, util-linux, e2fsprogs)"
-    return cgroup_problem()
+    if not cgroup_mode():
+        return "needs cgroup v1 blkio and cpu hierarchies, or v2 with io and cpu"
+    return None
 
 
-def leftovers(prefix: str) -> list[str]:
-    """Everything on this host that carries the run's prefix: namespaces, links, mounts,
-    loop devices, cgroups, processes. Empty after a clean exit."""
+def leftovers(prefix: str, harness_pid: int) -> list[str]:
+    """Everything on this host that carries the run's prefix (namespaces, links, mounts, loop
+    devices, processes, the run directory) or is a job cgroup of the harness (lab.host's
+    `gpufeed-lab-<pid>-*`). Empty after a clean exit."""
     found: list[str] = []
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
     found += [f"netns {line.split()[0]}" for line in ns.stdout.splitlines() if prefix in line]
@@ -39,9 +43,8 @@ def leftovers(prefix: str) -> list[str]:
     ]
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=False)
     found += [f"loop {line.split(':')[0]}" for line in loops.stdout.splitlines() if prefix in line]
-    for top in [CGROUP_ROOT, *CGROUP_ROOT.iterdir()] if CGROUP_ROOT.exists() else []:
-        if (top / prefix).exists():
-            found.append(f"cgroup {top / prefix}")
+    for root in [CGROUP_ROOT, *CGROUP_ROOT.iterdir()] if CGROUP_ROOT.exists() else []:
+        found += [f"cgroup {d}" for d in root.glob(f"gpufeed-lab-{harness_pid}-*")]
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -49,5 +52,5 @@ def leftovers(prefix: str) -> list[str]:
             continue
         if prefix in cmd:
             found.append(f"process {pid}: {cmd[:120]}")
-    found += [f"dir {p}" for p in Path("/tmp").glob(f"{prefix}-*")]
+    found += [f"dir {p}" for p in Path(tempfile.gettempdir()).glob(f"{prefix}-*")]
     return found
