@@ -106,7 +106,8 @@ def run_scenario(plan: Plan, results: Path) -> dict[str, Any]:
     with contextlib.ExitStack() as undo:
         work = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
         undo.callback(shutil.rmtree, work, True)
-        run = Run(plan, out, prefix, f"lab{os.getpid()}-{secrets.token_hex(3)}", undo)
+        # letters and digits only: what a Slurm job directory (job_<id>) may hold
+        run = Run(plan, out, prefix, f"lab{os.getpid()}x{secrets.token_hex(3)}", undo)
         summary: dict[str, Any] = {
             "scenario": plan.name,
             "prefix": prefix,
