@@ -12,7 +12,13 @@ import pytest
 from correlator_helpers import scenarios
 from gpufeed.correlator.engine import state
 from gpufeed.correlator.engine.engine import NodeCorrelator
-from gpufeed.correlator.engine.names import CONTEXT_KEYS, FEATURES, Feature
+from gpufeed.correlator.engine.names import (
+    ACCOMPANYING,
+    CONTEXT_KEYS,
+    DESCRIPTIVE_FEATURES,
+    FEATURES,
+    Feature,
+)
 from gpufeed.correlator.engine.rules import RULES, Rule
 from gpufeed.correlator.engine.summary import phrase
 from gpufeed.correlator.engine.view import Timing
@@ -23,14 +29,17 @@ from gpufeed.vocabulary import Cause
 # Features the bench's trace cannot show: gpu_memory_idle is computed only where a node
 # reports no job data at all (the bench's nodes all do); nvlink_peak_ratio needs NVLink
 # traffic well above its healthy median, and the bench's NVLink only follows utilization.
-# Their names are still checked against the rules and the summary above.
 # collective_wait_ratio needs per-rank signals and sm_active_drop_ratio GPM's SM activity,
 # which the bench's nodes do not report (tests/test_correlator_sm_active.py computes both).
+# job_cpu_throttled_ratio needs a job under a cgroup CPU quota, which the bench's jobs are
+# not (tests/test_correlator_evidence.py plays one).
+# Their names are still checked against the rules and the summary above.
 NOT_IN_BENCH = {
     Feature.GPU_MEMORY_IDLE,
     Feature.NVLINK_PEAK_RATIO,
     Feature.COLLECTIVE_WAIT_RATIO,
     Feature.SM_ACTIVE_DROP_RATIO,
+    Feature.JOB_CPU_THROTTLED_RATIO,
 }
 
 
@@ -49,7 +58,9 @@ def test_a_typo_in_a_rules_feature_is_named() -> None:
 
 def test_every_feature_has_a_rule_and_summary_words() -> None:
     read = {r.feature for r in RULES}
-    assert sorted(FEATURES - read) == [], "features no rule reads"
+    assert sorted(FEATURES - read - DESCRIPTIVE_FEATURES) == [], "features no rule reads"
+    assert sorted(DESCRIPTIVE_FEATURES & read) == [], "a descriptive feature that decides"
+    assert sorted(lead for _, lead in ACCOMPANYING if lead not in read) == []
     assert [f for f in sorted(FEATURES) if phrase(f, 0.5, {}) is None] == [], "no summary words"
     assert phrase("no_such_feature", 0.5, {}) is None
 

@@ -130,3 +130,71 @@ def test_a_job_that_cannot_be_made_never_breaks_the_program(tmp_path: Path) -> N
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "a.pt").stat().st_size > 0 and (tmp_path / "b.pt").stat().st_size > 0
     assert out.stderr.count("gpufeed: checkpoints not reported") == 1
+
+
+# DLIO's training loop (dlio_benchmark.main._train) in small: a DataLoader with persistent
+# workers that the data-loader object keeps, read through a generator, left with `break`
+# at the last step; the program then goes on (DLIO's end of epoch, its statistics, MPI's
+# finalize) and exits with the iterator still alive. The step in flight at the break was
+# lost (DLIO: 63 of 64 steps); at exit it must be reported once, without the tail.
+DLIO_SHAPE = r"""
+import json, sys, time
+from torch.utils.data import DataLoader
+
+class Loader:
+    def __init__(self):
+        self.dataset = DataLoader(list(range(64)), batch_size=4, num_workers=1,
+                                  persistent_workers=True)
+    def next(self):
+        for batch in self.dataset:
+            yield batch
+
+loader = Loader()
+steps = 0
+for batch in loader.next():
+    time.sleep(0.05)                     # the "computation_time"
+    steps += 1
+    if steps == int(sys.argv[1]):
+        break
+time.sleep(float(sys.argv[2]))           # after the loop: not the last step's compute
+print(json.dumps({"steps": steps}))
+"""
+
+
+def _run_instrumented(srv: SdkServer, program: str, *args: str) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", program, *args],
+        env=instrumented_env({"PATH": os.environ["PATH"]}, srv.socket_path, "dlio-shape"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    want = json.loads(out.stdout.strip().splitlines()[-1])["steps"]
+    deadline = time.monotonic() + 10
+    got: dict[str, float] = {}
+    while time.monotonic() < deadline:
+        got = {
+            s.name + ":" + s.label("phase"): s.value
+            for s in iter_samples(srv.families())
+            if s.label("name") == "dlio-shape"
+        }
+        if got.get("gpufeed_job_steps_total:") == want:
+            break
+        time.sleep(0.05)
+    return got
+
+
+def test_the_step_in_flight_at_exit_is_reported_once(tmp_path: Path) -> None:
+    srv = SdkServer(
+        str(tmp_path / "sdk.sock"), max_jobs=8, max_messages_per_second=10000, grace_seconds=60
+    )
+    srv.start()
+    try:
+        got = _run_instrumented(srv, DLIO_SHAPE, "16", "1.0")
+    finally:
+        srv.stop()
+    assert got["gpufeed_job_steps_total:"] == 16, got  # all of them, the last one once
+    compute = got["gpufeed_job_phase_seconds_total:compute"]
+    # 16 x 50 ms; the second after the loop is no step's compute
+    assert 16 * 0.05 <= compute < 16 * 0.05 + 0.4, got

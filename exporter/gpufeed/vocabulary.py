@@ -154,6 +154,12 @@ ALERTING_THROTTLE_REASONS: Final[tuple[str, ...]] = tuple(
     r for r in SLOWDOWN_REASONS if r != "sw_power_cap"
 )
 
+# ## Storage tiers
+#
+# The `tier` of a job's bytes that no device names: /proc/PID/io (an SDK job under no
+# scheduler, or a job whose cgroup has no io accounting) counts bytes, not devices.
+UNATTRIBUTED_TIER: Final = "unattributed"
+
 # ## Correlator window defaults
 #
 # The agent's `correlator:` settings, `gpufeed analyze`'s flags and the engine share these;

@@ -111,6 +111,12 @@ def _job_io(w: Wiring) -> Collector:
     return JobIoCollector(w.context, sdk.pids_by_job, sdk.final_io_by_job)
 
 
+def _job_cpu(w: Wiring) -> Collector:
+    from gpufeed.collectors.job_cpu import JobCpuCollector
+
+    return JobCpuCollector(w.context, w.sdk().pids_by_job)
+
+
 COLLECTORS: tuple[CollectorSpec, ...] = (
     CollectorSpec(
         "network",
@@ -134,6 +140,11 @@ COLLECTORS: tuple[CollectorSpec, ...] = (
         "job_io",
         "per-job bytes read and written per storage tier (cgroup io accounting)",
         _job_io,
+    ),
+    CollectorSpec(
+        "job_cpu",
+        "per-job CPU time and CPU-quota throttling (cgroup cpu.stat)",
+        _job_cpu,
     ),
 )
 

@@ -26,10 +26,10 @@ from gpufeed.jobs.io_accounting import (
     parse_proc_io,
 )
 from gpufeed.model import Families, Family
+from gpufeed.vocabulary import UNATTRIBUTED_TIER
 
 JobPids = Callable[[], Mapping[str, Sequence[int]]]
 
-UNATTRIBUTED_TIER = "unattributed"
 READ = spec("gpufeed_job_storage_read_bytes_total")
 WRITTEN = spec("gpufeed_job_storage_written_bytes_total")
 

@@ -4,7 +4,11 @@
   in the iterator's __next__ is data_wait, the time from a batch's return to the next call
   is compute (less any checkpoint inside it), each batch is one step. Patched on the
   iterator class, so `for b in loader`, `next(iter(loader))` and libraries' fetchers are
-  all seen. A loop left with `break` reports its last step when the iterator is collected.
+  all seen. A loop left with `break` reports its last step when the iterator is collected,
+  or, where it never is before the program ends (a DataLoader with persistent workers keeps
+  its iterator: DLIO's loop), at exit. When that step ended is not known then (the program
+  went on after the loop), so its compute counts at most as long as the iterator's longest
+  step; the same when a persistent iterator is reused by the next epoch.
 - torch.save to a path or a real file is a checkpoint: its duration, and the bytes the file
   holds afterwards (a path) or the bytes written (a file object, by its position).
   torch.save into memory (io.BytesIO) is serialisation, not a checkpoint, and is ignored.
@@ -24,6 +28,7 @@ training environment that does not have gpufeed installed.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib.util
@@ -37,6 +42,9 @@ from typing import Any
 
 _job: Any = None
 _job_lock = threading.Lock()
+# Iterators' step clocks with a step possibly in flight, flushed at exit (weak: a collected
+# iterator's own finalizer has flushed it already).
+_open_steps: weakref.WeakSet[_StepState] = weakref.WeakSet()
 # .depth: how many checkpoints this thread is inside; .collective: how many collectives
 _local = threading.local()
 
@@ -90,7 +98,17 @@ def job() -> Any:
             # The Job closes itself at exit (in the process that made it only), reporting
             # the process's final I/O; `_pid` is the SDK's own record of that process.
             _job = _sdk().Job(name)
+            # Registered after the Job's own exit handler, so it runs before it (atexit is
+            # last in, first out): the steps in flight go out with the Job's last flush.
+            atexit.register(_flush_open_steps, os.getpid())
         return _job
+
+
+def _flush_open_steps(pid: int) -> None:
+    if pid != os.getpid():  # a forked child inherited the handler, not the steps
+        return
+    for st in list(_open_steps):
+        st.flush_unknown_end()
 
 
 def _program_name() -> str:
@@ -104,25 +122,38 @@ def _program_name() -> str:
 class _StepState:
     """One DataLoader iterator's step clock; flushes its last step when the iterator goes."""
 
-    __slots__ = ("body_start", "inner0", "iter_started", "wait")
+    __slots__ = ("__weakref__", "body_start", "inner0", "iter_started", "longest", "wait")
 
     def __init__(self, iter_started: float) -> None:
         self.iter_started: float | None = iter_started
         self.body_start: float | None = None
         self.wait = 0.0
         self.inner0 = 0.0
+        self.longest = 0.0  # the longest compute of a step that ended at the next batch
 
-    def finish_step(self, now: float) -> None:
-        if self.body_start is None:
+    def finish_step(self, now: float, end_known: bool = True) -> None:
+        body_start = self.body_start
+        if body_start is None:
             return
+        self.body_start = None  # once, even if the send fails
         j = job()
-        compute = now - self.body_start - (j._inner_seconds - self.inner0)
+        compute = now - body_start - (j._inner_seconds - self.inner0)
+        if end_known:
+            self.longest = max(self.longest, compute)
+        elif self.longest > 0.0:
+            compute = min(compute, self.longest)
         j._add_step(self.wait, compute, now)
-        self.body_start = None
 
     def flush(self) -> None:
+        """The iterator was collected: its step in flight ended now."""
         with contextlib.suppress(Exception):
             self.finish_step(time.perf_counter())
+
+    def flush_unknown_end(self) -> None:
+        """The step in flight ended at some point before now (exit, or the iterator reused
+        by the next epoch after whatever the program did in between)."""
+        with contextlib.suppress(Exception):
+            self.finish_step(time.perf_counter(), end_known=False)
 
 
 def _state(it: Any, now: float) -> _StepState:
@@ -131,6 +162,7 @@ def _state(it: Any, now: float) -> _StepState:
         st = _StepState(now)
         it.__dict__["_gpufeed_state"] = st
         weakref.finalize(it, st.flush)
+        _open_steps.add(st)
     return st
 
 
@@ -150,7 +182,7 @@ def patch_torch(torch: Any) -> None:
         it = orig_iter(self)  # starts the workers: part of the first batch's wait
         try:
             st = _state(it, t0)
-            st.flush()  # a reused (persistent-workers) iterator: close its last step
+            st.flush_unknown_end()  # a reused (persistent-workers) iterator: its last step
             st.iter_started = t0
         except Exception:
             pass

@@ -388,6 +388,10 @@ class Engine:
             c.incs[lay.jc(j, lay.j_tier_write + t)] += rate * dt
         if job.sdk:
             self._sdk(c, st, j, a, epochs)
+        # the job's cgroup has a CPU quota that never binds here: a simulated input
+        # pipeline starves on the host's CPUs (preprocessing), not on its own limit
+        c.incs[lay.jc(j, lay.j_cpu + L.J_CPU_USAGE)] += (a.cpu_user + a.cpu_system) * dt
+        c.incs[lay.jc(j, lay.j_cpu + L.J_CPU_PERIODS)] += L.JOB_CPU_PERIODS_PER_SECOND * dt
         c.cpu["user"] += a.cpu_user * (1 + noise.gauss(0, 0.03))
         c.cpu["system"] += a.cpu_system * (1 + noise.gauss(0, 0.03))
         c.cpu["iowait"] += a.cpu_iowait * (1 + noise.gauss(0, 0.05))

@@ -29,6 +29,10 @@ TIER_COUNTERS = 8
 # per-port counters
 P_RX, P_TX, P_WAIT = range(3)
 PORT_COUNTERS = 3
+# a job's cgroup CPU counters: usage seconds, quota periods, throttled periods, throttled s
+J_CPU_USAGE, J_CPU_PERIODS, J_CPU_THROTTLED, J_CPU_THROTTLED_S = range(4)
+JOB_CPU_COUNTERS = 4
+JOB_CPU_PERIODS_PER_SECOND = 10.0  # the kernel's default CFS period, 100 ms
 # host counters: cpu modes, then pressure some, then pressure full
 H_CPU = 0
 H_SOME = len(CPU_MODES)
@@ -56,13 +60,15 @@ class Layout:
         self.c_port = self.c_tier + self.n_tiers * TIER_COUNTERS
         self.c_host = self.c_port + self.n_ports * PORT_COUNTERS
         self.c_job = self.c_host + HOST_COUNTERS
-        # per job: sdk phases, steps, checkpoint bytes, per-tier read+write, two histograms
+        # per job: sdk phases, steps, checkpoint bytes, per-tier read+write, cgroup CPU
+        # (usage, quota periods, throttled periods, throttled seconds), two histograms
         self.j_phase = 0
         self.j_steps = len(SDK_PHASES)
         self.j_ckpt_bytes = self.j_steps + 1
         self.j_tier_read = self.j_ckpt_bytes + 1
         self.j_tier_write = self.j_tier_read + self.n_tiers
-        self.j_ckpt_hist = self.j_tier_write + self.n_tiers  # buckets..., +Inf, sum, count
+        self.j_cpu = self.j_tier_write + self.n_tiers
+        self.j_ckpt_hist = self.j_cpu + JOB_CPU_COUNTERS  # buckets..., +Inf, sum, count
         self.j_epoch_hist = self.j_ckpt_hist + len(CHECKPOINT_BUCKETS_SECONDS) + 3
         self.job_counters = self.j_epoch_hist + len(EPOCH_BUCKETS_SECONDS) + 3
         self.n_counters = self.c_job + self.n_jobs * self.job_counters

@@ -240,6 +240,14 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
                 lay.jc(j, lay.j_tier_read + t), gate=JOB_PRESENT, gi=j)  # fmt: skip
             add("gpufeed_job_storage_written_bytes_total", "counter", tl, COUNTER,
                 lay.jc(j, lay.j_tier_write + t), gate=JOB_PRESENT, gi=j)  # fmt: skip
+        cpu = lay.j_cpu
+        for fam, i in (
+            ("gpufeed_job_cpu_usage_seconds_total", L.J_CPU_USAGE),
+            ("gpufeed_job_cpu_periods_total", L.J_CPU_PERIODS),
+            ("gpufeed_job_cpu_throttled_periods_total", L.J_CPU_THROTTLED),
+            ("gpufeed_job_cpu_throttled_seconds_total", L.J_CPU_THROTTLED_S),
+        ):
+            add(fam, "counter", jl, COUNTER, lay.jc(j, cpu + i), gate=JOB_PRESENT, gi=j)
     return _by_family(out)
 
 

@@ -16,6 +16,7 @@ from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.names import Feature as F
 from gpufeed.correlator.engine.rules import DATA_TIER_RULES
 from gpufeed.correlator.engine.view import JobView, NodeView
+from gpufeed.vocabulary import UNATTRIBUTED_TIER
 
 # Clock event reasons that slow a GPU down (sync_boost, idle and clock settings do not).
 THROTTLE_REASONS = frozenset(vocabulary.SLOWDOWN_REASONS)
@@ -125,6 +126,8 @@ def job_features(b: Baselines, view: NodeView, job_id: str, ev: Evidence) -> Non
         )
         if cw is not None:
             ev.features[F.COLLECTIVE_WAIT_RATIO] = cw
+        if jv.cpu_throttled_ratio is not None:
+            ev.features[F.JOB_CPU_THROTTLED_RATIO] = jv.cpu_throttled_ratio
 
 
 def _tier_candidates(b: Baselines, view: NodeView, job_id: str, jv: JobView | None) -> list[str]:
@@ -174,7 +177,7 @@ def _checkpoint_features(b: Baselines, view: NodeView, jv: JobView | None, ev: E
     """A write burst to a tier (the job's own writes where accounted)."""
     writes: dict[str, float] = {}
     if jv is not None and jv.tier_write_bytes_per_second:
-        writes = dict(jv.tier_write_bytes_per_second)
+        writes = _attribute_writes(jv.tier_write_bytes_per_second, view)
     else:
         writes = {t: tv.write_bytes_per_second or 0.0 for t, tv in view.tiers.items()}
     burst = 0.0
@@ -190,6 +193,23 @@ def _checkpoint_features(b: Baselines, view: NodeView, jv: JobView | None, ev: E
         ev.features[F.JOB_CHECKPOINT_WRITE_BYTES_PER_SECOND] = jv.checkpoint_bytes_per_second
 
 
+def _attribute_writes(job_writes: dict[str, float], view: NodeView) -> dict[str, float]:
+    """The job's write rates per tier, its unattributed bytes (/proc/PID/io: no device)
+    given to the tier they went to: the node's tier writing the most now, if it wrote at
+    least half as much as the job (the rest of the job's bytes are still in the page cache,
+    or went to a tier gpufeed does not watch); otherwise they stay unattributed."""
+    out = dict(job_writes)
+    loose = out.get(UNATTRIBUTED_TIER)
+    if not loose:
+        return out
+    tiers = [(tv.write_bytes_per_second or 0.0, t) for t, tv in view.tiers.items()]
+    node_rate, tier = max(tiers, default=(0.0, ""))
+    if tier and node_rate >= 0.5 * loose:
+        del out[UNATTRIBUTED_TIER]
+        out[tier] = out.get(tier, 0.0) + loose
+    return out
+
+
 def _host_features(b: Baselines, view: NodeView, ev: Evidence) -> None:
     """Host CPU and pressure, each counted only above its healthy median."""
     f = ev.features
@@ -202,6 +222,8 @@ def _host_features(b: Baselines, view: NodeView, ev: Evidence) -> None:
         v = _rise(value, b.median(kind), min_rise)
         if v is not None:
             f[name] = v
+    if view.cpu_idle_ratio is not None:
+        f[F.HOST_CPU_IDLE_RATIO] = view.cpu_idle_ratio
 
 
 def _network_features(b: Baselines, view: NodeView, ev: Evidence) -> None:

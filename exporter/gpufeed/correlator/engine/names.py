@@ -47,6 +47,8 @@ class Feature:
     # preprocessing
     CPU_BUSY_RATIO: Final = "cpu_busy_ratio"
     CPU_PRESSURE_RATIO: Final = "cpu_pressure_ratio"
+    JOB_CPU_THROTTLED_RATIO: Final = "job_cpu_throttled_ratio"  # cgroup cpu.stat periods
+    HOST_CPU_IDLE_RATIO: Final = "host_cpu_idle_ratio"  # describes, decides nothing
     # network
     NETWORK_UTILIZATION_RATIO: Final = "network_utilization_ratio"
     NETWORK_TRANSMIT_WAIT_X_BASELINE: Final = "network_transmit_wait_x_baseline"
@@ -80,12 +82,22 @@ class Context:
     FAILED_PEERS: Final = "failed_peers"
 
 
+# Features that decide nothing: they describe the situation beside the feature they
+# accompany, and a window lists them only where that feature is in its evidence.
+# (accompanying feature, the feature it accompanies)
+ACCOMPANYING: Final[tuple[tuple[str, str], ...]] = (
+    # "throttled by its quota while the host is N% idle": the quota, not the host, is short
+    (Feature.HOST_CPU_IDLE_RATIO, Feature.JOB_CPU_THROTTLED_RATIO),
+)
+
+
 def _values(namespace: type) -> frozenset[str]:
     return frozenset(v for k, v in vars(namespace).items() if k.isupper())
 
 
 FEATURES: Final[frozenset[str]] = _values(Feature)
 CONTEXT_KEYS: Final[frozenset[str]] = _values(Context)
+DESCRIPTIVE_FEATURES: Final[frozenset[str]] = frozenset(f for f, _ in ACCOMPANYING)
 # The data tier's own features: the ones that pick which tier feeds a job (features.py).
 DATA_TIER_FEATURES: Final[frozenset[str]] = frozenset(
     f for f in FEATURES if f.startswith("data_tier_")

@@ -51,6 +51,11 @@ GPU_FIELDS = {
     "gpufeed_gpu_sm_active_ratio": "sm_active",
 }
 
+JOB_CPU_FIELDS = {
+    "gpufeed_job_cpu_periods_total": "periods",
+    "gpufeed_job_cpu_throttled_periods_total": "throttled_periods",
+}
+
 # Every metric name the correlator reads (the range-query loader asks for exactly these).
 USED_METRICS: tuple[str, ...] = (
     *GPU_FIELDS,
@@ -70,6 +75,7 @@ USED_METRICS: tuple[str, ...] = (
     "gpufeed_job_storage_written_bytes_total",
     "gpufeed_job_rank_phase_seconds_total",
     "gpufeed_job_rank_info",
+    *JOB_CPU_FIELDS,
 )
 # Read from trace files only: the recorder's count of samples it had to leave out.
 USED_METRIC_SET = frozenset((*USED_METRICS, DROPPED_SAMPLES))
@@ -96,6 +102,8 @@ class JobColumns:
     rank_phases: dict[tuple[str, str], Series] = field(default_factory=dict)
     rank_info: dict[str, Series] = field(default_factory=dict)
     rank_uuid: dict[str, str] = field(default_factory=dict)  # rank -> its GPU, where known
+    # cgroup CPU-quota periods (JOB_CPU_FIELDS; present only where a quota is set)
+    cpu: dict[str, Series] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -193,6 +201,9 @@ class NodeSeries:
             return j.checkpoint_bytes
         if name == "gpufeed_job_storage_read_bytes_total":
             return _slot(j.tier_read, get("tier", ""))
+        f = JOB_CPU_FIELDS.get(name)
+        if f is not None:
+            return _slot(j.cpu, f)
         return _slot(j.tier_written, get("tier", ""))
 
     def trim_before(self, t: float) -> None:
@@ -210,6 +221,7 @@ class NodeSeries:
         for j in self.jobs.values():
             out += [*j.phases.values(), *j.tier_read.values(), *j.tier_written.values()]
             out += [*j.rank_phases.values(), *j.rank_info.values()]
+            out += j.cpu.values()
             out += [s for s in (j.steps, j.checkpoint_bytes) if s is not None]
         return out
 

@@ -83,9 +83,12 @@ RULES: tuple[Rule, ...] = (
     # the job says it waits for input while the node is stalled on I/O: storage is why,
     # even where the tier's own counters say little (no latency or busy time for it)
     Rule(C.DATA_LOADING, F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT, 0.1, 0.3, 0.75),
-    # input is late but storage is fine: the CPUs are saturated
+    # input is late but storage is fine: the CPUs are saturated ...
     Rule(C.PREPROCESSING, F.CPU_BUSY_RATIO, 0.85, 0.95, 0.85),
     Rule(C.PREPROCESSING, F.CPU_PRESSURE_RATIO, 0.15, 0.45, 0.75),
+    # ... or the job's own CPU quota (a Kubernetes limit, a cgroup cpu.max) throttles it
+    # while the host has CPUs to spare: the share of quota periods it was throttled in
+    Rule(C.PREPROCESSING, F.JOB_CPU_THROTTLED_RATIO, 0.1, 0.4, 0.85),
     Rule(C.PREPROCESSING, F.SDK_DATA_WAIT_SHARE, 0.2, 0.5, 0.6, primary=False),
     # the fabric saturated (near link speed) or congested (transmit-wait up, throughput down)
     Rule(C.NETWORK, F.NETWORK_UTILIZATION_RATIO, 0.8, 0.93, 0.85),

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from gpufeed.correlator.engine.causes import Cause
+from gpufeed.correlator.engine.names import ACCOMPANYING
 from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.netreason import deciding_counters, network_reason
 from gpufeed.correlator.engine.node import GpuColumns, NodeSeries
@@ -67,11 +68,11 @@ class Segment:
         w = dt if dt > 0 else 1e-6  # a last sample still counts as evidence
         self.agree_time += w
         self.conf_time += m.confidence * w
-        for r in RULES_BY_CAUSE[self.cause]:
-            x = m.features.get(r.feature)
+        for name in EVIDENCE_OF[self.cause]:
+            x = m.features.get(name)
             if x is not None:
-                self.feat_sum[r.feature] = self.feat_sum.get(r.feature, 0.0) + x * w
-                self.feat_time[r.feature] = self.feat_time.get(r.feature, 0.0) + w
+                self.feat_sum[name] = self.feat_sum.get(name, 0.0) + x * w
+                self.feat_time[name] = self.feat_time.get(name, 0.0) + w
         for kv in m.context.items():
             self.ctx_time[kv] = self.ctx_time.get(kv, 0.0) + w
 
@@ -130,7 +131,13 @@ def segment_window(
         if s > 0:
             scored.append((r.weight * s, r.feature, x))
     scored.sort(reverse=True)
-    ev: dict[str, float] = {name: round(x, 4) for _, name, x in scored}
+    ev: dict[str, float] = {}
+    for _, name, x in scored:
+        ev[name] = round(x, 4)
+        for extra, lead in ACCOMPANYING:
+            ft = seg.feat_time.get(extra)
+            if lead == name and ft:
+                ev[extra] = round(seg.feat_sum[extra] / ft, 4)
     ctx: dict[str, str] = {}
     best: dict[str, float] = {}
     for (k, v), w in seg.ctx_time.items():
@@ -167,6 +174,15 @@ def segment_window(
         network_reason=reason,
     )
 
+
+# The features a cause's windows average: its rules' features and what accompanies them.
+EVIDENCE_OF: dict[Cause, tuple[str, ...]] = {
+    c: (
+        *(r.feature for r in rules),
+        *(extra for extra, lead in ACCOMPANYING if any(r.feature == lead for r in rules)),
+    )
+    for c, rules in RULES_BY_CAUSE.items()
+}
 
 CONTEXT_FOR: dict[Cause, tuple[str, ...]] = {
     Cause.DATA_LOADING: (Ctx.DATA_TIER,),

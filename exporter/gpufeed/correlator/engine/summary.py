@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from gpufeed.correlator.engine.causes import Cause
 from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.names import Feature as F
-from gpufeed.vocabulary import NetworkReason
+from gpufeed.vocabulary import UNATTRIBUTED_TIER, NetworkReason
 
 HEADLINES = {
     Cause.DATA_LOADING: "waits for data from storage",
@@ -47,6 +47,27 @@ def _rate(x: float) -> str:
     return f"{x:.0f} B/s"
 
 
+def _headline(cause: Cause, evidence: Mapping[str, float], ctx: Mapping[str, str]) -> str:
+    """The cause's headline, naming what the evidence pins down: the data tier a stalled
+    job reads from; a CPU stall that is the job's own CPU quota (the host has CPUs to
+    spare) is not "the CPUs are saturated"."""
+    if cause is Cause.DATA_LOADING and ctx.get(Ctx.DATA_TIER):
+        return f"waits for data from the {ctx[Ctx.DATA_TIER]} tier"
+    if cause is Cause.PREPROCESSING and F.JOB_CPU_THROTTLED_RATIO in evidence:
+        return "waits for input"  # the quota phrase that follows says why
+    return HEADLINES[cause]
+
+
+# Phrases a more specific one makes redundant: (left out, when this one is there).
+# CPU pressure counts the tasks a CPU quota throttles, so beside the quota it says nothing
+# about the host's CPUs; "I/O pressure N% while the job waits" already says "I/O pressure N%".
+_SUPERSEDED = (
+    (F.IO_PRESSURE_RATIO, F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT),
+    (F.CPU_PRESSURE_RATIO, F.JOB_CPU_THROTTLED_RATIO),
+    (F.CPU_BUSY_RATIO, F.JOB_CPU_THROTTLED_RATIO),
+)
+
+
 def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
     """The summary's words for feature `name` at value `v` (None: a name it does not know)."""
     tier = ctx.get(Ctx.DATA_TIER, "data")
@@ -62,7 +83,11 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
         F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT: f"I/O pressure {_pct(v)} while the job waits for input",
         F.CPU_BUSY_RATIO: f"CPUs {_pct(v)} busy",
         F.CPU_PRESSURE_RATIO: f"CPU pressure {_pct(v)}",
-        F.WRITE_BURST_X_BASELINE: f"write burst to the {ctx.get(Ctx.CHECKPOINT_TIER, '?')} tier {_x(v)} normal",
+        F.JOB_CPU_THROTTLED_RATIO: (
+            f"the job's CPU quota throttled it {_pct(v)} of periods (cgroup cpu.stat)"
+        ),
+        F.HOST_CPU_IDLE_RATIO: f"host {_pct(v)} idle",
+        F.WRITE_BURST_X_BASELINE: _write_burst(v, ctx.get(Ctx.CHECKPOINT_TIER, "?")),
         F.JOB_CHECKPOINT_WRITE_BYTES_PER_SECOND: f"checkpoint writes {_rate(v)}",
         F.SDK_CHECKPOINT_SHARE: f"job in checkpoint {_pct(v)} of the time",
         F.JOB_GPUS_STALLED_RATIO: f"{_pct(v)} of the job's GPUs stalled together",
@@ -94,6 +119,12 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
     return table.get(name)
 
 
+def _write_burst(v: float, tier: str) -> str:
+    if tier == UNATTRIBUTED_TIER:  # no node tier's writes rose with the job's
+        return f"the job's writes {_x(v)} normal (no tier's writes rose with them)"
+    return f"write burst to the {tier} tier {_x(v)} normal"
+
+
 def summarize(
     cause: Cause,
     gpu: str,
@@ -105,8 +136,13 @@ def summarize(
     who = f"GPU {gpu}" if gpu else "CPU job"
     if job_id:
         who += f" (job {job_id})"
-    phrases = [p for name, v in evidence.items() if (p := phrase(name, v, context))]
-    line = f"{who} {HEADLINES[cause]}"
+    superseded = {gone for gone, by in _SUPERSEDED if by in evidence}
+    phrases = [
+        p
+        for name, v in evidence.items()
+        if name not in superseded and (p := phrase(name, v, context))
+    ]
+    line = f"{who} {_headline(cause, evidence, context)}"
     reason = context.get(Ctx.NETWORK_REASON)
     if cause is Cause.NETWORK and reason in NETWORK_REASON_WORDS:
         line += f" ({NETWORK_REASON_WORDS[NetworkReason(reason)]})"

@@ -83,6 +83,7 @@ class JobView:
     # per GPU (uuid) where a rank names its GPU
     collective_wait_ratio: float | None = None
     gpu_collective_wait_ratio: dict[str, float] = field(default_factory=dict)
+    cpu_throttled_ratio: float | None = None  # of its cgroup's CPU quota periods
 
 
 @dataclass(slots=True)
@@ -92,6 +93,7 @@ class NodeView:
     nets: dict[str, NetView] = field(default_factory=dict)
     cpu_busy_ratio: float | None = None
     iowait_ratio: float | None = None
+    cpu_idle_ratio: float | None = None
     psi_some: dict[str, float] = field(default_factory=dict)
     psi_full: dict[str, float] = field(default_factory=dict)
     jobs: dict[str, JobView] = field(default_factory=dict)
@@ -164,6 +166,8 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
             view.cpu_busy_ratio = busy / total
             iow = rates.get("iowait")
             view.iowait_ratio = None if iow is None else iow / total
+            idle = rates.get("idle")
+            view.cpu_idle_ratio = None if idle is None else idle / total
     for res, s in node.psi_some.items():
         r = rate(s)
         if r is not None:
@@ -185,6 +189,10 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
             r = rate(s)
             if r is not None:
                 jv.tier_read_bytes_per_second[tier] = r
+        periods = rate(j.cpu.get("periods"))
+        throttled = rate(j.cpu.get("throttled_periods"))
+        if periods is not None and throttled is not None and periods > 0:
+            jv.cpu_throttled_ratio = min(throttled / periods, 1.0)
         for tier, s in j.tier_written.items():
             r = rate(s)
             if r is not None:

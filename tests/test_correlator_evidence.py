@@ -1,0 +1,240 @@
+"""What a window's evidence and summary say, on the shapes the lab's real runs export.
+
+The job is a CPU-only program under `gpufeed run` (an SDK job: phases and steps from the
+SDK, its bytes from /proc/PID/io, so tier="unattributed"), on a node with a hot data tier
+and a warm checkpoint tier. Each test plays one of the lab's real faults:
+- a checkpoint to the warm tier: the evidence names the warm tier, not "unattributed";
+- the data tier throttled: the summary names the tier and says I/O pressure once;
+- a CPU quota on the job's cgroup while the host idles: the summary says the quota
+  throttled the job (cgroup cpu.stat) and that the host was idle, not "CPUs saturated".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+
+from correlator_helpers import T0, analyze_text, trace_text
+from gpufeed.correlator.engine.causes import Cause
+from gpufeed.correlator.engine.names import Context as Ctx
+from gpufeed.correlator.engine.names import Feature as F
+from gpufeed.correlator.engine.window import Window
+
+INST = 'instance="n1:9400"'
+JOB = 'job_id="r-4242"'
+FAULT = (600.0, 900.0)  # seconds into the trace
+CPUS = 16
+
+
+def in_fault(s: float) -> bool:
+    return FAULT[0] <= s < FAULT[1]
+
+
+class Counters:
+    """Monotonic counters advanced by rate * elapsed time, as the agent exports them."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+        self.last: float | None = None
+
+    def advance(self, s: float, rates: dict[str, float]) -> Iterable[tuple[str, float]]:
+        dt = 0.0 if self.last is None else s - self.last
+        self.last = s
+        for series, r in rates.items():
+            self.values[series] = self.values.get(series, 0.0) + r * dt
+        return list(self.values.items())
+
+
+Rates = Callable[[float], dict[str, float]]
+
+
+def node(job: Rates, host: Rates) -> Callable[[float], Iterable[tuple[str, float | None]]]:
+    """A trace generator: the job's and the node's counters at rates given per second."""
+    c = Counters()
+
+    def gen(t: float) -> Iterable[tuple[str, float | None]]:
+        s = t - T0
+        yield from c.advance(s, {**job(s), **host(s)})
+
+    return gen
+
+
+def phases(compute: float, data_wait: float, checkpoint: float = 0.0) -> dict[str, float]:
+    out = {
+        f'gpufeed_job_phase_seconds_total{{{JOB},phase="{p}",{INST}}}': v
+        for p, v in (("compute", compute), ("data_wait", data_wait), ("checkpoint", checkpoint))
+    }
+    out[f"gpufeed_job_steps_total{{{JOB},{INST}}}"] = 20.0 * compute
+    return out
+
+
+def job_io(read: float, written: float) -> dict[str, float]:
+    lab = f'{JOB},tier="unattributed",{INST}'
+    return {
+        f"gpufeed_job_storage_read_bytes_total{{{lab}}}": read,
+        f"gpufeed_job_storage_written_bytes_total{{{lab}}}": written,
+    }
+
+
+def tier(name: str, read: float, written: float, read_latency: float) -> dict[str, float]:
+    """A tier's diskstats-shaped counters: 64 KiB reads at `read_latency` seconds each."""
+    lab = f'tier="{name}",mountpoint="/lab/{name}",{INST}'
+    reads = read / 65536.0
+    busy = min(reads * read_latency, 1.0)
+    return {
+        f"gpufeed_storage_read_bytes_total{{{lab}}}": read,
+        f"gpufeed_storage_written_bytes_total{{{lab}}}": written,
+        f"gpufeed_storage_reads_completed_total{{{lab}}}": reads,
+        f"gpufeed_storage_read_time_seconds_total{{{lab}}}": reads * read_latency,
+        f"gpufeed_storage_writes_completed_total{{{lab}}}": written / 524288.0,
+        f"gpufeed_storage_write_time_seconds_total{{{lab}}}": written / 524288.0 * 0.002,
+        f"gpufeed_storage_io_time_seconds_total{{{lab}}}": busy,
+    }
+
+
+def cpu(busy: float, iowait: float = 0.01) -> dict[str, float]:
+    """CPU seconds per second by mode over CPUS logical CPUs, `busy` of them in user."""
+    modes = {"user": busy, "iowait": iowait, "idle": 1.0 - busy - iowait}
+    return {
+        f'gpufeed_host_cpu_seconds_total{{mode="{m}",{INST}}}': CPUS * share
+        for m, share in modes.items()
+    }
+
+
+def psi(cpu_some: float, io_some: float) -> dict[str, float]:
+    return {
+        f'gpufeed_host_pressure_waiting_seconds_total{{resource="cpu",{INST}}}': cpu_some,
+        f'gpufeed_host_pressure_waiting_seconds_total{{resource="io",{INST}}}': io_some,
+        f'gpufeed_host_pressure_waiting_seconds_total{{resource="memory",{INST}}}': 0.0,
+    }
+
+
+HEALTHY_READ = 12e6  # bytes per second the input pipeline reads from the hot tier
+
+
+def healthy_host(s: float) -> dict[str, float]:
+    return {
+        **tier("hot", HEALTHY_READ, 0.0, 0.0004),
+        **tier("warm", 0.0, 2e5, 0.0004),
+        **cpu(0.12),
+        **psi(0.02, 0.01),
+    }
+
+
+def only_window(ws: list[Window]) -> Window:
+    inside = [w for w in ws if w.end_seconds - T0 > FAULT[0] and w.start_seconds - T0 < FAULT[1]]
+    assert len(inside) == 1, [(w.cause, w.start_seconds - T0, w.summary) for w in ws]
+    return inside[0]
+
+
+def test_checkpoint_evidence_names_the_tier_the_job_wrote_to(tmp_path: object) -> None:
+    """torch.save every step to the warm tier: the job's bytes are unattributed (no
+    device in /proc/PID/io), the warm tier's writes rise with them."""
+
+    def job(s: float) -> dict[str, float]:
+        if in_fault(s):
+            return {**phases(0.25, 0.05, 0.7), **job_io(HEALTHY_READ * 0.25, 150e6)}
+        return {**phases(0.93, 0.07), **job_io(HEALTHY_READ, 1e4)}
+
+    def host(s: float) -> dict[str, float]:
+        h = healthy_host(s)
+        if in_fault(s):
+            h.update(tier("hot", HEALTHY_READ * 0.25, 0.0, 0.0004))
+            h.update(tier("warm", 0.0, 160e6, 0.0004))
+        return h
+
+    w = only_window(analyze_text(trace_text(node(job, host), 1500), tmp_path))
+    assert w.cause is Cause.CHECKPOINTING
+    ev = dict(w.evidence)
+    assert ev.get(Ctx.CHECKPOINT_TIER) == "warm", w.evidence
+    assert "warm tier" in w.summary and "unattributed" not in w.summary, w.summary
+
+
+def test_data_stall_summary_names_the_tier_and_says_io_pressure_once(tmp_path: object) -> None:
+    """A blkio read limit on the hot tier: the requests wait in the cgroup's throttle
+    before they reach the device, so the tier's own latency and busy time stay normal;
+    only the read rate falls, I/O pressure rises and the job waits for input."""
+
+    def job(s: float) -> dict[str, float]:
+        if in_fault(s):
+            return {**phases(0.1, 0.9), **job_io(5e5, 1e4)}
+        return {**phases(0.93, 0.07), **job_io(HEALTHY_READ, 1e4)}
+
+    def host(s: float) -> dict[str, float]:
+        h = healthy_host(s)
+        if in_fault(s):
+            h.update(tier("hot", 5e5, 0.0, 0.0004))
+            h.update(cpu(0.03, 0.05))
+            h.update(psi(0.02, 0.95))
+        return h
+
+    w = only_window(analyze_text(trace_text(node(job, host), 1500), tmp_path))
+    assert w.cause is Cause.DATA_LOADING
+    assert dict(w.evidence).get(Ctx.DATA_TIER) == "hot"
+    head = w.summary.split(":", 1)[0]
+    assert "hot tier" in head, w.summary
+    assert w.summary.count("I/O pressure") == 1, w.summary
+
+
+def cgroup_cpu(periods: float, throttled: float, throttled_s: float, usage_s: float):
+    lab = f"{JOB},{INST}"
+    return {
+        f"gpufeed_job_cpu_periods_total{{{lab}}}": periods,
+        f"gpufeed_job_cpu_throttled_periods_total{{{lab}}}": throttled,
+        f"gpufeed_job_cpu_throttled_seconds_total{{{lab}}}": throttled_s,
+        f"gpufeed_job_cpu_usage_seconds_total{{{lab}}}": usage_s,
+    }
+
+
+def test_cpu_quota_stall_says_the_quota_throttled_the_job_on_an_idle_host(
+    tmp_path: object,
+) -> None:
+    """cpu.max 20000/100000 on the job's cgroup: the input workers are throttled in most
+    100 ms periods, PSI's CPU pressure counts the throttled job, the host is 90% idle."""
+
+    def job(s: float) -> dict[str, float]:
+        if in_fault(s):
+            return {
+                **phases(0.2, 0.8),
+                **job_io(HEALTHY_READ * 0.2, 1e4),
+                **cgroup_cpu(10.0, 9.0, 2.7, 0.2),
+            }
+        return {**phases(0.93, 0.07), **job_io(HEALTHY_READ, 1e4), **cgroup_cpu(10.0, 0.0, 0, 1.9)}
+
+    def host(s: float) -> dict[str, float]:
+        h = healthy_host(s)
+        if in_fault(s):
+            h.update(tier("hot", HEALTHY_READ * 0.2, 0.0, 0.0004))
+            h.update(cpu(0.08))
+            h.update(psi(0.9, 0.01))
+        return h
+
+    w = only_window(analyze_text(trace_text(node(job, host), 1500), tmp_path))
+    assert w.cause is Cause.PREPROCESSING
+    ev = dict(w.evidence)
+    assert abs(float(ev[F.JOB_CPU_THROTTLED_RATIO]) - 0.9) < 0.02, w.evidence
+    assert abs(float(ev[F.HOST_CPU_IDLE_RATIO]) - 0.91) < 0.02, w.evidence
+    assert "saturated" not in w.summary, w.summary
+    assert re.search(r"CPU quota throttled it (89|90)% of periods \(cgroup cpu.stat\)", w.summary)
+    assert "host 91% idle" in w.summary, w.summary
+
+
+def test_cpu_saturated_host_still_says_saturated(tmp_path: object) -> None:
+    """No quota (no cgroup cpu series): the CPUs themselves are busy; the old words stay."""
+
+    def job(s: float) -> dict[str, float]:
+        if in_fault(s):
+            return {**phases(0.2, 0.8), **job_io(HEALTHY_READ * 0.2, 1e4)}
+        return {**phases(0.93, 0.07), **job_io(HEALTHY_READ, 1e4)}
+
+    def host(s: float) -> dict[str, float]:
+        h = healthy_host(s)
+        if in_fault(s):
+            h.update(tier("hot", HEALTHY_READ * 0.2, 0.0, 0.0004))
+            h.update(cpu(0.97, 0.0))
+            h.update(psi(0.8, 0.01))
+        return h
+
+    w = only_window(analyze_text(trace_text(node(job, host), 1500), tmp_path))
+    assert w.cause is Cause.PREPROCESSING
+    assert "CPUs are saturated" in w.summary and "quota" not in w.summary, w.summary
