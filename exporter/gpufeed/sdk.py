@@ -173,7 +173,6 @@ class Job:
     def track(self, iterable: Iterable[T]) -> Iterator[T]:
         """Yields the items of `iterable`; time blocked in next() is data_wait, the loop body
         until the following next() is compute, and every item is one step."""
-        self._report_startup()
         clock = time.perf_counter
         started = clock()
         it = iter(iterable)  # DataLoader starts its workers here: part of the first wait
@@ -193,10 +192,12 @@ class Job:
                     item = next(it)
                 except StopIteration:
                     now = clock()
-                    self._add_phase(_DATA_WAIT, now - t0, now)
+                    if not self._report_startup():  # an empty first loop: no first step
+                        self._add_phase(_DATA_WAIT, now - t0, now)
                     return
                 body_start = clock()
-                wait = body_start - t0
+                # the process's first item ends its start-up, whose time includes this wait
+                wait = 0.0 if self._report_startup() else body_start - t0
                 inner_at_yield = self._inner_seconds
                 yield item
         finally:
@@ -327,15 +328,19 @@ class Job:
 
     # -- batching ----------------------------------------------------------------------------
 
-    def _report_startup(self) -> None:
-        """Once per process: the time from process start to the first loop is start-up."""
+    def _report_startup(self) -> bool:
+        """Once per process: the time from process start to its first item (the first batch
+        in hand: imports, model load, DataLoader workers started, first batch read) is
+        start-up. True if this call reported it: the caller's wait for that item is in it."""
         global _startup_reported
         if _startup_reported:
-            return
+            return False
         _startup_reported = True
         age = process_age_seconds()
-        if age is not None:
-            self._add_phase(_STARTUP, min(age, _MAX_EVENT_SECONDS), time.perf_counter())
+        if age is None:
+            return False
+        self._add_phase(_STARTUP, min(age, _MAX_EVENT_SECONDS), time.perf_counter())
+        return True
 
     def _add_step(self, wait: float, compute: float, now: float) -> None:
         self._acc_wait += wait

@@ -193,7 +193,6 @@ def patch_torch(torch: Any) -> None:
         t0 = time.perf_counter()
         try:
             j = job()
-            j._report_startup()
             st = _state(self, t0)
             st.finish_step(t0)
             if st.iter_started is not None:
@@ -205,10 +204,13 @@ def patch_torch(torch: Any) -> None:
         except StopIteration:
             now = time.perf_counter()
             with contextlib.suppress(Exception):  # the wait for the end of the data
-                j._add_phase(_sdk().PHASES.index("data_wait"), now - t0, now)
+                if not j._report_startup():  # (an empty first loop: no first step)
+                    j._add_phase(_sdk().PHASES.index("data_wait"), now - t0, now)
             raise
         now = time.perf_counter()
-        st.wait, st.body_start, st.inner0 = now - t0, now, j._inner_seconds
+        # the process's first batch ends its start-up, which includes this wait (workers)
+        wait = 0.0 if j._report_startup() else now - t0
+        st.wait, st.body_start, st.inner0 = wait, now, j._inner_seconds
         return batch
 
     __next__._gpufeed = True  # type: ignore[attr-defined]
