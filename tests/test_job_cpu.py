@@ -198,15 +198,16 @@ def _real_usage_cgroup(d: Path) -> Path | None:
 @pytest.mark.slow
 @pytest.mark.root
 def test_real_quota_throttles_a_busy_process(tmp_path: Path) -> None:
-    """cpu quota of 20% of one CPU on a fresh cgroup, a Python busy loop moved into it:
+    """cpu quota of 5% of one CPU on a fresh cgroup, a Python busy loop moved into it:
     within ~1.5 s most 100 ms periods are throttled, throttled time grows, usage stays
-    near the quota. The job is an SDK job (the collector finds it through its pid)."""
+    near the quota. The job is an SDK job (the collector finds it through its pid). The
+    quota is small so that the loop exhausts it even on a host other tests keep busy."""
     d, quota_file = _real_cpu_cgroup(f"gpufeed-test-cpu-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     usage_dir: Path | None = None
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         usage_dir = _real_usage_cgroup(d)
-        (d / quota_file).write_text("20000 100000\n" if quota_file == "cpu.max" else "20000\n")
+        (d / quota_file).write_text("5000 100000\n" if quota_file == "cpu.max" else "5000\n")
         (d / "cgroup.procs").write_text(f"{hog.pid}\n")
         if usage_dir is not None:
             (usage_dir / "cgroup.procs").write_text(f"{hog.pid}\n")
@@ -221,11 +222,11 @@ def test_real_quota_throttles_a_busy_process(tmp_path: Path) -> None:
         waited = second[key("throttled_seconds_total")] - first[key("throttled_seconds_total")]
         print(f"periods {periods} throttled {throttled} used {used:.3f}s throttled {waited:.3f}s")
         assert periods >= 10
-        assert throttled / periods > 0.8
+        assert throttled / periods > 0.7
         # the kernel's throttled time is per CPU run queue and its accounting has varied
         # across versions (0.28 s of 1.5 s seen on 6.18 v1): only that it grows is certain
         assert waited > 0.05
-        assert used < 0.3 * 1.5 + 0.05  # 20% of 1.5 s, with slack for the period edges
+        assert used < 0.05 * 1.5 + 0.05  # 5% of 1.5 s, with slack for the period edges
     finally:
         hog.kill()
         hog.wait()
