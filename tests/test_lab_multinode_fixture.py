@@ -6,7 +6,8 @@ ranks' own step timings.
 Checked here: the recording is whole (every node's trace ends in `# EOF` and carries its own
 instance and the job's one id), the fault is in it (the ranks' steps slow down during the
 schedule's fault interval), and `gpufeed analyze` over node 1's trace (the culprit's), with
-the agents' correlator settings, names that node's own cause for most of the fault.
+the agents' correlator settings, names that node's own cause for most of the fault, and
+the per-rank collective wait says who waited for whom.
 """
 
 from __future__ import annotations
@@ -79,3 +80,36 @@ def test_offline_analysis_names_the_culprit_nodes_own_cause(tmp_path: Path) -> N
     print(windows)
     assert named >= 0.8 * (stop - start), f"data_loading on hot for {named:.1f} s"
     assert all(w["instance"] == run["nodes"][1]["instance"] for w in windows)
+
+
+def _collective_wait_s(trace: str, t_from: float, t_to: float) -> float:
+    """Seconds the node's rank spent in collectives between two unix times, from the
+    trace's per-rank counter (gpufeed run's collective timing)."""
+    points = []
+    for line in trace.splitlines():
+        if line.startswith("gpufeed_job_rank_phase_seconds_total{") and (
+            'phase="collective_wait"' in line
+        ):
+            value, ts = line.rsplit(" ", 2)[1:]
+            points.append((float(ts), float(value)))
+    assert points, "no per-rank collective_wait in the trace"
+
+    def at(t: float) -> float:
+        return max((v for ts, v in points if ts <= t), default=0.0)
+
+    return at(t_to) - at(t_from)
+
+
+def test_the_victim_waits_in_collectives_the_culprit_does_not() -> None:
+    """Who arrives last: during node 1's tier fault, node 0's rank (the victim) spends most
+    of the time inside the all-reduce waiting for node 1, whose rank waits for its data
+    instead. The recording carries that per-rank signal for the job-level reading."""
+    run = _run()
+    (start,) = [e["t"] for e in run["events"] if e["event"] == "fault apply"]
+    (stop,) = [e["t"] for e in run["events"] if e["event"] == "fault lift"]
+    waits = []
+    for node in (0, 1):
+        trace = gzip.decompress((FIXTURE / f"node-{node}" / "trace.om.gz").read_bytes())
+        waits.append(_collective_wait_s(trace.decode(), start + 2, stop))
+    print(f"collective wait during the fault: victim {waits[0]:.1f} s, culprit {waits[1]:.1f} s")
+    assert waits[0] > 0.5 * (stop - start - 2) and waits[1] < 0.25 * waits[0]
