@@ -699,15 +699,18 @@ def _link_counters(
 ) -> None:
     """The job port's state and fault/congestion counters for one sample (network benchmark).
 
-    Healthy links count nothing; a flapping link goes down now and then (down for a sample
-    or two, link_downed +1, a burst of symbol errors as it retrains); a faulty one stays up
-    with a steady stream of errors; a congested RoCE fabric marks ECN and sends CNPs. The
-    management Ethernet's carrier changes once in a while, in healthy time too.
+    Healthy links count nothing; a flapping link goes down as the stall begins and again now
+    and then (down for a sample, link_downed +1, a burst of symbol errors as it retrains); a
+    faulty one stays up with a steady stream of errors; a congested RoCE fabric marks ECN
+    and sends CNPs. The management Ethernet's carrier changes once in a while, in healthy
+    time too.
     """
     iv = sim.interval
     ib = sim.nets["mlx5_0"]
     ib.up = 1.0
-    if fault == "flapping" and r.random() < iv / 60.0:
+    # the flap that stalls the job opens the episode; more follow now and then
+    first = any(e.guise == "flapping" and e.start < t <= e.start + iv for e in eps)
+    if fault == "flapping" and (first or r.random() < iv / 60.0):
         ib.up = 0.0
         ib.errors["link_downed"] += 1
         if "symbol_error" in ib.errors:
