@@ -9,7 +9,7 @@ RUN_VENV ?= .venv-run
 RUN_STAMP := $(RUN_VENV)/.installed
 ARGS ?=
 
-.PHONY: install runtime run promtool test lint typecheck unit bench bench-correlator soak lab lab-multinode dashboards alerts docs clean
+.PHONY: install runtime run promtool test lint typecheck unit bench bench-correlator soak lab lab-multinode dlio-venv dashboards alerts docs clean
 
 install: $(STAMP)
 
@@ -92,19 +92,40 @@ soak: install
 
 # The fault lab (docs/lab.md): the "lab" suite's scenarios (lab/scenarios/*.yaml), each under
 # `gpufeed run` and with the SDK, real faults against the real agent, then the multi-node
-# scenarios (lab-multinode, ~12 min more; ARGS go to the single-node part); root, ~25 min on 2
-# cores. Writes lab-results/report.md (+ .json, a timeline PNG per run); exit 1 when a
+# scenarios (lab-multinode, ~12 min more; ARGS go to the single-node part), then DLIO's
+# agreement with gpufeed (lab/dlio_check.py, ~3 min; its venv once: dlio-venv); root, ~25 min
+# on 2 cores. Writes lab-results/report.md (+ .json, a timeline PNG per run); exit 1 when a
 # scenario misses its targets. ARGS="single-node --launcher sdk" runs a part of it. The short
 # form runs inside `make test` (tests/test_lab_short.py).
-lab: install promtool
+lab: install promtool dlio-venv
 	@status=0; $(PY) -m lab.run --suite lab --out lab-results $(ARGS) || status=$$?; \
 	  $(PY) -m lab.multinode.run --suite lab --results lab-results/multinode || status=$$?; \
+	  $(PY) -m lab.dlio_check --out lab-results --venv $(DLIO_VENV) || status=$$?; \
 	  exit $$status
 
 # The fault lab's multi-node scenarios (root; docs/lab.md, "Multi-node on one host"): 2-4
 # network-namespace "nodes", one DDP job, a fault on one node; what every node's agent said
 # goes to lab-results/multinode/ (report.md, per scenario run.json, score.json, recordings).
 # About 2 minutes a scenario on 2 cores. Part of `make lab`.
+# DLIO (MLPerf Storage's dlio_benchmark) for the lab's agreement check (lab/dlio_check.py),
+# in a venv of its own: torch==2.13.0 (the local CPU wheel) first, DLIO's runtime
+# dependencies (lab/dlio-requirements.txt says why each), then DLIO without its dependency
+# list, which asks for unpinned torch/torchvision/torchaudio (the CUDA build) and
+# nvidia-dali-cuda110 (cannot install without a GPU). mpi4py builds against Debian's Open MPI.
+DLIO_VENV := .venv-dlio
+dlio-venv: $(DLIO_VENV)/.installed
+
+$(DLIO_VENV)/.installed: lab/dlio-requirements.txt
+	@command -v mpicc >/dev/null 2>&1 || { echo "installing Debian packages: libopenmpi-dev openmpi-bin"; \
+	  apt-get -o DPkg::Lock::Timeout=600 update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq libopenmpi-dev openmpi-bin >/dev/null; }
+	test -x $(DLIO_VENV)/bin/python || $(PYTHON) -m venv $(DLIO_VENV)
+	$(DLIO_VENV)/bin/python -m pip install -q --upgrade pip
+	$(DLIO_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(DLIO_VENV)/bin/python -m pip install -q -r lab/dlio-requirements.txt
+	$(DLIO_VENV)/bin/python -m pip install -q --no-deps dlio_benchmark==2.0.0
+	touch $@
+
 lab-multinode: install
 	$(PY) -m lab.multinode.run --suite lab --results lab-results/multinode $(ARGS)
 
