@@ -172,3 +172,38 @@ def test_cpu_only_jobs_are_joined_too() -> None:
         "CPU job (job lab1) waits for a slower peer of its job: job lab1 waits on a:1,"
         " which waits for the data tier"
     )
+
+
+def test_a_peer_network_window_is_a_victim() -> None:
+    """A `network` window whose reason is `peer` (its links are fine, the job waits in its
+    collectives) is a victim; a `congestion` one is its node's own reason."""
+    from gpufeed.correlator.engine.causes import Cause
+    from gpufeed.correlator.engine.node import NodeSeries
+
+    nodes = []
+    for inst in ("a:1", "b:1", "c:1", "d:1"):
+        n = NodeSeries(inst)
+        n.job("j").phases["compute"] = Series()
+        nodes.append(n)
+
+    def window(inst: str, cause: Cause, reason: str = "") -> Window:
+        return Window(inst, "", "", "j", 100.0, 200.0, cause, 0.8, 0.3, (), "s",
+                      network_reason=reason)  # fmt: skip
+
+    got = correlate_jobs(
+        nodes,
+        [
+            window("a:1", Cause.NETWORK, "link_errors"),
+            window("b:1", Cause.NETWORK, "peer"),
+            window("c:1", Cause.UNKNOWN),
+            window("d:1", Cause.NETWORK, "peer"),
+        ],
+    )
+    assert [(w.cause.value, w.network_reason) for w in got] == [
+        ("network", "link_errors"),
+        ("straggler", ""),
+        ("straggler", ""),
+        ("straggler", ""),
+    ]
+    assert {w.culprit.instance for w in got[1:] if w.culprit} == {"a:1"}
+    assert "network_reason" not in got[1].to_json()

@@ -40,16 +40,13 @@ from gpufeed.correlator.engine.node import NodeSeries
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.summary import HEADLINES
 from gpufeed.correlator.engine.window import Culprit, Window
-from gpufeed.vocabulary import DEFAULT_THRESHOLD_RATIO, Cause
+from gpufeed.vocabulary import DEFAULT_THRESHOLD_RATIO, Cause, NetworkReason
 
 CLUSTER_GAP_SECONDS = 60.0  # windows of a job this close in time are one stall
 MIN_MEDIAN_WAIT = 0.25  # the ranks' median collective wait during a stall, seconds/second
 LAST_ARRIVER_RATIO = 0.5  # the culprit waits less than this share of the median
 ACTIVE_LOOKBACK_SECONDS = 300.0  # a rank that reported in this span before the stall
 WAITING = frozenset((Cause.UNKNOWN, Cause.STRAGGLER))
-# network windows whose reason (i13-network's sub-cause) says a peer is late
-NETWORK_REASON = "network_reason"
-PEER_REASON = "peer"
 # the culprit's own cause in words, for the victims' summary
 CULPRIT_WORDS = {
     Cause.DATA_LOADING: "waits for the {tier} tier",
@@ -146,7 +143,7 @@ def is_waiting(w: Window) -> bool:
     """A window its own node cannot explain (or explains as a late peer)."""
     if w.cause in WAITING:
         return True
-    return w.cause is Cause.NETWORK and dict(w.evidence).get(NETWORK_REASON) == PEER_REASON
+    return w.cause is Cause.NETWORK and w.network_reason == NetworkReason.PEER
 
 
 def find_culprit(
@@ -361,4 +358,5 @@ def as_straggler(w: Window, found: Found) -> Window:
         evidence=(*ev, ("culprit_signal", found.signal)),
         summary=summary,
         culprit=c,
+        network_reason="",  # a `peer` network window: its peer is now named
     )
