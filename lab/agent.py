@@ -48,8 +48,12 @@ class Agent:
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
-    def start(self, prefix: list[str], timeout_s: float = 60.0) -> None:
+    def start(self, prefix: list[str], record: Path | None = None, timeout_s: float = 60.0) -> None:
+        """Starts the agent; `record`: also write every sample to this trace (what
+        `gpufeed analyze` replays, to see why a run came out as it did)."""
         argv = [*prefix, sys.executable, "-m", "gpufeed", "agent", "--config", str(self.config)]
+        if record is not None:
+            argv += ["--record", str(record)]
         argv += ["--web.listen-address", "127.0.0.1:0", "--instance", self.instance]
         log = open(self.run_dir / "agent.log", "wb")  # noqa: SIM115 - the child holds it
         try:

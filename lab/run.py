@@ -159,7 +159,7 @@ def run_one(s: Scenario, launcher: str, out_root: Path, nice: int) -> RunResult:
         agent = Agent(run_dir, tiers, f"lab-{s.name}-{launcher}-{os.getpid()}")
         cleanup.callback(_copy, agent.run_dir / "agent.log", out / "agent.log")
         cleanup.callback(agent.stop)
-        agent.start(_nice(nice))
+        agent.start(_nice(nice), record=out / "trace.om")
 
         steps_log = out / "steps.jsonl"
         argv = [sys.executable, str(TRAIN), "--mode", "plain" if launcher == "run" else "sdk"]
@@ -206,6 +206,7 @@ def run_one(s: Scenario, launcher: str, out_root: Path, nice: int) -> RunResult:
         sightings += _poll(agent, t0)
         agent.stop()  # logs the windows still open
         raw = agent.logged_windows()
+        (out / "sightings.json").write_text(json.dumps([list(x) for x in _rows(sightings)]))
         (out / "windows.jsonl").write_text("".join(json.dumps(x) + "\n" for x in raw))
     mine = [LabWindow.from_json(x, t0) for x in raw if x.get("job_id") == job_id]
     steps = _steps(steps_log, t0)
@@ -223,6 +224,10 @@ def _first_step(steps_log: Path, proc: subprocess.Popen[bytes], timeout_s: float
             raise LabError(f"the workload exited with {proc.returncode} before its first step")
         time.sleep(0.2)
     raise LabError(f"the workload made no step within {timeout_s:g} s")
+
+
+def _rows(sightings: list[Sighting]) -> list[tuple[float, float, str, float | None]]:
+    return [(x.seen_s, x.start_s, x.cause, x.end_s) for x in sightings]
 
 
 def _copy(src: Path, dst: Path) -> None:
