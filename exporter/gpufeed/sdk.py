@@ -95,6 +95,7 @@ FLUSH_SECONDS = 0.1
 # RANK is sent again this often (and after every reconnect), so that an agent that lost it
 # (restarted, or forgot the job after its grace period) learns it back.
 RANK_RESEND_SECONDS = 10.0
+COLLECTIVE_SEND_SECONDS = 1.0  # how often collective waits go (see Job._flush)
 # (rank, world size, local rank) variables of each launcher, the first one set wins: torchrun
 # (also under srun, where SLURM_PROCID is torchrun's own task), Open MPI's mpirun, srun.
 RANK_ENVIRONMENTS = (
@@ -166,6 +167,7 @@ class Job:
         # (rank, world size, local rank or -1) once known; when RANK was last sent
         self._rank = launcher_rank(os.environ)
         self._rank_sent_at = float("-inf")
+        self._collective_sent_at = float("-inf")
         atexit.register(self._at_exit)
 
     # -- the API ---------------------------------------------------------------------------
@@ -298,7 +300,7 @@ class Job:
         it exits would otherwise be lost with the process."""
         if self._closed:
             return
-        self._flush()
+        self._flush(final=True)
         if os.getpid() == self._pid:  # not a forked child's copy of the parent's Job
             report = self._io_report()
             if report is not None:
@@ -356,18 +358,27 @@ class Job:
         if now >= self._flush_at:
             self._flush()
 
-    def _flush(self) -> None:
+    def _flush(self, final: bool = False) -> None:
         """Sends the pending sums and observations, packed into as few datagrams as fit;
-        if any datagram fails, all the flush's events count as dropped."""
+        if any datagram fails, all the flush's events count as dropped.
+
+        Collective waits go at most every COLLECTIVE_SEND_SECONDS (and in the final flush):
+        their datagram is one more in the agent's short kernel queue (10 by default, shared
+        by every rank of the node), and at 10 flushes a second it would double what the
+        ranks send. The rank goes before the rest where the agent may not know it yet, after
+        it otherwise, so that steps are what a full queue drops last."""
         now = time.perf_counter()
         self._flush_at = now + FLUSH_SECONDS
-        with self._collective_lock:
-            collective, self._acc_collective = self._acc_collective, 0.0
-            events = self._acc_events + self._acc_collective_events
-            self._acc_collective_events = 0
+        collective, events = 0.0, self._acc_events
+        if final or now - self._collective_sent_at >= COLLECTIVE_SEND_SECONDS:
+            with self._collective_lock:
+                collective, self._acc_collective = self._acc_collective, 0.0
+                events += self._acc_collective_events
+                self._acc_collective_events = 0
         if not events:
             return
-        ok = self._send_rank_datagram(collective, now)
+        rank_first = self._rank_sent_at == float("-inf")
+        ok = self._send_rank_datagram(collective, now) if rank_first else True
         pack, head = HEADER.pack, (MAGIC, WIRE_VERSION)
         lens, suffix = self._lens, self._suffix
         msgs = []
@@ -397,6 +408,8 @@ class Job:
         per_datagram = max(MAX_DATAGRAM_BYTES // len(msgs[0]), 1) if msgs else 1
         for i in range(0, len(msgs), per_datagram):
             ok = self._send(b"".join(msgs[i : i + per_datagram])) and ok
+        if not rank_first:
+            ok = self._send_rank_datagram(collective, now) and ok
         if ok:
             self.events_sent += events
         else:
@@ -420,6 +433,7 @@ class Job:
             msgs.append(
                 HEADER.pack(*head, KIND_PHASE, _COLLECTIVE_INDEX, 0, *lens, collective, 0.0, 0)
             )
+            self._collective_sent_at = now
         ok = self._send(b"".join(m + self._suffix for m in msgs))
         if ok:
             self._rank_sent_at = now
