@@ -81,8 +81,9 @@ def test_simulated_node_over_its_whole_scenario() -> None:
         problems += families_problems(fams)
     assert not sorted(set(problems)), "\n".join(sorted(set(problems)))
     # the simulated node stands in for a real one: every contract family but the
-    # correlator's (which the agent adds on top) appears at some point of the scenario
-    want = {m.name for m in CATALOGUE if m.contract and m.group != "correlator"}
+    # correlator's (which the agent adds on top) and the fleet service's appears at some
+    # point of the scenario
+    want = {m.name for m in CATALOGUE if m.contract and m.group not in ("correlator", "fleet")}
     assert want <= seen, f"never exported by the simulated node: {sorted(want - seen)}"
 
 

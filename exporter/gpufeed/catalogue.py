@@ -20,7 +20,7 @@ from typing import Literal
 
 from gpufeed.model import MetricType
 
-Group = Literal["gpu", "storage", "network", "host", "jobs", "correlator", "agent"]
+Group = Literal["gpu", "storage", "network", "host", "jobs", "correlator", "fleet", "agent"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +66,19 @@ def _port_counter(name: str, help_: str) -> MetricSpec:
     # one series per kernel counter name; `port` only for RDMA ports
     labels = (*PORT, "counter")
     return MetricSpec(name, "counter", help_, labels, "", "network", "network", True, ("port",))
+
+
+def _fleet(
+    name: str,
+    type_: MetricType,
+    help_: str,
+    labels: tuple[str, ...],
+    unit: str,
+    *,
+    optional: tuple[str, ...] = (),
+    contract: bool = True,
+) -> MetricSpec:
+    return MetricSpec(name, type_, help_, labels, unit, "fleet", "fleet", contract, optional)
 
 
 CATALOGUE: tuple[MetricSpec, ...] = (
@@ -639,6 +652,121 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "",
         "correlator",
         "correlator",
+        contract=False,
+    ),
+    # The fleet service (gpufeed fleet: fleet/metrics.py)
+    _fleet(
+        "gpufeed_fleet_job_culprit_info",
+        "gauge",
+        "1 for a job held back by a straggler at the end of the last cycle's slice: the "
+        "culprit (instance, GPU, rank where known) and its own cause.",
+        ("job_id", "culprit_instance", "culprit_gpu", "culprit_rank", "cause"),
+        "",
+        optional=("culprit_gpu", "culprit_rank"),
+    ),
+    _fleet(
+        "gpufeed_fleet_job_waiting_gpus",
+        "gauge",
+        "GPUs of a held-back job that wait for its culprit (the victims), at the end of the "
+        "last cycle's slice.",
+        ("job_id",),
+        "",
+    ),
+    _fleet(
+        "gpufeed_fleet_job_underutilized_gpus",
+        "gauge",
+        "GPUs of a job inside an underutilization window at the end of the last cycle's "
+        "slice, by the window's cause.",
+        ("job_id", "cause"),
+        "",
+    ),
+    _fleet(
+        "gpufeed_fleet_job_allocated_gpu_seconds_total",
+        "counter",
+        "GPU-seconds allocated to the job (gpufeed_job_info present), cycle by cycle.",
+        ("job_id",),
+        "seconds",
+    ),
+    _fleet(
+        "gpufeed_fleet_job_gpu_seconds_total",
+        "counter",
+        "The job's allocated GPU-seconds by state: productive, or the cause that held the GPU "
+        "back (straggler time also names the culprit's cause); the states sum to the "
+        "allocation.",
+        ("job_id", "state", "culprit_cause"),
+        "seconds",
+        optional=("culprit_cause",),
+    ),
+    _fleet(
+        "gpufeed_fleet_job_cost_total",
+        "counter",
+        "gpufeed_fleet_job_gpu_seconds_total priced at the configured price per GPU-hour, in "
+        "the configured currency (absent without a price).",
+        ("job_id", "state", "culprit_cause", "currency"),
+        "",
+        optional=("culprit_cause",),
+    ),
+    _fleet(
+        "gpufeed_fleet_jobs",
+        "gauge",
+        "Jobs holding GPUs in the last cycle's slice.",
+        (),
+        "",
+    ),
+    _fleet(
+        "gpufeed_fleet_lag_seconds",
+        "gauge",
+        "How far the evaluated cycles are behind the newest cycle that is due (0 when caught "
+        "up; grows while the TSDB is slow or down).",
+        (),
+        "seconds",
+    ),
+    _fleet(
+        "gpufeed_fleet_cursor_timestamp_seconds",
+        "gauge",
+        "Boundary (unix time) of the last completed cycle: everything up to its slice is in "
+        "the windows log and the ledger.",
+        (),
+        "seconds",
+    ),
+    _fleet(
+        "gpufeed_fleet_cycles_total",
+        "counter",
+        "Cycles attempted, by result (ok, error: the TSDB failed or was unreachable).",
+        ("result",),
+        "",
+        contract=False,
+    ),
+    _fleet(
+        "gpufeed_fleet_cycle_duration_seconds",
+        "gauge",
+        "Wall time of the last completed cycle (queries and analysis).",
+        (),
+        "seconds",
+        contract=False,
+    ),
+    _fleet(
+        "gpufeed_fleet_cycle_queries",
+        "gauge",
+        "HTTP queries the last completed cycle sent to the TSDB.",
+        (),
+        "",
+        contract=False,
+    ),
+    _fleet(
+        "gpufeed_fleet_cycle_points",
+        "gauge",
+        "Points (series x steps) the last completed cycle read from the TSDB.",
+        (),
+        "",
+        contract=False,
+    ),
+    _fleet(
+        "gpufeed_fleet_windows_total",
+        "counter",
+        "Closed windows the fleet wrote to its windows log.",
+        (),
+        "",
         contract=False,
     ),
     # The agent's own health

@@ -22,6 +22,7 @@ TITLES: dict[Group, str] = {
     "host": "Host",
     "jobs": "Jobs and the job SDK",
     "correlator": "Correlator",
+    "fleet": "The fleet service (gpufeed fleet)",
     "agent": "The agent's own health",
 }
 

@@ -18,6 +18,7 @@ SUBCOMMAND_MODULES = [
     "gpufeed.run_cli",
     "gpufeed.correlator.analyze_cmd",
     "gpufeed.correlator.windows_cmd",
+    "gpufeed.fleet.command",
 ]
 
 

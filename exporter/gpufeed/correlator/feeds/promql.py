@@ -101,9 +101,13 @@ def _get(base: str, path: str, params: list[tuple[str, str]], retry: Retry = DEF
 
 def _get_once(base: str, path: str, params: list[tuple[str, str]], timeout: float) -> Any:
     url = base.rstrip("/") + path + "?" + urllib.parse.urlencode(params)
-    req = urllib.request.Request(url, headers={"Accept": "application/json"})
+    # a ServerUrl (feeds/access.py) carries the tenant header, credentials and CA
+    headers = {"Accept": "application/json", **getattr(base, "headers", {})}
+    req = urllib.request.Request(url, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(
+            req, timeout=timeout, context=getattr(base, "ssl_context", None)
+        ) as r:
             body = json.loads(r.read())
     except urllib.error.HTTPError as e:
         detail = ""

@@ -7,14 +7,23 @@ clients polling 1,000 windows in a loop used to raise /metrics p50 from 1 to 20 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpufeed import strictjson
 
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from gpufeed.correlator.feeds.live import CorrelatorProcessor
+    from gpufeed.correlator.engine.window import Window
+
+
+class WindowSource(Protocol):
+    """What serves windows: the agent's CorrelatorProcessor, or the fleet service."""
+
+    @property
+    def generation(self) -> int: ...
+
+    def windows(self, limit: int) -> tuple[list[Window], list[Window]]: ...
 
 MAX_LIMIT = 10_000
 JSON_TYPE = "application/json"
@@ -24,7 +33,7 @@ _MAX_CACHED_LIMITS = 8
 
 
 def windows_payload(
-    processor: CorrelatorProcessor, limit: int = 200, *, simulated: bool = False
+    processor: WindowSource, limit: int = 200, *, simulated: bool = False
 ) -> dict[str, Any]:
     closed, open_ = processor.windows(limit)
     payload: dict[str, Any] = {
@@ -39,7 +48,7 @@ def windows_payload(
 class WindowsJson:
     """The response bodies of the current correlator step, one per `limit` asked."""
 
-    def __init__(self, processor: CorrelatorProcessor, *, simulated: bool) -> None:
+    def __init__(self, processor: WindowSource, *, simulated: bool) -> None:
         self._processor = processor
         self._simulated = simulated
         self._generation = -1
@@ -58,7 +67,7 @@ class WindowsJson:
 
 
 def windows_routes(
-    processor: CorrelatorProcessor, *, simulated: bool = False
+    processor: WindowSource, *, simulated: bool = False
 ) -> list[web.RouteDef]:
     """Routes to add to the agent's aiohttp app: `app.add_routes(windows_routes(p))`."""
     from aiohttp import web

@@ -1,0 +1,86 @@
+"""How to reach a Prometheus-compatible server: its URL plus what the server asks of every
+request (a tenant header, basic auth or a bearer token, a private CA).
+
+`ServerUrl` is a `str` (the base URL, so every function that takes `base: str` takes it
+unchanged) that also carries the request headers and the TLS context; `promql` reads them
+when it builds each request. Credentials are read from files, never from flags (flags show
+in `ps`), once at start.
+"""
+
+from __future__ import annotations
+
+import base64
+import ssl
+from collections.abc import Mapping, Sequence
+
+
+class AccessError(ValueError):
+    """A flag or a credentials file is unusable; the message says which, in one line."""
+
+
+class ServerUrl(str):
+    """A base URL with the headers and TLS context its requests need."""
+
+    headers: Mapping[str, str]
+    ssl_context: ssl.SSLContext | None
+
+    def __new__(
+        cls,
+        url: str,
+        headers: Mapping[str, str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> ServerUrl:
+        self = super().__new__(cls, url)
+        self.headers = dict(headers or {})
+        self.ssl_context = ssl_context
+        return self
+
+
+def _read_secret(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise AccessError(f"{what} {path}: {getattr(e, 'strerror', None) or e}") from None
+    if not text:
+        raise AccessError(f"{what} {path} is empty")
+    return text
+
+
+def build_server_url(
+    url: str,
+    header_args: Sequence[str] = (),
+    *,
+    basic_auth_user: str = "",
+    basic_auth_password_file: str = "",
+    bearer_token_file: str = "",
+    ca_file: str = "",
+) -> ServerUrl:
+    """The ServerUrl the flags describe (`--prometheus.header NAME=VALUE`, repeatable: e.g.
+    `X-Scope-OrgID=team-a` for Mimir or Cortex)."""
+    if not url.startswith(("http://", "https://")):
+        raise AccessError(f"--prometheus.url {url!r} must start with http:// or https://")
+    headers: dict[str, str] = {}
+    for item in header_args:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise AccessError(f"--prometheus.header {item!r} must be NAME=VALUE")
+        headers[name.strip()] = value
+    if bearer_token_file and basic_auth_user:
+        raise AccessError("give basic auth or a bearer token, not both")
+    if bearer_token_file:
+        token = _read_secret(bearer_token_file, "--prometheus.bearer-token-file")
+        headers["Authorization"] = f"Bearer {token}"
+    if basic_auth_user:
+        password = ""
+        if basic_auth_password_file:
+            password = _read_secret(basic_auth_password_file, "--prometheus.password-file")
+        pair = f"{basic_auth_user}:{password}".encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
+    context = None
+    if ca_file:
+        try:
+            context = ssl.create_default_context(cafile=ca_file)
+        except (OSError, ssl.SSLError) as e:
+            raise AccessError(f"--prometheus.ca-file {ca_file}: {e}") from None
+    return ServerUrl(url, headers, context)

@@ -1,0 +1,185 @@
+"""`gpufeed fleet`: flags, the HTTP face (/metrics, /api/windows, /healthz) and the loop."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import signal
+import sys
+import threading
+from typing import Any
+
+from gpufeed import vocabulary
+
+DESCRIPTION = """\
+The live, job-level view of a fleet, from the Prometheus-compatible TSDB the agents are
+scraped into (Prometheus, VictoriaMetrics, Thanos, Mimir). Every cycle (--fleet.interval,
+aligned to wall-clock multiples of it, so that replicas agree) it reads the last
+--fleet.lookback of every node from the query API, runs the correlator over every node and
+joins each job's nodes, then:
+  - appends the windows that closed to its windows log (--fleet.windows-log), exactly once,
+    also across restarts and kill -9 (a cursor is kept beside the log);
+  - exports on /metrics the culprit of each held-back job with its cause, and each job's
+    GPU-time ledger (allocated GPU-seconds by state, and in money with --ledger.price);
+  - serves the windows on /api/windows.
+A cycle reports what ended at least --fleet.settle plus the time a window needs to be known
+closed (about 90 s) before now. When the TSDB is slow or down, the cycle is retried and the
+service catches up afterwards; gpufeed_fleet_lag_seconds says how far behind it is.
+Any number of replicas may run; each needs its own windows log. See docs/fleet.md."""
+
+
+def register(subparsers: Any) -> None:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "fleet",
+        help="live job-level view of a fleet from its Prometheus-compatible TSDB",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    a = p.add_argument
+    a("--prometheus.url", dest="url", required=True, metavar="URL", help="query API base URL")
+    a(
+        "--prometheus.header",
+        dest="headers",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a header for every query (repeatable): X-Scope-OrgID=TENANT for Mimir/Cortex; "
+        "VictoriaMetrics cluster takes the tenant in the URL (.../select/ACCOUNT/prometheus)",
+    )
+    a("--prometheus.user", dest="user", default="", help="basic auth user name")
+    a("--prometheus.password-file", dest="password_file", default="", help="basic auth password")
+    a("--prometheus.bearer-token-file", dest="token_file", default="", help="bearer token")
+    a("--prometheus.ca-file", dest="ca_file", default="", help="CA bundle for an https URL")
+    a("--match", default="", help="extra selector for every query, e.g. '{cluster=\"a\"}'")
+    a("--fleet.interval", dest="interval", type=float, default=60.0, help="seconds per cycle")
+    a(
+        "--fleet.lookback",
+        dest="lookback",
+        type=float,
+        default=900.0,
+        help="seconds of data each cycle analyses (baselines and long windows need more; "
+        "the TSDB's cost grows with it; default %(default)g)",
+    )
+    a("--fleet.step", dest="step", type=float, default=15.0, help="query resolution, seconds")
+    a(
+        "--fleet.settle",
+        dest="settle",
+        type=float,
+        default=30.0,
+        help="seconds the TSDB gets to ingest a boundary's scrapes before its cycle runs",
+    )
+    a(
+        "--fleet.start",
+        dest="start",
+        default="",
+        help="on the first start (no cursor yet), evaluate from this time (unix seconds or "
+        "RFC 3339) instead of from now",
+    )
+    a(
+        "--fleet.windows-log",
+        dest="windows_log",
+        default="/var/lib/gpufeed/fleet-windows.jsonl",
+        help="durable windows log (its cursor is LOG.state.json; default %(default)s)",
+    )
+    a("--ledger.price", dest="price", type=float, help="price per GPU-hour (for the money)")
+    a("--ledger.currency", dest="currency", default="USD", help="currency label of the price")
+    a("--web.listen-address", dest="listen", default=":9843", help="HOST:PORT (port 0: any)")
+    a("--threshold", type=float, default=vocabulary.DEFAULT_THRESHOLD_RATIO)
+    a("--min-window", type=float, default=vocabulary.DEFAULT_MIN_WINDOW_SECONDS)
+    a("--merge-gap", type=float, default=vocabulary.DEFAULT_MERGE_GAP_SECONDS)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpufeed.correlator.engine.engine import WindowParams
+    from gpufeed.correlator.feeds.access import AccessError, build_server_url
+    from gpufeed.correlator.feeds.promql import parse_time
+    from gpufeed.correlator.outputs.windowlog import WindowLogInUse
+    from gpufeed.fleet.metrics import Price
+    from gpufeed.fleet.service import FleetService, FleetSettings
+    from gpufeed.fleet.state import StateError
+    from gpufeed.fleet.timing import CycleTiming
+
+    def fail(msg: str, code: int = 2) -> int:
+        print(f"gpufeed fleet: {msg}", file=sys.stderr)
+        return code
+
+    timing = CycleTiming(args.interval, args.lookback, args.step, args.settle, args.merge_gap)
+    problem = timing.problem()
+    if problem:
+        return fail(problem)
+    if args.price is not None and not (math.isfinite(args.price) and args.price >= 0):
+        return fail("--ledger.price must be zero or a positive number")
+    host, _, port = args.listen.rpartition(":")
+    if not port.isdigit():
+        return fail(f"--web.listen-address {args.listen!r} must be HOST:PORT")
+    try:
+        url = build_server_url(
+            args.url,
+            args.headers,
+            basic_auth_user=args.user,
+            basic_auth_password_file=args.password_file,
+            bearer_token_file=args.token_file,
+            ca_file=args.ca_file,
+        )
+        start = parse_time(args.start) if args.start else None
+    except (AccessError, ValueError) as e:
+        return fail(str(e))
+    settings = FleetSettings(
+        url=url,
+        match=args.match,
+        timing=timing,
+        params=WindowParams(args.threshold, args.min_window, args.merge_gap),
+        windows_log=args.windows_log,
+        price=None if args.price is None else Price(args.price, args.currency),
+        start_seconds=start,
+    )
+    try:
+        service = FleetService(settings)
+    except (WindowLogInUse, StateError) as e:
+        return fail(str(e), 1)
+    except OSError as e:
+        return fail(f"--fleet.windows-log {args.windows_log}: {e.strerror or e}", 1)
+    try:
+        return asyncio.run(_serve(service, host or "0.0.0.0", int(port)))
+    finally:
+        service.close()
+
+
+async def _serve(service: Any, host: str, port: int) -> int:
+    from aiohttp import web
+
+    from gpufeed.correlator.outputs.api import windows_routes
+    from gpufeed.exposition import CONTENT_TYPE
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=service.page, headers={"Content-Type": CONTENT_TYPE})
+
+    async def healthz(_: web.Request) -> web.Response:
+        problem = service.healthy()
+        return web.Response(status=503 if problem else 200, text=(problem or "ok") + "\n")
+
+    app = web.Application()
+    app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz)])
+    app.add_routes(windows_routes(service))
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        print(f"gpufeed fleet: --web.listen-address {host}:{port}: {e.strerror}", file=sys.stderr)
+        return 1
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, done.set)
+    worker = threading.Thread(target=service.run, name="fleet-cycles", daemon=True)
+    worker.start()
+    await done.wait()
+    service.stop()
+    await asyncio.to_thread(worker.join)
+    await runner.cleanup()
+    return 0

@@ -1,0 +1,126 @@
+"""One fleet cycle: load the range from the TSDB, run every node's engine, join each job's
+nodes, and cut out what the cycle reports (its closed windows, the ledger of its slice, the
+jobs held back at its end)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from gpufeed.correlator.engine.engine import NodeCorrelator, WindowParams
+from gpufeed.correlator.engine.node import USED_METRICS, NodeSeries
+from gpufeed.correlator.engine.view import Timing
+from gpufeed.correlator.engine.window import Window
+from gpufeed.correlator.feeds.analyze import estimate_interval
+from gpufeed.correlator.feeds.promql import INSTANCE_BATCH, load_range
+from gpufeed.fleet.ledger import LedgerSlice, ledger_slice
+from gpufeed.fleet.timing import CycleTiming
+
+STRAGGLER = "straggler"
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBack:
+    """A job whose GPUs wait for a culprit at the end of the reported slice."""
+
+    job_id: str
+    culprit_instance: str
+    culprit_gpu: str
+    culprit_rank: str
+    cause: str  # the culprit's own cause
+    waiting_gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class CycleResult:
+    boundary_seconds: float
+    closed: tuple[Window, ...]  # windows whose end lies in the reported slice
+    open: tuple[Window, ...]  # windows still open at the boundary
+    ledger: LedgerSlice
+    held_back: tuple[HeldBack, ...]
+    underutilized_gpus: tuple[tuple[str, str, int], ...]  # (job, cause, GPUs) at slice end
+    jobs: tuple[str, ...]  # jobs holding GPUs in the slice
+    queries: int  # what the cycle cost the TSDB
+    points: int
+
+
+def node_windows(node: NodeSeries, params: WindowParams) -> tuple[list[Window], list[Window]]:
+    """(closed, open) windows of one node over its columns: the engine run to the data's
+    end without closing what is still open there (the live edge)."""
+    corr = NodeCorrelator(node, Timing(estimate_interval(node)), params)
+    corr.refresh_units()
+    for t in corr.timeline():
+        corr.step(t)
+    return corr.windows, corr.open_windows()
+
+
+def job_level(nodes: Sequence[NodeSeries], windows: list[Window], threshold: float) -> list[Window]:
+    """THE seam for the job-level correlation (issue 13: victims become `straggler` with
+    their culprit): every node of every job is here at once."""
+    del nodes, threshold
+    return windows
+
+
+def evaluate(
+    base: str,
+    boundary: float,
+    timing: CycleTiming,
+    params: WindowParams,
+    match: str = "",
+) -> CycleResult:
+    start, end = timing.query_range(boundary)
+    nodes = load_range(base, start, end, timing.step_seconds, match)
+    result = evaluate_nodes(list(nodes.values()), boundary, timing, params)
+    # one label-values call, then one range query per used metric and batch of instances
+    batches = -(-len(nodes) // INSTANCE_BATCH)
+    return replace(result, queries=1 + batches * len(USED_METRICS))
+
+
+def evaluate_nodes(
+    nodes: Sequence[NodeSeries], boundary: float, timing: CycleTiming, params: WindowParams
+) -> CycleResult:
+    closed: list[Window] = []
+    open_: list[Window] = []
+    for node in sorted(nodes, key=lambda n: n.instance):
+        c, o = node_windows(node, params)
+        closed.extend(c)
+        open_.extend(o)
+    joined = job_level(nodes, closed + open_, params.threshold_ratio)
+    closed, open_ = joined[: len(closed)], joined[len(closed) :]
+    lo, hi = timing.report_slice(boundary)
+    reported = [w for w in closed if lo < w.end_seconds <= hi]
+    reported.sort(key=lambda w: (w.end_seconds, w.instance, w.gpu, w.job_id, w.start_seconds))
+    ledger = ledger_slice(nodes, joined, lo, hi, timing.step_seconds)
+    at_end = [w for w in joined if w.start_seconds <= hi and (w.end_seconds > hi or w.open)]
+    return CycleResult(
+        boundary_seconds=boundary,
+        closed=tuple(reported),
+        open=tuple(sorted(open_, key=lambda w: (w.instance, w.gpu, w.start_seconds))),
+        ledger=ledger,
+        held_back=_held_back(at_end),
+        underutilized_gpus=_underutilized(at_end),
+        jobs=tuple(sorted({job for job, _, _ in ledger.gpu_seconds})),
+        queries=0,
+        points=sum(len(s) for n in nodes for s in n.all_series()),
+    )
+
+
+def _held_back(at_end: Iterable[Window]) -> tuple[HeldBack, ...]:
+    """One entry per (job, culprit): the job pages once, not once per victim GPU."""
+    count: dict[tuple[str, str, str, str, str], int] = {}
+    for w in at_end:
+        culprit = getattr(w, "culprit", None)
+        if w.cause.value != STRAGGLER or culprit is None:
+            continue
+        key = (w.job_id, culprit.instance, culprit.gpu, culprit.rank, culprit.cause.value)
+        count[key] = count.get(key, 0) + 1
+    return tuple(HeldBack(*k, n) for k, n in sorted(count.items()))
+
+
+def _underutilized(at_end: Iterable[Window]) -> tuple[tuple[str, str, int], ...]:
+    count: dict[tuple[str, str], int] = {}
+    for w in at_end:
+        if w.job_id:
+            key = (w.job_id, w.cause.value)
+            count[key] = count.get(key, 0) + 1
+    return tuple((j, c, n) for (j, c), n in sorted(count.items()))

@@ -1,0 +1,68 @@
+"""When a cycle runs and what it covers: pure arithmetic, so that two replicas agree.
+
+A cycle is named by its boundary `T`, a multiple of the interval in unix seconds (wall
+clock, not the replica's start time). It runs once the TSDB has had `settle_seconds` to
+ingest the scrapes up to `T`, analyses `[T - lookback, T]`, and *reports* only the slice
+`(T - interval - delay, T - delay]`: windows that closed in it and the ledger of its GPU
+time. `delay` is how long the engine needs after a window's end to be sure it ended (the
+merge gap of good samples, or a hole long enough to close it), so a window is final, and
+reported exactly once, by the cycle whose slice holds its end.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CycleTiming:
+    interval_seconds: float
+    lookback_seconds: float
+    step_seconds: float
+    settle_seconds: float
+    merge_gap_seconds: float
+
+    @property
+    def delay_seconds(self) -> float:
+        # the engine never bridges a hole longer than max(4 x interval, 60 s), and a window
+        # closes after merge_gap of good samples; two steps more for the grid's rounding
+        hole = max(4 * self.step_seconds, 60.0)
+        return max(self.merge_gap_seconds, hole) + 2 * self.step_seconds
+
+    def problem(self) -> str:
+        """What is wrong with the settings, in one line; "" when nothing is."""
+        for name in ("interval_seconds", "lookback_seconds", "step_seconds"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                return f"--fleet.{name.split('_')[0]} must be a positive number of seconds"
+        if not (math.isfinite(self.settle_seconds) and self.settle_seconds >= 0):
+            return "--fleet.settle must be zero or a positive number of seconds"
+        for name in ("interval_seconds", "lookback_seconds"):
+            ratio = getattr(self, name) / self.step_seconds
+            if abs(ratio - round(ratio)) > 1e-9:
+                return f"--fleet.{name.split('_')[0]} must be a multiple of --fleet.step"
+        if self.lookback_seconds < self.interval_seconds + self.delay_seconds:
+            return (
+                f"--fleet.lookback must be at least the interval plus {self.delay_seconds:g} s "
+                "(the time a window needs to be known closed)"
+            )
+        return ""
+
+    def due(self, now_seconds: float) -> float:
+        """The newest boundary whose cycle may run at `now_seconds`."""
+        i = self.interval_seconds
+        return math.floor((now_seconds - self.settle_seconds) / i) * i
+
+    def first_after(self, t_seconds: float) -> float:
+        """The first boundary whose slice begins at or after `t_seconds` (a backfill start)."""
+        i = self.interval_seconds
+        return math.ceil((t_seconds + self.delay_seconds + i) / i) * i
+
+    def query_range(self, boundary: float) -> tuple[float, float]:
+        return boundary - self.lookback_seconds, boundary
+
+    def report_slice(self, boundary: float) -> tuple[float, float]:
+        """(lo, hi]: what the cycle at `boundary` reports."""
+        hi = boundary - self.delay_seconds
+        return hi - self.interval_seconds, hi

@@ -1,0 +1,229 @@
+"""`gpufeed fleet` against a real VictoriaMetrics loaded with two nodes' traces moved to the
+last hour: the windows it logs are the offline analysis's, its ledger sums to the
+allocation, and kill -9, a second replica and a TSDB outage neither lose nor repeat a
+window."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from correlator_helpers import analyze_text, scenarios
+from gpufeed.correlator.engine.engine import WindowParams
+from gpufeed.correlator.engine.window import Window
+from gpufeed.correlator.outputs.windowlog import read_log
+from gpufeed.fleet.ledger import PRODUCTIVE
+from gpufeed.fleet.service import FleetService, FleetSettings
+from gpufeed.fleet.timing import CycleTiming
+from host_needs import missing
+from procports import stop, wait_listening
+from tsdb_vm import VictoriaMetrics, available, shift_trace, shifted
+
+pytestmark = pytest.mark.slow
+
+MINUTES = 40
+STEP = 5.0
+INTERVAL = 60.0
+LOOKBACK = 3600.0  # longer than the trace: every cycle sees it from its start
+
+
+@dataclass(frozen=True)
+class Fleet:
+    vm: VictoriaMetrics
+    trace: str  # as loaded, moved in time
+    start: float  # the trace's first sample
+    end: float
+
+
+def _trace() -> str:
+    a, _ = scenarios.single("data_loading", "contended", seed=2, minutes=MINUTES)
+    b, _ = scenarios.single("network", "congested", seed=3, sdk=False, minutes=MINUTES)
+    b = b.replace('instance="node-t:9400"', 'instance="node-u:9400"')
+    body = [x for x in (a + b).splitlines() if x != "# EOF"]
+    return "\n".join([*body, "# EOF"]) + "\n"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    if not available():
+        missing("Debian's victoria-metrics package is not installed")
+    raw = _trace()
+    first = 1_760_000_005.0
+    # the trace ends 12 minutes ago, on the minute grid (the cycles' grid)
+    offset = math.floor((time.time() - 12 * 60 - MINUTES * 60 - first) / 60) * 60
+    vm = VictoriaMetrics(tmp_path_factory.mktemp("vm"))
+    vm.start()
+    try:
+        vm.import_lines(shifted(raw, offset))
+        yield Fleet(vm, shift_trace(raw, offset), first + offset, first + offset + MINUTES * 60)
+    finally:
+        vm.stop()
+
+
+def _timing() -> CycleTiming:
+    return CycleTiming(INTERVAL, LOOKBACK, STEP, 0.0, WindowParams().merge_gap_seconds)
+
+
+def _expected(fleet: Fleet, tmp_path: Path) -> list[Window]:
+    """The offline analysis of the same trace: the windows that closed before its data
+    ended (those still open then are open for the fleet too)."""
+    offline = analyze_text(fleet.trace, tmp_path)
+    return [w for w in offline if w.end_seconds < fleet.end - 60]
+
+
+def _key(w: Window) -> tuple[object, ...]:
+    return (w.instance, w.gpu, w.job_id, w.start_seconds, w.end_seconds, w.cause.value)
+
+
+def test_cycles_log_the_offline_windows_and_a_ledger_that_sums(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    settings = FleetSettings(
+        fleet.vm.url,
+        "",
+        _timing(),
+        WindowParams(),
+        str(tmp_path / "w.jsonl"),
+        start_seconds=fleet.start,
+    )
+    svc = FleetService(settings)
+    timing = settings.timing
+    b = timing.first_after(fleet.start)
+    last = timing.due(time.time())
+    began = time.monotonic()
+    n = 0
+    while b <= last:
+        svc.run_cycle(b)
+        b += INTERVAL
+        n += 1
+    print(f"{n} cycles in {time.monotonic() - began:.1f} s")
+    svc.close()
+    logged = list(read_log(settings.windows_log))
+    expected = _expected(fleet, tmp_path)
+    assert expected, "the trace has no closed windows: the test would prove nothing"
+    assert [w.to_json() for w in sorted(logged, key=_key)] == [
+        w.to_json() for w in sorted(expected, key=_key)
+    ]
+    # the ledger: every job's states sum to its allocation (within 0.1%), and the
+    # underutilized GPU-seconds are the windows' time inside the reported slices
+    st = svc.state
+    assert st.allocated_gpu_seconds
+    for job, alloc in st.allocated_gpu_seconds.items():
+        parts = sum(v for (j, _, _), v in st.gpu_seconds.items() if j == job)
+        assert abs(parts - alloc) <= 0.001 * alloc, (job, parts, alloc)
+    lost = sum(v for (_, s, _), v in st.gpu_seconds.items() if s != PRODUCTIVE)
+    first_slice = timing.report_slice(timing.first_after(fleet.start))[0]
+    in_slices = sum(
+        max(
+            0.0,
+            min(w.end_seconds, timing.report_slice(b - INTERVAL)[1])
+            - max(w.start_seconds, first_slice),
+        )
+        for w in logged
+        if w.job_id
+    )
+    assert lost >= in_slices - STEP * len(logged)
+
+
+def _start(fleet: Fleet, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    argv = [
+        sys.executable, "-m", "gpufeed", "fleet",
+        f"--prometheus.url={fleet.vm.url}",
+        f"--fleet.interval={2 * INTERVAL:g}", f"--fleet.lookback={LOOKBACK:g}",
+        f"--fleet.step={STEP:g}", "--fleet.settle=0", f"--fleet.start={fleet.start:.0f}",
+        f"--fleet.windows-log={log}", "--web.listen-address=127.0.0.1:0",
+        "--ledger.price=2.5",
+    ]  # fmt: skip
+    err = open(log.with_suffix(".err"), "ab")  # noqa: SIM115 - the child's stderr
+    proc = subprocess.Popen(argv, stderr=err)
+    err.close()
+    return proc, f"http://127.0.0.1:{wait_listening(proc)}"
+
+
+def _metrics(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {
+        k: float(v)
+        for k, _, v in (ln.rpartition(" ") for ln in text.splitlines())
+        if k and not k.startswith("#")
+    }
+
+
+def _wait(what: str, cond: object, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"not within {timeout:.0f} s: {what}")
+
+
+def _cursor(log: Path) -> float:
+    try:
+        return float(json.loads(Path(f"{log}.state.json").read_text())["cursor"] or 0)
+    except (OSError, ValueError):
+        return 0.0
+
+
+def _caught_up(url: str) -> bool:
+    try:
+        m = _metrics(url)
+    except OSError:
+        return False
+    return m.get("gpufeed_fleet_lag_seconds", 1.0) == 0.0 and "gpufeed_fleet_jobs" in m
+
+
+def test_kill_replica_and_tsdb_outage_lose_and_repeat_nothing(fleet: Fleet, tmp_path: Path) -> None:
+    log_a, log_b = tmp_path / "a" / "w.jsonl", tmp_path / "b" / "w.jsonl"
+    for p in (log_a, log_b):
+        p.parent.mkdir()
+    a, url_a = _start(fleet, log_a)
+    b, url_b = _start(fleet, log_b)
+    try:
+        first = _timing().first_after(fleet.start)
+        _wait("replica a completes 3 cycles", lambda: _cursor(log_a) >= first + 4 * INTERVAL)
+        os.kill(a.pid, signal.SIGKILL)  # mid-run: it is catching up
+        a.wait(10)
+        cursor_b = _cursor(log_b)
+        fleet.vm.stop()  # the TSDB goes down under replica b
+        _wait(
+            "replica b counts failed cycles",
+            lambda: _metrics(url_b).get('gpufeed_fleet_cycles_total{result="error"}', 0) > 0,
+            60,
+        )
+        with urllib.request.urlopen(url_b + "/metrics", timeout=10):
+            pass  # still serving
+        assert b.poll() is None
+        m = _metrics(url_b)
+        assert m["gpufeed_fleet_lag_seconds"] > 0
+        assert _cursor(log_b) <= cursor_b + 2 * INTERVAL  # no cycle passed without data
+        fleet.vm.start()  # same port, same data
+        a, url_a = _start(fleet, log_a)
+        _wait("both replicas catch up", lambda: _caught_up(url_a) and _caught_up(url_b))
+        ma, mb = _metrics(url_a), _metrics(url_b)
+    finally:
+        stop(a)
+        stop(b)
+    logged_a, logged_b = list(read_log(str(log_a))), list(read_log(str(log_b)))
+    assert len({_key(w) for w in logged_a}) == len(logged_a), "a repeated a window"
+    assert len({_key(w) for w in logged_b}) == len(logged_b), "b repeated a window"
+    expected = sorted(_expected(fleet, tmp_path), key=_key)
+    assert [w.to_json() for w in sorted(logged_a, key=_key)] == [w.to_json() for w in expected]
+    assert [w.to_json() for w in sorted(logged_b, key=_key)] == [w.to_json() for w in expected]
+    # two replicas, one killed and restarted: the same ledger, to the GPU-second
+    ledger = [k for k in mb if k.startswith("gpufeed_fleet_job_")]
+    assert ledger and {k: ma.get(k) for k in ledger} == {k: mb[k] for k in ledger}
+    costs = [k for k in mb if k.startswith("gpufeed_fleet_job_cost_total")]
+    assert costs, "a price was given: the ledger is in money too"
