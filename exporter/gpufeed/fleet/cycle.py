@@ -12,11 +12,14 @@ from gpufeed.correlator.engine.node import USED_METRICS, NodeSeries
 from gpufeed.correlator.engine.view import Timing
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.feeds.analyze import estimate_interval
-from gpufeed.correlator.feeds.promql import INSTANCE_BATCH, load_range
+from gpufeed.correlator.feeds.promql import INSTANCE_BATCH, Retry, load_range
 from gpufeed.fleet.ledger import LedgerSlice, ledger_slice
 from gpufeed.fleet.timing import CycleTiming
 
 STRAGGLER = "straggler"
+# A query is tried twice, then the cycle fails: the service tries the whole cycle again
+# (with its own backoff) and reports its lag meanwhile, rather than block in one query.
+QUERY_RETRY = Retry(attempts=2, first_backoff_seconds=1.0, timeout_seconds=30.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +72,7 @@ def evaluate(
     match: str = "",
 ) -> CycleResult:
     start, end = timing.query_range(boundary)
-    nodes = load_range(base, start, end, timing.step_seconds, match)
+    nodes = load_range(base, start, end, timing.step_seconds, match, QUERY_RETRY)
     result = evaluate_nodes(list(nodes.values()), boundary, timing, params)
     # one label-values call, then one range query per used metric and batch of instances
     batches = -(-len(nodes) // INSTANCE_BATCH)

@@ -55,7 +55,9 @@ def load_state(path: str) -> FleetState:
     except FileNotFoundError:
         return FleetState()
     except (OSError, ValueError) as e:
-        raise StateError(f"fleet state {path} is unreadable ({e}); move it away to start over") from None
+        raise StateError(
+            f"fleet state {path} is unreadable ({e}); move it away to start over"
+        ) from None
     try:
         if raw.get("version") != VERSION:
             raise ValueError(f"version {raw.get('version')!r}, expected {VERSION}")
@@ -66,7 +68,9 @@ def load_state(path: str) -> FleetState:
             last_seen={str(k): float(v) for k, v in raw["last_seen"].items()},
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise StateError(f"fleet state {path} is not valid ({e}); move it away to start over") from None
+        raise StateError(
+            f"fleet state {path} is not valid ({e}); move it away to start over"
+        ) from None
 
 
 def save_state(path: str, state: FleetState) -> None:

@@ -25,6 +25,7 @@ class WindowSource(Protocol):
 
     def windows(self, limit: int) -> tuple[list[Window], list[Window]]: ...
 
+
 MAX_LIMIT = 10_000
 JSON_TYPE = "application/json"
 # Distinct `limit` values remembered per correlator step (a client cycling through limits
@@ -66,9 +67,7 @@ class WindowsJson:
         return body
 
 
-def windows_routes(
-    processor: WindowSource, *, simulated: bool = False
-) -> list[web.RouteDef]:
+def windows_routes(processor: WindowSource, *, simulated: bool = False) -> list[web.RouteDef]:
     """Routes to add to the agent's aiohttp app: `app.add_routes(windows_routes(p))`."""
     from aiohttp import web
 
