@@ -1,28 +1,20 @@
-"""A real VictoriaMetrics (Debian's `victoria-metrics`) for tests and benchmarks: started on
-an ephemeral port (or a given one, to restart it where a client expects it), loaded through
-its import API with trace lines shifted in time."""
+"""A VictoriaMetrics that can be stopped and started again on the same port (a TSDB outage
+under a running client), for data in the recent past: tests/victoria.py's binary and
+import, plus `-search.latencyOffset=0s` so that what was just imported is answered."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import urllib.request
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from procports import stop, wait_listening, wait_ready
-
-BINARY = "victoria-metrics"
-
-
-def available() -> bool:
-    return shutil.which(BINARY) is not None
+from victoria import binary
 
 
-class VictoriaMetrics:
-    def __init__(self, data: Path, port: int = 0) -> None:
+class RestartableVictoria:
+    def __init__(self, data: Path) -> None:
         self.data = data
-        self.port = port
+        self.port = 0  # ephemeral at the first start, the same one after
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -31,10 +23,10 @@ class VictoriaMetrics:
 
     def start(self) -> None:
         args = [
-            BINARY,
+            binary(),
             f"-storageDataPath={self.data}",
             f"-httpListenAddr=127.0.0.1:{self.port}",
-            "-search.latencyOffset=0s",  # the tests query right after they import
+            "-search.latencyOffset=0s",
             "-search.disableCache",
             "-retentionPeriod=100y",
             "-loggerLevel=ERROR",
@@ -48,38 +40,9 @@ class VictoriaMetrics:
             stop(self.proc)
             self.proc = None
 
-    def import_lines(self, lines: Iterable[str], batch: int = 50_000) -> None:
-        """Prometheus text lines with timestamps in milliseconds, posted in batches."""
-        buf: list[str] = []
-        for line in lines:
-            buf.append(line)
-            if len(buf) >= batch:
-                self._post(buf)
-                buf = []
-        if buf:
-            self._post(buf)
-        with urllib.request.urlopen(self.url + "/internal/force_flush", timeout=60):
-            pass
-
-    def _post(self, lines: list[str]) -> None:
-        body = ("\n".join(lines) + "\n").encode()
-        req = urllib.request.Request(self.url + "/api/v1/import/prometheus", data=body)
-        with urllib.request.urlopen(req, timeout=300) as r:
-            assert r.status in (200, 204), r.status
-
-
-def shifted(trace: str, offset_seconds: float) -> Iterator[str]:
-    """A trace's samples (OpenMetrics, seconds) as import lines (milliseconds), moved by
-    `offset_seconds`."""
-    for line in trace.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        head, value, ts = line.rsplit(" ", 2)
-        yield f"{head} {value} {round((float(ts) + offset_seconds) * 1000)}"
-
 
 def shift_trace(trace: str, offset_seconds: float) -> str:
-    """The trace itself moved by `offset_seconds` (for the offline analysis to compare)."""
+    """The trace moved in time by `offset_seconds` (OpenMetrics, timestamps in seconds)."""
     out = []
     for line in trace.splitlines():
         if not line or line.startswith("#"):

@@ -52,7 +52,13 @@ def register(subparsers: Any) -> None:
     a("--prometheus.bearer-token-file", dest="token_file", default="", help="bearer token")
     a("--prometheus.ca-file", dest="ca_file", default="", help="CA bundle for an https URL")
     a("--match", default="", help="extra selector for every query, e.g. '{cluster=\"a\"}'")
-    a("--fleet.interval", dest="interval", type=float, default=60.0, help="seconds per cycle")
+    a(
+        "--fleet.interval",
+        dest="interval",
+        type=float,
+        default=60.0,
+        help="seconds per cycle (default %(default)g)",
+    )
     a(
         "--fleet.lookback",
         dest="lookback",
@@ -61,7 +67,13 @@ def register(subparsers: Any) -> None:
         help="seconds of data each cycle analyses (baselines and long windows need more; "
         "the TSDB's cost grows with it; default %(default)g)",
     )
-    a("--fleet.step", dest="step", type=float, default=15.0, help="query resolution, seconds")
+    a(
+        "--fleet.step",
+        dest="step",
+        type=float,
+        default=15.0,
+        help="query resolution, seconds (default %(default)g)",
+    )
     a(
         "--fleet.settle",
         dest="settle",
@@ -82,12 +94,37 @@ def register(subparsers: Any) -> None:
         default="/var/lib/gpufeed/fleet-windows.jsonl",
         help="durable windows log (its cursor is LOG.state.json; default %(default)s)",
     )
+    a(
+        "--fleet.once",
+        dest="once",
+        default="",
+        metavar="TIME",
+        help="evaluate the one cycle whose boundary is TIME (unix seconds or RFC 3339, a "
+        "multiple of the interval), write its windows (every one that closed in its range, "
+        'then those open at its end with "open": true) as JSON lines to stdout, and exit; '
+        "nothing is logged or served",
+    )
     a("--ledger.price", dest="price", type=float, help="price per GPU-hour (for the money)")
     a("--ledger.currency", dest="currency", default="USD", help="currency label of the price")
     a("--web.listen-address", dest="listen", default=":9843", help="HOST:PORT (port 0: any)")
-    a("--threshold", type=float, default=vocabulary.DEFAULT_THRESHOLD_RATIO)
-    a("--min-window", type=float, default=vocabulary.DEFAULT_MIN_WINDOW_SECONDS)
-    a("--merge-gap", type=float, default=vocabulary.DEFAULT_MERGE_GAP_SECONDS)
+    a(
+        "--threshold",
+        type=float,
+        default=vocabulary.DEFAULT_THRESHOLD_RATIO,
+        help="a GPU below this utilization (0..1) is underutilized (default %(default)g)",
+    )
+    a(
+        "--min-window",
+        type=float,
+        default=vocabulary.DEFAULT_MIN_WINDOW_SECONDS,
+        help="seconds underutilized before a window opens (default %(default)g)",
+    )
+    a(
+        "--merge-gap",
+        type=float,
+        default=vocabulary.DEFAULT_MERGE_GAP_SECONDS,
+        help="recoveries shorter than this stay inside the window (default %(default)g)",
+    )
     p.set_defaults(func=run)
 
 
@@ -126,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
         start = parse_time(args.start) if args.start else None
     except (AccessError, ValueError) as e:
         return fail(str(e))
+    if args.once:
+        return _once(args.once, url, args.match, timing, args.threshold, args)
     settings = FleetSettings(
         url=url,
         match=args.match,
@@ -145,6 +184,34 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(_serve(service, host or "0.0.0.0", int(port)))
     finally:
         service.close()
+
+
+def _once(
+    when: str, url: str, match: str, timing: Any, threshold: float, args: argparse.Namespace
+) -> int:
+    from gpufeed import strictjson
+    from gpufeed.correlator.engine.engine import WindowParams
+    from gpufeed.correlator.feeds.promql import PromError, parse_time
+    from gpufeed.fleet.cycle import evaluate
+
+    try:
+        boundary = parse_time(when)
+    except ValueError as e:
+        print(f"gpufeed fleet: --fleet.once: {e}", file=sys.stderr)
+        return 2
+    if boundary % timing.interval_seconds:
+        print("gpufeed fleet: --fleet.once must be a multiple of the interval", file=sys.stderr)
+        return 2
+    params = WindowParams(threshold, args.min_window, args.merge_gap)
+    try:
+        result = evaluate(url, boundary, timing, params, match)
+    except (PromError, ValueError) as e:
+        print(f"gpufeed fleet: {e}", file=sys.stderr)
+        return 1
+    out = [w.to_json() for w in result.range_closed]
+    out += [{**w.to_json(), "open": True} for w in result.open]
+    sys.stdout.write("".join(strictjson.dumps(d) + "\n" for d in out))
+    return 0
 
 
 async def _serve(service: Any, host: str, port: int) -> int:

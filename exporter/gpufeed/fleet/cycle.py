@@ -38,6 +38,7 @@ class HeldBack:
 class CycleResult:
     boundary_seconds: float
     closed: tuple[Window, ...]  # windows whose end lies in the reported slice
+    range_closed: tuple[Window, ...]  # every window that closed in the range
     open: tuple[Window, ...]  # windows still open at the boundary
     ledger: LedgerSlice
     held_back: tuple[HeldBack, ...]
@@ -98,6 +99,7 @@ def evaluate_nodes(
     return CycleResult(
         boundary_seconds=boundary,
         closed=tuple(reported),
+        range_closed=tuple(closed),
         open=tuple(sorted(open_, key=lambda w: (w.instance, w.gpu, w.start_seconds))),
         ledger=ledger,
         held_back=_held_back(at_end),
