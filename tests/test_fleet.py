@@ -228,3 +228,65 @@ def test_kill_replica_and_tsdb_outage_lose_and_repeat_nothing(fleet: Fleet, tmp_
     assert ledger and {k: ma.get(k) for k in ledger} == {k: mb[k] for k in ledger}
     costs = [k for k in mb if k.startswith("gpufeed_fleet_job_cost_total")]
     assert costs, "a price was given: the ledger is in money too"
+
+
+def test_a_held_back_job_names_its_culprit_once_and_the_ledger_its_straggler_time(
+    tmp_path: Path,
+) -> None:
+    """A 4-node job whose node's CPUs starve: the fleet's cycles name that node as the
+    culprit (one entry for the job, not one per victim), log the offline analysis's
+    job-level windows, and book the victims' time as straggler with the culprit's cause."""
+    from bench import multinode_scenarios as mn
+    from gpufeed.correlator.job.culprit import correlate_jobs
+    from gpufeed.fleet.metrics import Price
+
+    tr = mn.build("cpu_starved", seed=3, nodes=4, gpus=4)
+    first = float(tr.text.split("\n", 1)[0].rsplit(" ", 1)[1])
+    last = float(tr.text.rsplit("\n", 3)[-3].rsplit(" ", 1)[1])
+    # moved to end 5 minutes ago, its first sample on a minute (so every sample on the grid)
+    offset = math.floor((time.time() - 5 * 60 - (last - first)) / 60) * 60 - first
+    trace = shift_trace(tr.text, offset)
+    path = tmp_path / "job.om"
+    path.write_text(trace)
+    vm = RestartableVictoria(tmp_path / "vm")
+    vm.start()
+    try:
+        import_trace(vm.url, path)
+        log = str(tmp_path / "w.jsonl")
+        timing = _timing()
+        svc = FleetService(
+            FleetSettings(vm.url, "", timing, WindowParams(), log, Price(3.0, "EUR"))
+        )
+        culprits = set()
+        b = timing.first_after(first + offset)
+        while b <= timing.due(time.time()):
+            result = svc.run_cycle(b)
+            culprits |= {(h.job_id, h.culprit_instance, h.cause) for h in result.held_back}
+            if result.held_back:
+                page = svc.page.decode()
+            b += INTERVAL
+        svc.close()
+    finally:
+        vm.stop()
+    culprit = tr.instances[tr.stalls[0].node]
+    assert culprits == {(tr.job_id, culprit, "preprocessing")}
+    line = next(x for x in page.splitlines() if x.startswith("gpufeed_fleet_job_culprit_info{"))
+    assert f'culprit_instance="{culprit}"' in line and 'cause="preprocessing"' in line
+    # the offline job-level analysis of the same trace, closed before the data ended
+    from gpufeed.trace.reader import read_trace
+
+    nodes = read_trace(str(path)).nodes
+    offline = correlate_jobs(nodes.values(), analyze_text(trace, tmp_path))
+    end = last + offset
+    want = sorted((w for w in offline if w.end_seconds < end - 60), key=_key)
+    got = sorted(read_log(log), key=_key)
+    assert any(w.cause.value == "straggler" for w in want)
+    assert [w.to_json() for w in got] == [w.to_json() for w in want]
+    st = svc.state
+    straggling = {k: v for k, v in st.gpu_seconds.items() if k[1] == "straggler"}
+    assert straggling and {k[2] for k in straggling} == {"preprocessing"}
+    alloc = st.allocated_gpu_seconds[tr.job_id]
+    assert abs(sum(v for k, v in st.gpu_seconds.items() if k[0] == tr.job_id) - alloc) <= (
+        0.001 * alloc
+    )
+    assert 'gpufeed_fleet_job_cost_total{culprit_cause="preprocessing",currency="EUR"' in page

@@ -13,10 +13,11 @@ from gpufeed.correlator.engine.view import Timing
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.feeds.analyze import estimate_interval
 from gpufeed.correlator.feeds.promql import INSTANCE_BATCH, Retry, load_range
+from gpufeed.correlator.job.culprit import correlate_jobs
 from gpufeed.fleet.ledger import LedgerSlice, ledger_slice
 from gpufeed.fleet.timing import CycleTiming
+from gpufeed.vocabulary import Cause
 
-STRAGGLER = "straggler"
 # A query is tried twice, then the cycle fails: the service tries the whole cycle again
 # (with its own backoff) and reports its lag meanwhile, rather than block in one query.
 QUERY_RETRY = Retry(attempts=2, first_backoff_seconds=1.0, timeout_seconds=30.0)
@@ -59,10 +60,9 @@ def node_windows(node: NodeSeries, params: WindowParams) -> tuple[list[Window], 
 
 
 def job_level(nodes: Sequence[NodeSeries], windows: list[Window], threshold: float) -> list[Window]:
-    """THE seam for the job-level correlation (issue 13: victims become `straggler` with
-    their culprit): every node of every job is here at once."""
-    del nodes, threshold
-    return windows
+    """The job-level correlation (issue 13): every node of every job is here at once, so a
+    multi-node job's victims become `straggler` with their culprit."""
+    return correlate_jobs(nodes, windows, threshold)
 
 
 def evaluate(
@@ -114,8 +114,8 @@ def _held_back(at_end: Iterable[Window]) -> tuple[HeldBack, ...]:
     """One entry per (job, culprit): the job pages once, not once per victim GPU."""
     count: dict[tuple[str, str, str, str, str], int] = {}
     for w in at_end:
-        culprit = getattr(w, "culprit", None)
-        if w.cause.value != STRAGGLER or culprit is None:
+        culprit = w.culprit
+        if w.cause is not Cause.STRAGGLER or culprit is None:
             continue
         key = (w.job_id, culprit.instance, culprit.gpu, culprit.rank, culprit.cause.value)
         count[key] = count.get(key, 0) + 1

@@ -31,8 +31,8 @@ class LedgerSlice:
 
 
 def _culprit_cause(w: Window) -> str:
-    culprit = getattr(w, "culprit", None)  # set by the job-level correlation (issue 13)
-    return str(culprit.cause.value) if culprit is not None else ""
+    # set by the job-level correlation (issue 13) on straggler windows
+    return w.culprit.cause.value if w.culprit is not None else ""
 
 
 def ledger_slice(
