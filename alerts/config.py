@@ -107,6 +107,10 @@ class RulesConfig:
     windows_log_failing_for: str = "10m"  # windows waiting for the disk, or write errors
     windows_log_skipped_for: str = "5m"  # unreadable lines found at the agent's start
     rate_window: str = "5m"
+    # The fleet service's series (`gpufeed fleet`, scraped under its own job name; any
+    # number of replicas: the rules take the max over them).
+    fleet_selector: str = 'job="gpufeed-fleet"'
+    job_held_back_for: str = "2m"
     fatal_xids: tuple[str, ...] = FATAL_XIDS
     throttle_reasons: tuple[str, ...] = THROTTLE_REASONS
     cause_hints: dict[str, str] = field(default_factory=lambda: dict(CAUSE_HINTS))
@@ -122,6 +126,11 @@ class RulesConfig:
     def sel(self) -> str:
         """The label matchers every query puts on gpufeed series."""
         return self.selector
+
+    @property
+    def fleet_sel(self) -> str:
+        """The label matchers of the fleet service's series."""
+        return self.fleet_selector
 
     def with_for_override(self, duration: str) -> RulesConfig:
         """A copy with every `for:` set to `duration` (tests shorten them this way)."""

@@ -67,10 +67,14 @@ def utilization_low_expr(cfg: RulesConfig) -> str:
     a GPU stays covered even when the correlator is down. The alert has no `for:` (the
     window is inside `sustained_low`): when the cause changes, the alert with the old cause
     resolves and the one with the new cause fires at the same evaluation.
+
+    A job held back by a straggler pages once, as GpuJobHeldBack (the culprit and its
+    cause), not once per GPU: its GPUs are left out while the fleet names its culprit, and
+    GPUs whose own agent says they wait for a peer (`straggler`) are left out always.
     """
     low = sustained_low(cfg)
     cause = f"gpufeed_gpu_underutilization_cause{{{cfg.sel}}}"
-    return (
+    per_gpu = (
         f"(\n{_indent(low, 2)}\n)\n"
         f"* on ({HELD_LABELS}) group_left (cause)\n"
         f"topk by ({HELD_LABELS}) (1, {cause})\n"
@@ -82,6 +86,20 @@ def utilization_low_expr(cfg: RulesConfig) -> str:
         '  "cause", "unknown", "", ""\n'
         ")"
     )
+    return (
+        f"(\n{_indent(per_gpu, 2)}\n)\n"
+        f"unless on (job_id)\n{job_culprit(cfg)}\n"
+        f"unless on ({HELD_LABELS})\n"
+        f'gpufeed_gpu_underutilization_cause{{{cfg.sel}, cause="straggler"}}'
+    )
+
+
+CULPRIT_LABELS = "job_id, culprit_instance, culprit_gpu, culprit_rank, cause"
+
+
+def job_culprit(cfg: RulesConfig) -> str:
+    """One series per held-back job and culprit, however many fleet replicas export it."""
+    return f"max by ({CULPRIT_LABELS}) (gpufeed_fleet_job_culprit_info{{{cfg.fleet_sel}}})"
 
 
 def cause_description(cfg: RulesConfig) -> str:
@@ -91,12 +109,26 @@ def cause_description(cfg: RulesConfig) -> str:
         "{{ $labels.job_id }}, runs at {{ $value | humanizePercentage }} utilization; "
         "cause: {{ $labels.cause }}. "
     )
+    return head + hint_by_cause(cfg)
+
+
+def hint_by_cause(cfg: RulesConfig) -> str:
+    """A template that picks the hint for the alert's `cause` label."""
     branches = []
     for i, (cause, hint) in enumerate((c, h) for c, h in cfg.cause_hints.items() if c != "unknown"):
         keyword = "if" if i == 0 else "else if"
         branches.append(f'{{{{ {keyword} eq $labels.cause "{cause}" }}}}{hint}')
     fallback = cfg.cause_hints.get("unknown", "")
-    return head + "".join(branches) + f"{{{{ else }}}}{fallback}{{{{ end }}}}"
+    return "".join(branches) + f"{{{{ else }}}}{fallback}{{{{ end }}}}"
+
+
+def held_back_description(cfg: RulesConfig) -> str:
+    return (
+        "Job {{ $labels.job_id }} is held back by {{ $labels.culprit_instance }}"
+        "{{ with $labels.culprit_gpu }} GPU {{ . }}{{ end }}"
+        "{{ with $labels.culprit_rank }} (rank {{ . }}){{ end }}: its other GPUs wait for it "
+        "in their collectives. The culprit's own cause: {{ $labels.cause }}. " + hint_by_cause(cfg)
+    )
 
 
 def io_latency(cfg: RulesConfig) -> str:
@@ -191,6 +223,16 @@ def alert_rules(cfg: RulesConfig) -> list[Rule]:
             "annotations": {
                 "summary": f"A GPU held by a job has run below {pct} utilization for {cfg.utilization_low_for}.",
                 "description": cause_description(cfg),
+            },
+        },
+        {
+            "alert": "GpuJobHeldBack",
+            "expr": job_culprit(cfg),
+            "for": cfg.job_held_back_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "A multi-node job is held back by one straggler.",
+                "description": held_back_description(cfg),
             },
         },
         {
