@@ -77,6 +77,63 @@ dashboard = build_dashboard(
             ],
         ),
         (
+            "GPU-time ledger and held-back jobs (gpufeed fleet)",
+            [
+                timeseries(
+                    "GPU-hours per hour by state, all jobs",
+                    [
+                        target(
+                            "sum by (state) (max by (job_id, state, culprit_cause) (rate("
+                            "gpufeed_fleet_job_gpu_seconds_total[$__rate_interval])))",
+                            "{{state}}",
+                        )
+                    ],
+                    GPU_HOURS_PER_HOUR,
+                    stacked=True,
+                    description="Every job's allocated GPUs split into productive time and "
+                    "each cause (the fleet service's ledger; max over its replicas).",
+                ),
+                table(
+                    "Cost by cause (time range)",
+                    [
+                        target(
+                            "sum by (state, culprit_cause, currency) (max by (job_id, state, "
+                            "culprit_cause, currency) (increase("
+                            "gpufeed_fleet_job_cost_total[$__range])))",
+                            instant=True,
+                            table=True,
+                        )
+                    ],
+                    PER_SECOND,
+                    description="What each cause cost, in the fleet service's currency "
+                    "(--ledger.price per GPU-hour): e.g. data_loading is what waiting for "
+                    "storage cost; straggler time by its culprit's cause.",
+                    sort_by="Value",
+                ),
+                table(
+                    "Held-back jobs now",
+                    [
+                        target(
+                            "max by (job_id, culprit_instance, culprit_gpu, culprit_rank, "
+                            "cause) (gpufeed_fleet_job_culprit_info)",
+                            instant=True,
+                            table=True,
+                        )
+                    ],
+                    PER_SECOND,
+                    sort_by="job_id",
+                ),
+                stat(
+                    "Fleet service behind by",
+                    [target("max(gpufeed_fleet_lag_seconds)")],
+                    "s",
+                    description="0 when the fleet service is caught up; grows while the "
+                    "TSDB is slow or down (the missed cycles run afterwards).",
+                    red_above=300,
+                ),
+            ],
+        ),
+        (
             "Windows and GPU health",
             [
                 table(

@@ -2,6 +2,7 @@
 
 from dashboards.presets import (
     BYTES_PER_SECOND,
+    GPU_HOURS,
     GPU_HOURS_PER_HOUR,
     PER_SECOND,
     RATIO,
@@ -10,6 +11,7 @@ from dashboards.presets import (
     instance_variable,
     job_id_variable,
     state_timeline,
+    table,
     target,
     timeseries,
     window_annotation,
@@ -135,6 +137,64 @@ dashboard = build_dashboard(
                         target(quantile(0.5, "gpufeed_job_epoch_seconds"), "p50"),
                     ],
                     SECONDS,
+                ),
+            ],
+        ),
+        (
+            "GPU-time ledger (gpufeed fleet)",
+            [
+                timeseries(
+                    "GPU-hours per hour by state",
+                    [
+                        target(
+                            "sum by (state) (max by (job_id, state, culprit_cause) (rate("
+                            f"gpufeed_fleet_job_gpu_seconds_total{{{JOB}}}{RI})))",
+                            "{{state}}",
+                        )
+                    ],
+                    GPU_HOURS_PER_HOUR,
+                    stacked=True,
+                    description="The job's allocated GPUs split into productive time and "
+                    "each cause (the fleet service's ledger; max over its replicas). The "
+                    "stack's top is the job's allocation.",
+                ),
+                table(
+                    "GPU-hours and cost by state (time range)",
+                    [
+                        target(
+                            "sum by (state, culprit_cause) (max by (job_id, state, "
+                            "culprit_cause) (increase("
+                            f"gpufeed_fleet_job_gpu_seconds_total{{{JOB}}}[$__range]))) / 3600",
+                            instant=True,
+                            table=True,
+                        ),
+                        target(
+                            "sum by (state, culprit_cause, currency) (max by (job_id, state, "
+                            "culprit_cause, currency) (increase("
+                            f"gpufeed_fleet_job_cost_total{{{JOB}}}[$__range])))",
+                            instant=True,
+                            table=True,
+                        ),
+                    ],
+                    GPU_HOURS,
+                    description="Straggler time names the culprit's cause; the cost needs "
+                    "a price per GPU-hour in the fleet service (--ledger.price).",
+                    sort_by="Value #A",
+                ),
+                table(
+                    "Held back by",
+                    [
+                        target(
+                            "max by (job_id, culprit_instance, culprit_gpu, culprit_rank, "
+                            f"cause) (gpufeed_fleet_job_culprit_info{{{JOB}}})",
+                            instant=True,
+                            table=True,
+                        )
+                    ],
+                    PER_SECOND,
+                    description="The culprit the fleet service names while the job waits "
+                    "for one of its GPUs or nodes, and the culprit's own cause.",
+                    sort_by="cause",
                 ),
             ],
         ),
