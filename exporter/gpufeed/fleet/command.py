@@ -104,6 +104,7 @@ def register(subparsers: Any) -> None:
         'then those open at its end with "open": true) as JSON lines to stdout, and exit; '
         "nothing is logged or served",
     )
+    a("--output", "-o", metavar="FILE", help="with --fleet.once: write here, not to stdout")
     a("--ledger.price", dest="price", type=float, help="price per GPU-hour (for the money)")
     a("--ledger.currency", dest="currency", default="USD", help="currency label of the price")
     a("--web.listen-address", dest="listen", default=":9843", help="HOST:PORT (port 0: any)")
@@ -210,7 +211,16 @@ def _once(
         return 1
     out = [w.to_json() for w in result.range_closed]
     out += [{**w.to_json(), "open": True} for w in result.open]
-    sys.stdout.write("".join(strictjson.dumps(d) + "\n" for d in out))
+    text = "".join(strictjson.dumps(d) + "\n" for d in out)
+    if not args.output or args.output == "-":
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        print(f"gpufeed fleet: --output {args.output}: {e.strerror or e}", file=sys.stderr)
+        return 1
     return 0
 
 
