@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import signal
 import sys
 import threading
@@ -104,6 +105,13 @@ def register(subparsers: Any) -> None:
         'then those open at its end with "open": true) as JSON lines to stdout, and exit; '
         "nothing is logged or served",
     )
+    a(
+        "--fleet.jobs",
+        dest="jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="worker processes for a cycle's batches of nodes (default: up to 2)",
+    )
     a("--output", "-o", metavar="FILE", help="with --fleet.once: write here, not to stdout")
     a("--ledger.price", dest="price", type=float, help="price per GPU-hour (for the money)")
     a("--ledger.currency", dest="currency", default="USD", help="currency label of the price")
@@ -147,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
     problem = timing.problem()
     if problem:
         return fail(problem)
+    if args.jobs < 1:
+        return fail("--fleet.jobs must be at least 1")
     if args.price is not None and not (math.isfinite(args.price) and args.price >= 0):
         return fail("--ledger.price must be zero or a positive number")
     host, _, port = args.listen.rpartition(":")
@@ -174,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
         windows_log=args.windows_log,
         price=None if args.price is None else Price(args.price, args.currency),
         start_seconds=start,
+        jobs=args.jobs,
     )
     try:
         service = FleetService(settings)
@@ -203,12 +214,18 @@ def _once(
     if boundary % timing.interval_seconds:
         print("gpufeed fleet: --fleet.once must be a multiple of the interval", file=sys.stderr)
         return 2
+    from gpufeed.fleet.service import worker_pool
+
     params = WindowParams(threshold, args.min_window, args.merge_gap)
+    pool = worker_pool(args.jobs)
     try:
-        result = evaluate(url, boundary, timing, params, match)
+        result = evaluate(url, boundary, timing, params, match, pool)
     except (PromError, ValueError) as e:
         print(f"gpufeed fleet: {e}", file=sys.stderr)
         return 1
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     out = [w.to_json() for w in result.range_closed]
     out += [{**w.to_json(), "open": True} for w in result.open]
     text = "".join(strictjson.dumps(d) + "\n" for d in out)

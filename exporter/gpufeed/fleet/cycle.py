@@ -5,16 +5,19 @@ jobs held back at its end)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from gpufeed.correlator.engine.engine import NodeCorrelator, WindowParams
-from gpufeed.correlator.engine.node import USED_METRICS, NodeSeries
+from gpufeed.correlator.engine.node import NodeSeries
 from gpufeed.correlator.engine.view import Timing
 from gpufeed.correlator.engine.window import Window
+from gpufeed.correlator.feeds import promql
 from gpufeed.correlator.feeds.analyze import estimate_interval
-from gpufeed.correlator.feeds.promql import INSTANCE_BATCH, Retry, load_range
+from gpufeed.correlator.feeds.promql import Retry
+from gpufeed.correlator.feeds.stream import DEFAULT_BATCH_INSTANCES, StreamConfig, plan
 from gpufeed.correlator.job.culprit import correlate_jobs
-from gpufeed.fleet.ledger import LedgerSlice, ledger_slice
+from gpufeed.fleet.ledger import LedgerKey, LedgerSlice, ledger_slice
 from gpufeed.fleet.timing import CycleTiming
 from gpufeed.vocabulary import Cause
 
@@ -23,7 +26,7 @@ from gpufeed.vocabulary import Cause
 QUERY_RETRY = Retry(attempts=2, first_backoff_seconds=1.0, timeout_seconds=30.0)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, order=True)
 class HeldBack:
     """A job whose GPUs wait for a culprit at the end of the reported slice."""
 
@@ -71,13 +74,76 @@ def evaluate(
     timing: CycleTiming,
     params: WindowParams,
     match: str = "",
+    pool: Executor | None = None,
+    batch_instances: int = DEFAULT_BATCH_INSTANCES,
 ) -> CycleResult:
+    """The cycle at `boundary`, in batches of whole jobs (the streamed analysis's plan:
+    every node of a job in one batch, where the job-level join sees them all), so memory
+    is bounded by a batch whatever the fleet; batches run in `pool` when given."""
     start, end = timing.query_range(boundary)
-    nodes = load_range(base, start, end, timing.step_seconds, match, QUERY_RETRY)
-    result = evaluate_nodes(list(nodes.values()), boundary, timing, params)
-    # one label-values call, then one range query per used metric and batch of instances
-    batches = -(-len(nodes) // INSTANCE_BATCH)
-    return replace(result, queries=1 + batches * len(USED_METRICS))
+    cfg = StreamConfig(
+        base,
+        start,
+        end,
+        timing.step_seconds,
+        match,
+        params,
+        QUERY_RETRY,
+        batch_instances,
+    )
+    batches = plan(cfg)
+    work = [(cfg, b.instances, boundary, timing) for b in batches]
+    parts = list(
+        pool.map(_evaluate_batch, work) if pool is not None else map(_evaluate_batch, work)
+    )
+    return merge_results(boundary, parts, discovery_queries=2)
+
+
+def _evaluate_batch(
+    task: tuple[StreamConfig, tuple[str, ...], float, CycleTiming],
+) -> CycleResult:
+    cfg, instances, boundary, timing = task
+    nodes: dict[str, NodeSeries] = {}
+    queries = 0
+    with ThreadPoolExecutor(max_workers=promql.THREADS) as threads:
+        for span in promql.chunks(cfg.start_seconds, cfg.end_seconds, cfg.step_seconds):
+            q, _ = promql.fetch_chunk(
+                threads, cfg.url, instances, span, cfg.step_seconds, cfg.match, nodes, cfg.retry
+            )
+            queries += q
+    result = evaluate_nodes(list(nodes.values()), boundary, timing, cfg.params)
+    return replace(result, queries=queries)
+
+
+def merge_results(
+    boundary: float, parts: Sequence[CycleResult], discovery_queries: int = 0
+) -> CycleResult:
+    """One cycle's result from its batches' (a job is in one batch: nothing overlaps)."""
+    gpu_seconds: dict[LedgerKey, float] = {}
+    allocated: dict[str, float] = {}
+    for p in parts:
+        gpu_seconds.update(p.ledger.gpu_seconds)
+        allocated.update(p.ledger.allocated_gpu_seconds)
+    return CycleResult(
+        boundary_seconds=boundary,
+        closed=tuple(sorted((w for p in parts for w in p.closed), key=_report_order)),
+        range_closed=tuple(sorted((w for p in parts for w in p.range_closed), key=_node_order)),
+        open=tuple(sorted((w for p in parts for w in p.open), key=_node_order)),
+        ledger=LedgerSlice(gpu_seconds, allocated),
+        held_back=tuple(sorted(h for p in parts for h in p.held_back)),
+        underutilized_gpus=tuple(sorted(u for p in parts for u in p.underutilized_gpus)),
+        jobs=tuple(sorted({j for p in parts for j in p.jobs})),
+        queries=discovery_queries + sum(p.queries for p in parts),
+        points=sum(p.points for p in parts),
+    )
+
+
+def _report_order(w: Window) -> tuple[float, str, str, str, float]:
+    return (w.end_seconds, w.instance, w.gpu, w.job_id, w.start_seconds)
+
+
+def _node_order(w: Window) -> tuple[str, str, str, float]:
+    return (w.instance, w.gpu, w.job_id, w.start_seconds)
 
 
 def evaluate_nodes(
@@ -93,14 +159,14 @@ def evaluate_nodes(
     closed, open_ = joined[: len(closed)], joined[len(closed) :]
     lo, hi = timing.report_slice(boundary)
     reported = [w for w in closed if lo < w.end_seconds <= hi]
-    reported.sort(key=lambda w: (w.end_seconds, w.instance, w.gpu, w.job_id, w.start_seconds))
+    reported.sort(key=_report_order)
     ledger = ledger_slice(nodes, joined, lo, hi, timing.step_seconds)
     at_end = [w for w in joined if w.start_seconds <= hi and (w.end_seconds > hi or w.open)]
     return CycleResult(
         boundary_seconds=boundary,
         closed=tuple(reported),
-        range_closed=tuple(closed),
-        open=tuple(sorted(open_, key=lambda w: (w.instance, w.gpu, w.start_seconds))),
+        range_closed=tuple(sorted(closed, key=_node_order)),
+        open=tuple(sorted(open_, key=_node_order)),
         ledger=ledger,
         held_back=_held_back(at_end),
         underutilized_gpus=_underutilized(at_end),

@@ -3,16 +3,18 @@ render /metrics; a failed cycle (TSDB slow or down) is retried, never skipped.""
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.correlator.engine.window import Window
-from gpufeed.correlator.feeds.promql import PromError
 from gpufeed.correlator.outputs.windowlog import WindowLog, read_log
 from gpufeed.fleet.cycle import CycleResult, evaluate
 from gpufeed.fleet.metrics import Price, Progress, render
@@ -39,6 +41,7 @@ class FleetSettings:
     windows_log: str
     price: Price | None = None
     start_seconds: float | None = None  # first run without a cursor: backfill from here
+    jobs: int = 1  # worker processes for a cycle's batches
 
 
 class FleetService:
@@ -58,6 +61,7 @@ class FleetService:
         self._duration: float | None = None
         self._error = ""
         self.generation = 0  # /api/windows re-renders when this changes
+        self._pool = worker_pool(settings.jobs)
         self.page = self._render(0.0)
 
     # ---- what the HTTP side reads ------------------------------------------------------------
@@ -89,8 +93,10 @@ class FleetService:
                 self.run_cycle(nxt)
                 backoff = RETRY_SECONDS[0]
                 self._error = ""
-            except (PromError, OSError) as e:
+            except Exception as e:  # the service outlives any one cycle
                 self._failed += 1
+                if isinstance(e, BrokenProcessPool):  # a worker died (killed, out of memory)
+                    self._pool = worker_pool(self.s.jobs)
                 msg = f"gpufeed fleet: cycle {nxt:.0f} failed, retrying: {e}"
                 if msg != self._error:  # one line per new problem, not one per retry
                     print(msg, file=sys.stderr, flush=True)
@@ -111,7 +117,8 @@ class FleetService:
         """Evaluates one cycle and makes it durable: its windows in the log (those the log
         does not hold yet: a cycle redone after a kill), then the state with the cursor."""
         began = time.monotonic()
-        result = evaluate(self.s.url, boundary, self.s.timing, self.s.params, self.s.match)
+        s = self.s
+        result = evaluate(s.url, boundary, s.timing, s.params, s.match, self._pool)
         lo, _ = self.s.timing.report_slice(boundary)
         have = {window_key(w) for w in self._recent if w.end_seconds > lo}
         new = [w for w in result.closed if window_key(w) not in have]
@@ -142,4 +149,17 @@ class FleetService:
         return render(self.state, self._last, progress, self.s.price)
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
         self.log.close()
+
+
+def worker_pool(jobs: int) -> ProcessPoolExecutor | None:
+    """Workers for a cycle's batches, kept for the service's life. `forkserver`, not
+    `fork`: the service has threads (the HTTP loop), and a forked child could inherit a
+    lock one of them held."""
+    if jobs <= 1:
+        return None
+    return ProcessPoolExecutor(
+        max_workers=jobs, mp_context=multiprocessing.get_context("forkserver")
+    )

@@ -19,21 +19,29 @@ class AccessError(ValueError):
 
 
 class ServerUrl(str):
-    """A base URL with the headers and TLS context its requests need."""
+    """A base URL with the headers and TLS context its requests need. It pickles (to the
+    fleet's worker processes) as its URL, headers and CA file; the context is rebuilt."""
 
     headers: Mapping[str, str]
+    ca_file: str
     ssl_context: ssl.SSLContext | None
 
     def __new__(
-        cls,
-        url: str,
-        headers: Mapping[str, str] | None = None,
-        ssl_context: ssl.SSLContext | None = None,
+        cls, url: str, headers: Mapping[str, str] | None = None, ca_file: str = ""
     ) -> ServerUrl:
         self = super().__new__(cls, url)
         self.headers = dict(headers or {})
-        self.ssl_context = ssl_context
+        self.ca_file = ca_file
+        self.ssl_context = None
+        if ca_file:
+            try:
+                self.ssl_context = ssl.create_default_context(cafile=ca_file)
+            except (OSError, ssl.SSLError) as e:
+                raise AccessError(f"--prometheus.ca-file {ca_file}: {e}") from None
         return self
+
+    def __reduce__(self) -> tuple[type[ServerUrl], tuple[str, dict[str, str], str]]:
+        return (ServerUrl, (str(self), dict(self.headers), self.ca_file))
 
 
 def _read_secret(path: str, what: str) -> str:
@@ -77,10 +85,4 @@ def build_server_url(
             password = _read_secret(basic_auth_password_file, "--prometheus.password-file")
         pair = f"{basic_auth_user}:{password}".encode()
         headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
-    context = None
-    if ca_file:
-        try:
-            context = ssl.create_default_context(cafile=ca_file)
-        except (OSError, ssl.SSLError) as e:
-            raise AccessError(f"--prometheus.ca-file {ca_file}: {e}") from None
-    return ServerUrl(url, headers, context)
+    return ServerUrl(url, headers, ca_file)
