@@ -17,6 +17,7 @@ BENCHES = [
     ("simulated node sampling cost", ["simulated_node"]),
     ("SDK event cost", ["sdk_event_cost"]),
     ("correlator speed", ["correlator_speed"]),
+    ("fleet cycle", ["fleet_cycle"]),
     ("culprit accuracy (job level)", ["culprit_accuracy"]),
 ]
 
