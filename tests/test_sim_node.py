@@ -18,8 +18,10 @@ from gpufeed.simulate.scenario import default_scenario, load_scenario, parse_sce
 from sim_helpers import rate, sample_value
 
 SCENARIOS = Path(__file__).parent / "fixtures" / "scenarios"
-# every contract family of the catalogue but the correlator's, which the agent adds on top
-CONTRACT_FAMILIES = {m.name for m in CATALOGUE if m.contract and m.group != "correlator"}
+# the node's own families: not the correlator's (the agent adds them) nor the fleet service's
+CONTRACT_FAMILIES = {
+    m.name for m in CATALOGUE if m.contract and m.group not in ("correlator", "fleet")
+}
 # beyond the contract, simulated where NVML would give them on an H100
 GPU_EXTRA_FAMILIES = {
     "gpufeed_gpu_busy_seconds_total", "gpufeed_gpu_sm_occupancy_ratio",
