@@ -51,8 +51,9 @@ class DlioError(RuntimeError):
     """The run could not be made (one line)."""
 
 
-def _run(argv: list[str], what: str, timeout_s: float) -> None:
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+def _run(argv: list[str], what: str, timeout_s: float, cwd: Path) -> None:
+    """`cwd`: the run directory, where DLIO's hydra writes its logs (not the checkout)."""
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=cwd)
     if out.returncode != 0:
         tail = " | ".join((out.stderr or out.stdout).strip().splitlines()[-5:])
         raise DlioError(f"{what} exited with {out.returncode}: {tail}")
@@ -80,13 +81,13 @@ def check(scenario: str, out_root: Path, venv: Path) -> int:
         ckpt = tiers[s.workload.checkpoint.tier].mnt / "checkpoints"
         output = base / "dlio-output"
         print(f"DLIO: generating {run.files} files on the {s.workload.data_tier} tier", flush=True)
-        _run([str(dlio), *run.overrides(data, ckpt, base / "gen-output", True)], "DLIO", 600)
+        _run([str(dlio), *run.overrides(data, ckpt, base / "gen-output", True)], "DLIO", 600, base)
         agent = Agent(base, tiers, "dlio-lab")
         agent.start([])
         print(f"DLIO: training {run.steps} steps under gpufeed run", flush=True)
         gpufeed_run = [sys.executable, "-m", "gpufeed", "run", "--socket", str(agent.socket)]
         gpufeed_run += ["--name", JOB_NAME, "--", str(dlio)]
-        _run([*gpufeed_run, *run.overrides(data, ckpt, output, False)], "DLIO", s.duration_s)
+        _run([*gpufeed_run, *run.overrides(data, ckpt, output, False)], "DLIO", s.duration_s, base)
         seen = gpufeed_account(_metrics(agent.url))
         deadline = time.monotonic() + SETTLE_SECONDS
         while time.monotonic() < deadline:  # until the job's last reports are in
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with signals_raise():
-            return check(args.scenario, args.out, args.venv)
+            return check(args.scenario, args.out, args.venv.resolve())
     except (DlioError, ScenarioError, subprocess.TimeoutExpired, RuntimeError) as exc:
         print(f"lab.dlio_check: {exc}", file=sys.stderr)
         return 2
