@@ -214,6 +214,10 @@ def test_kill_replica_and_tsdb_outage_lose_and_repeat_nothing(fleet: Fleet, tmp_
         a, url_a = _start(fleet, log_a)
         _wait("both replicas catch up", lambda: _caught_up(url_a) and _caught_up(url_b))
         ma, mb = _metrics(url_a), _metrics(url_b)
+        with urllib.request.urlopen(url_b + "/api/windows?limit=10000", timeout=10) as r:
+            served = json.loads(r.read())
+        with urllib.request.urlopen(url_b + "/healthz", timeout=10) as r:
+            assert r.status == 200
     finally:
         stop(a)
         stop(b)
@@ -223,6 +227,10 @@ def test_kill_replica_and_tsdb_outage_lose_and_repeat_nothing(fleet: Fleet, tmp_
     expected = sorted(_expected(fleet, tmp_path), key=_key)
     assert [w.to_json() for w in sorted(logged_a, key=_key)] == [w.to_json() for w in expected]
     assert [w.to_json() for w in sorted(logged_b, key=_key)] == [w.to_json() for w in expected]
+    # /api/windows serves the log's windows (and those open at the last boundary)
+    assert sorted(json.dumps(d, sort_keys=True) for d in served["windows"]) == sorted(
+        json.dumps(w.to_json(), sort_keys=True) for w in logged_b
+    )
     # two replicas, one killed and restarted: the same ledger, to the GPU-second
     ledger = [k for k in mb if k.startswith("gpufeed_fleet_job_")]
     assert ledger and {k: ma.get(k) for k in ledger} == {k: mb[k] for k in ledger}
