@@ -7,7 +7,7 @@ The fleet: `--base-nodes` distinct simulated nodes (`gpufeed.simulate.tracegen`,
 cause in several guises), each `--hours` long; a larger fleet repeats them under new
 instance names, keeping their job ids, so node i and node i + base run one multi-node job
 (the engine's work per node is the same as for a distinct node; the TSDB stores every
-series separately). Only the series the correlator reads are loaded (`USED_METRICS`: 28
+series separately); jobs span at most 4 nodes (further copies get new job ids). Only the series the correlator reads are loaded (`USED_METRICS`: 28
 families, about 200 series per 8-GPU node), through `/api/v1/import` (JSON lines, one
 series with all its points per line: the values' text is built once per base series).
 
@@ -42,6 +42,7 @@ from gpufeed.trace.format import EOF_LINE, om_labels, om_timestamp
 from tests.victoria import data_bytes, import_lines, victoria
 
 USED = frozenset(USED_METRICS)
+JOB_NODES = 4  # nodes a replicated job spans
 GPUFEED = [sys.executable, "-m", "gpufeed"]
 
 
@@ -83,9 +84,21 @@ def _base(node: NodeData, step_s: float) -> _Base:
     return _Base(node.instance, out)
 
 
-def _lines(base: _Base, instance: str, group: str) -> Iterator[str]:
+JOB_ID = re.compile(r"\b(job-\d+-\d+)\b")
+
+
+def _job_suffix(node: int, base_nodes: int) -> str:
+    """Replicas keep their base node's job ids in groups of JOB_NODES nodes (node i and
+    i + base_nodes ... run one multi-node job); further copies get new ids."""
+    k = node // (base_nodes * JOB_NODES)
+    return f"-g{k}" if k else ""
+
+
+def _lines(base: _Base, instance: str, group: str, job_suffix: str) -> Iterator[str]:
     for sample, labels, tail, _ in base.series:
         metric = {"__name__": sample, **dict(labels), "instance": instance, "scale_set": group}
+        if job_suffix and "job_id" in metric:
+            metric["job_id"] += job_suffix
         yield '{"metric":' + json.dumps(metric, separators=(",", ":")) + "," + tail
 
 
@@ -141,8 +154,9 @@ def _measured_run(argv: Sequence[str]) -> tuple[float, float, str]:
     return wall, got[0] if got else 0.0, text
 
 
-def _rename(ref: str, old: str, new: str) -> str:
-    return ref.replace(f'"instance": {json.dumps(old)}', f'"instance": {json.dumps(new)}')
+def _rename(ref: str, old: str, new: str, job_suffix: str) -> str:
+    out = ref.replace(f'"instance": {json.dumps(old)}', f'"instance": {json.dumps(new)}')
+    return JOB_ID.sub(lambda m: m.group(1) + job_suffix, out) if job_suffix else out
 
 
 def _close(a: object, b: object) -> bool:
@@ -181,11 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="16,64,256", help="fleet sizes, ascending")
     ap.add_argument("--hours", type=float, default=24.0)
-    ap.add_argument("--base-nodes", type=int, default=16, help="distinct simulated nodes")
+    ap.add_argument("--base-nodes", type=int, default=8, help="distinct simulated nodes")
     ap.add_argument("--step", type=float, default=15.0, help="scrape interval, seconds")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--jobs", type=int, default=2, help="analyze --jobs")
-    ap.add_argument("--batch-instances", type=int, default=16)
+    ap.add_argument("--batch-instances", type=int, default=8)
     ap.add_argument("--json", metavar="FILE", help="also write the figures here")
     ap.add_argument("--rss-limit-mib", type=float, default=2048.0, help="fail above this")
     args = ap.parse_args(argv)
@@ -232,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     (
                         line
                         for i in range(loaded, n)
-                        for line in _lines(bases[i % B], instance_name(i), group)
+                        for line in _lines(bases[i % B], instance_name(i), group, _job_suffix(i, B))
                     ),
                 )
                 load_s = time.perf_counter() - began
@@ -264,7 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 costs = re.findall(r"\((\d+) queries, (\d+) points\)", err)
                 want = "".join(
-                    _rename(refs[i % B], instance_name(i % B), instance_name(i)) for i in range(n)
+                    _rename(refs[i % B], instance_name(i % B), instance_name(i), _job_suffix(i, B))
+                    for i in range(n)
                 )
                 got = out.read_text()
                 r = SizeResult(

@@ -19,6 +19,9 @@ BENCHES = [
     ("correlator speed", ["correlator_speed"]),
     ("fleet cycle", ["fleet_cycle"]),
     ("culprit accuracy (job level)", ["culprit_accuracy"]),
+    # streamed analyze over 16/64/256 simulated nodes x 24 h in VictoriaMetrics: about an
+    # hour on 2 shared cores (`python -m bench.analyze_scale --sizes 16,64` is shorter)
+    ("analyze --prometheus at scale", ["analyze_scale"]),
 ]
 
 

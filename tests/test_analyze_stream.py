@@ -87,6 +87,8 @@ def test_merge_refuses_unsorted_and_overlapping_inputs(
     assert "a.jsonl:2: windows are not in order" in capsys.readouterr().err
     assert main(["analyze", "--merge", str(b), str(c), "-o", str(out)]) == 1
     assert "is also in" in capsys.readouterr().err
+    assert main(["analyze", "--merge", str(b), str(tmp_path / "gone.jsonl"), "-o", str(out)]) == 1
+    assert "gone.jsonl: No such file or directory" in capsys.readouterr().err
     assert not out.exists()
 
 

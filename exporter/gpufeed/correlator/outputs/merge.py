@@ -62,7 +62,14 @@ def _keyed(path: str, f: IO[str], owner: dict[str, str]) -> Iterator[tuple[SortK
 def merge_files(paths: Sequence[str], out: IO[str]) -> int:
     """Writes the windows of `paths` (each sorted) to `out` in order; returns how many.
     Raises MergeError (or OSError) naming the file and line at fault."""
-    files = [open(p, encoding="utf-8") for p in paths]  # noqa: SIM115 (closed below)
+    files: list[IO[str]] = []
+    try:
+        for p in paths:
+            files.append(open(p, encoding="utf-8"))  # noqa: SIM115 (closed below)
+    except OSError as e:
+        for f in files:
+            f.close()
+        raise MergeError(f"{e.filename}: {e.strerror or e}") from None
     owner: dict[str, str] = {}
     n = 0
     try:
