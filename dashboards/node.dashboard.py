@@ -222,17 +222,18 @@ dashboard = build_dashboard(
                     "Link faults (network_reason link_errors)",
                     [
                         target(
-                            f"rate(gpufeed_network_link_errors_total{{{NODE}}}{RI}) > 0",
+                            f"rate(gpufeed_network_link_errors_total{{{NODE}}}{RI})",
                             "{{device}} {{port}} {{counter}}",
                         ),
                         target(
-                            f"gpufeed_network_link_up{{{NODE}}} == 0",
+                            # 1 while a port is down: a flat 0 line per port when all is well
+                            f"1 - gpufeed_network_link_up{{{NODE}}}",
                             "{{device}} {{port}} down",
                         ),
                     ],
                     PER_SECOND,
                     description="Link downs, carrier changes and error counters per second, "
-                    "by the kernel's counter name, and ports that are down: what decides a "
+                    "by the kernel's counter name, and ports that are down (1): what decides a "
                     "network window's link_errors reason.",
                 ),
                 timeseries(
