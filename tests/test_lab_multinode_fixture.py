@@ -113,3 +113,62 @@ def test_the_victim_waits_in_collectives_the_culprit_does_not() -> None:
         waits.append(_collective_wait_s(trace.decode(), start + 2, stop))
     print(f"collective wait during the fault: victim {waits[0]:.1f} s, culprit {waits[1]:.1f} s")
     assert waits[0] > 0.5 * (stop - start - 2) and waits[1] < 0.25 * waits[0]
+
+
+def test_job_level_analysis_names_node_1_for_node_0s_stall(tmp_path: Path) -> None:
+    """Both nodes' traces joined (docs/correlator.md, "The job level") and analysed offline
+    with the agents' settings: the victim (node 0, a CPU-only gloo rank whose wait for the
+    all-reduce lies inside its `compute` phase) gets a `straggler` window over the fault
+    naming node 1 and its data_loading, because its stand-in for utilization takes off the
+    collective wait above the job's healthy level (0.17 s/s healthy, 0.93 during the fault);
+    node 1 keeps its own data_loading; nothing opens in the healthy time around the fault
+    (the stand-in stays at 0.88 or more there)."""
+    run = _run()
+    (start,) = [e["t"] for e in run["events"] if e["event"] == "fault apply"]
+    (stop,) = [e["t"] for e in run["events"] if e["event"] == "fault lift"]
+    victim, culprit = (n["instance"] for n in sorted(run["nodes"], key=lambda n: n["index"]))
+    joined = []
+    for node in (0, 1):
+        text = gzip.decompress((FIXTURE / f"node-{node}" / "trace.om.gz").read_bytes())
+        joined += [ln for ln in text.decode().splitlines() if ln != "# EOF"]
+    trace = tmp_path / "job.om"
+    trace.write_text("\n".join([*joined, "# EOF", ""]))
+    settings = run["agent_correlator"]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpufeed",
+            "analyze",
+            str(trace),
+            "--min-window",
+            str(settings["min_window_seconds"]),
+            "--merge-gap",
+            str(settings["merge_gap_seconds"]),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    windows = [json.loads(line) for line in done.stdout.splitlines()]
+    print(windows)
+
+    def overlap(w: dict[str, Any]) -> float:
+        return max(0.0, min(w["end"], stop) - max(w["start"], start))
+
+    stragglers = [w for w in windows if w["instance"] == victim and w["cause"] == "straggler"]
+    assert stragglers, "node 0 has no straggler window"
+    assert sum(overlap(w) for w in stragglers) >= 0.8 * (stop - start)
+    for w in stragglers:
+        assert w["evidence"]["culprit"]["instance"] == culprit
+        assert w["evidence"]["culprit"]["cause"] == "data_loading"
+        assert culprit in w["evidence"]["summary"]
+    named = sum(
+        overlap(w) for w in windows if w["instance"] == culprit and w["cause"] == "data_loading"
+    )
+    assert named >= 0.8 * (stop - start), f"node 1: data_loading for {named:.1f} s"
+    # healthy time: no window before the fault; after the lift only the job's recovery
+    # (the 5 s share window and one step: node 1's own window ends 6 s after it too)
+    for w in windows:
+        assert w["start"] >= start and w["end"] <= stop + 10, w
+    assert {w["instance"] for w in windows} == {victim, culprit}

@@ -43,6 +43,9 @@ class Kind:
     JOB_READ: Final = "jrd"
     # A job's collective wait per rank here: (kind, job_id); forgotten like JOB_READ.
     COLLECTIVE_WAIT: Final = "cwait"
+    # A CPU-only job's collective-wait share of its phase time: (kind, job_id). Fed every
+    # healthy sample (not per bucket; see Engine._cpu_share); forgotten like JOB_READ.
+    CPU_JOB_WAIT: Final = "cjwait"
     SM_ACTIVE: Final = "smact"  # (kind, gpu): SM activity of a busy GPU (GPM)
 
 

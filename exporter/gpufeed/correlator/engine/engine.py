@@ -22,7 +22,7 @@ from gpufeed.correlator.engine.classify import Classifier
 from gpufeed.correlator.engine.features import observe_healthy
 from gpufeed.correlator.engine.node import NodeSeries
 from gpufeed.correlator.engine.state import Mark, Segment, Unit, Watch, segment_window
-from gpufeed.correlator.engine.view import Timing
+from gpufeed.correlator.engine.view import COLLECTIVE_WAIT, Timing
 from gpufeed.correlator.engine.window import Window
 
 CLASSIFY_EVERY_SECONDS = 5.0
@@ -127,15 +127,36 @@ class NodeCorrelator:
                     u.waiting = True  # busy, but not working: it waits (see below)
                     return working, False
             return v, False
-        phases = self.node.jobs[u.cpu_job].phases
+        return self._cpu_share(u, t), False
+
+    def _cpu_share(self, u: Unit, t: float) -> float | None:
+        """A CPU-only job's stand-in for utilization: its compute share of the phase time,
+        less the collective wait above its healthy level. A rank waiting in a gloo
+        collective for a slow peer waits inside its `compute` phase, so the plain compute
+        share of a victim never drops. Only the wait above the job's healthy median share
+        (Kind.CPU_JOB_WAIT) is taken off: a healthy job waits some of every step (0.17 of
+        it on the lab's two-node run), and taking all of it off would open windows in
+        healthy time. Before that baseline exists nothing is taken off."""
+        j = self.node.jobs[u.cpu_job]
         tm = self.timing
-        window = tm.share_window_seconds
-        rates = [s.rate_at(t, window, stale, tm.gap_seconds) for s in phases.values()]
-        comp = phases["compute"].rate_at(t, window, stale, tm.gap_seconds)
+        window, stale, gap = tm.share_window_seconds, tm.stale_seconds, tm.gap_seconds
+        rates = [s.rate_at(t, window, stale, gap) for s in j.phases.values()]
+        comp = j.phases["compute"].rate_at(t, window, stale, gap)
         total = sum(r for r in rates if r is not None)
+        u.wait_share = None
         if comp is None or total <= 1e-9:
-            return None, False
-        return comp / total, False
+            return None
+        waits = [
+            r
+            for (_, p), s in j.rank_phases.items()
+            if p == COLLECTIVE_WAIT and (r := s.rate_at(t, window, stale, gap)) is not None
+        ]
+        if waits:
+            u.wait_share = min(sum(waits) / total, 1.0)
+            base = self.baselines.median((Kind.CPU_JOB_WAIT, u.cpu_job))
+            if base is not None and u.wait_share > base:
+                comp = max(comp - (u.wait_share - base) * total, 0.0)
+        return comp / total
 
     def _working_ratio(self, u: Unit, t: float) -> float | None:
         """SM activity (GPM, Hopper and newer) over this GPU's own healthy median. NVML
@@ -171,6 +192,8 @@ class NodeCorrelator:
             if not low:
                 any_busy = True
                 if u.run_start is None:
+                    if u.wait_share is not None:  # healthy: the job's usual wait
+                        self.baselines.observe((Kind.CPU_JOB_WAIT, u.cpu_job), u.wait_share)
                     u.prev_t = t
                     self.watch.busy_at[u.gpu or u.key] = t
                     continue
@@ -427,6 +450,7 @@ class NodeCorrelator:
         for job_id in ended:
             self.baselines.forget_prefix((Kind.JOB_READ, job_id))
             self.baselines.forget_prefix((Kind.COLLECTIVE_WAIT, job_id))
+            self.baselines.forget_prefix((Kind.CPU_JOB_WAIT, job_id))
             self.units.pop("job:" + job_id, None)
             self.watch.busy_at.pop("job:" + job_id, None)
         self.watch.ever_busy = {k for k in self.watch.ever_busy if k[0] not in ended}

@@ -89,6 +89,7 @@ class Unit:
     uuid: str
     cols: GpuColumns | None = None
     cpu_job: str = ""  # a CPU-only job: its compute share stands in for utilization
+    wait_share: float | None = None  # a CPU-only job's collective-wait share at this sample
     prev_t: float | None = None
     run_start: float | None = None
     high_since: float | None = None
