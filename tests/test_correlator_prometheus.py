@@ -3,32 +3,20 @@ trace by `promtool tsdb create-blocks-from openmetrics`: the same windows as the
 
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from correlator_helpers import scenarios
-from gpufeed.correlator import analyze_cmd
-from procports import owned_server, refused_port
+from procports import refused_port
+from prometheus_trace import prometheus_serving, run_analyze
 
 pytestmark = pytest.mark.slow
 
 
-def _run(*argv: str) -> int:
-    p = argparse.ArgumentParser()
-    analyze_cmd.register(p.add_subparsers())
-    args = p.parse_args(["analyze", *argv])
-    return int(args.func(args))
-
-
 @pytest.fixture
 def prometheus(tmp_path: Path):  # type: ignore[no-untyped-def]
-    if not shutil.which("prometheus") or not shutil.which("promtool"):
-        pytest.skip("Debian's prometheus package is not installed")
     # two nodes, different causes, one of them without SDK signals
     a, _ = scenarios.single("data_loading", "contended", seed=2, minutes=40)
     b, _ = scenarios.single("network", "congested", seed=3, sdk=False, minutes=40)
@@ -36,23 +24,7 @@ def prometheus(tmp_path: Path):  # type: ignore[no-untyped-def]
     body = [x for x in (a + b).splitlines() if x != "# EOF"]
     trace = tmp_path / "trace.om"
     trace.write_text("\n".join([*body, "# EOF"]) + "\n")
-    data = tmp_path / "data"
-    subprocess.run(
-        ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(trace), str(data)],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    cfg = tmp_path / "prometheus.yml"
-    cfg.write_text("global:\n  scrape_interval: 1h\n")
-    args = [
-        "prometheus",
-        f"--config.file={cfg}",
-        f"--storage.tsdb.path={data}",
-        "--storage.tsdb.retention.time=100y",  # the trace lies in the past
-        "--web.listen-address=127.0.0.1:0",
-    ]
-    with owned_server(args, "/-/ready") as (_, url):
+    with prometheus_serving(trace, tmp_path) as url:
         yield url, trace
 
 
@@ -60,11 +32,11 @@ def test_range_query_gives_the_same_windows_as_the_file(prometheus, tmp_path: Pa
     url, trace = prometheus
     file_out = tmp_path / "file.jsonl"
     prom_out = tmp_path / "prom.jsonl"
-    assert _run(str(trace), "--output", str(file_out)) == 0
+    assert run_analyze(str(trace), "--output", str(file_out)) == 0
     start = 1_760_000_005
     end = start + 40 * 60
     assert (
-        _run(
+        run_analyze(
             "--prometheus",
             url,
             "--start",
@@ -89,7 +61,7 @@ def test_range_query_gives_the_same_windows_as_the_file(prometheus, tmp_path: Pa
     # --match narrows to one node; RFC 3339 times work
     only = tmp_path / "only.jsonl"
     assert (
-        _run(
+        run_analyze(
             "--prometheus",
             url,
             "--start",
@@ -112,7 +84,9 @@ def test_range_query_gives_the_same_windows_as_the_file(prometheus, tmp_path: Pa
 def test_unreachable_server_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     with refused_port() as port:
         url = f"http://127.0.0.1:{port}"
-        assert _run("--prometheus", url, "--start", "0", "--end", "100", "--retries", "1") == 1
+        assert (
+            run_analyze("--prometheus", url, "--start", "0", "--end", "100", "--retries", "1") == 1
+        )
     err = capsys.readouterr().err
     assert err.startswith("gpufeed analyze: finding the instances: ")
     assert "gave up after 2 tries" in err
@@ -146,7 +120,7 @@ def test_a_partial_answer_is_an_error_not_a_result(
     out = tmp_path / "w.jsonl"
     try:
         url = f"http://127.0.0.1:{srv.server_address[1]}"
-        assert _run("--prometheus", url, "--start", "0", "--end", "100", "-o", str(out)) == 1
+        assert run_analyze("--prometheus", url, "--start", "0", "--end", "100", "-o", str(out)) == 1
     finally:
         srv.shutdown()
         srv.server_close()
