@@ -116,7 +116,9 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(10)
 
 
-def run_one(s: Scenario, launcher: str, out_root: Path, nice: int) -> RunResult:
+def run_one(
+    s: Scenario, launcher: str, out_root: Path, nice: int, device: str = "stand-in"
+) -> RunResult:
     if s.nodes != 1 or s.workload.kind != "train":
         raise LabError(
             f"{s.name}: lab.run runs single-node train scenarios (multi-node: lab.multinode)"
@@ -165,7 +167,7 @@ def run_one(s: Scenario, launcher: str, out_root: Path, nice: int) -> RunResult:
         argv = [sys.executable, str(TRAIN), "--mode", "plain" if launcher == "run" else "sdk"]
         argv += ["--data", str(data), "--ckpt", str(ck_tier.mnt / "ckpt")]
         argv += ["--ckpt-every", str(w.checkpoint.every_steps)]
-        argv += ["--device-seconds", str(w.device_seconds_per_step)]
+        argv += ["--device-seconds", str(w.device_seconds_per_step), "--device", device]
         argv += ["--batch-size", str(w.batch_size), "--workers", str(w.num_workers)]
         argv += ["--preprocess-ms", str(w.preprocess_ms)]
         argv += ["--seconds", f"{w.end_s or s.duration_s + TAIL_SECONDS:g}"]
@@ -303,6 +305,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launcher", choices=("run", "sdk", "both", "scenario"), default="both")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
     ap.add_argument("--nice", type=int, default=-5, help="niceness of agent and workload")
+    ap.add_argument(
+        "--device",
+        choices=("stand-in", "cuda"),
+        default="stand-in",
+        help=(
+            "stand-in: the workload sleeps its device seconds per step (no GPU needed); "
+            "cuda: real kernels on the GPU, the agent reading it through NVML"
+        ),
+    )
     args = ap.parse_args(argv)
     problem = host_problem()
     if problem:
@@ -329,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             for launcher in launchers:
                 print(f"lab: {s.name} ({launcher}), {s.duration_s:g} s", flush=True)
                 try:
-                    results.append(run_one(s, launcher, args.out, args.nice))
+                    results.append(run_one(s, launcher, args.out, args.nice, args.device))
                 except (LabError, RuntimeError, OSError, ValueError) as exc:
                     print(f"lab: {s.name} ({launcher}) could not run: {exc}", file=sys.stderr)
                     failed += 1

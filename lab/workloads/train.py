@@ -4,7 +4,10 @@ Input workers (DataLoader num_workers) read one file per sample with O_DIRECT (s
 page cache cannot hide a slow tier) and do some CPU work on it (the decode/augment
 stand-in); the loop trains a small MLP and then waits `--device-seconds` per step: without
 a GPU that wait stands in for the device (the host waiting on the device's kernels), so the
-input pipeline, storage and CPUs are real and the device is the only stand-in. Checkpoints
+input pipeline, storage and CPUs are real and the device is the only stand-in. With
+`--device cuda` (a GPU host) the model and batches live on the GPU and the same seconds per
+step are real kernels (bf16 matrix products, calibrated at start, then synchronised), so NVML
+sees the GPU busy while it steps and idle while it waits. Checkpoints
 are torch.save to a file on a tier. Before the first step it may read `--weights` (the
 start-up load of a model) with O_DIRECT.
 
@@ -94,6 +97,35 @@ class DirectFiles(Dataset[tuple[torch.Tensor, int]]):
         return x, i % 4
 
 
+class DeviceWork:
+    """The per-step device time: a sleep (the stand-in) or, on a GPU, real kernels that keep
+    it busy for about as long; either way the host waits for the device before going on."""
+
+    def __init__(self, device: str, seconds: float) -> None:
+        self.seconds = seconds
+        self.cuda = device == "cuda"
+        self.kernels = 0
+        if self.cuda and seconds > 0:
+            self.a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+            for _ in range(3):  # warm-up: the first products load cuBLAS
+                self.a @ self.a
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(50):
+                self.a @ self.a
+            torch.cuda.synchronize()
+            per = (time.perf_counter() - t0) / 50
+            self.kernels = max(1, round(seconds / per))
+
+    def run(self) -> None:
+        if not self.cuda:
+            time.sleep(self.seconds)  # the device stand-in: the host waits on it
+            return
+        for _ in range(self.kernels):
+            self.a @ self.a
+        torch.cuda.synchronize()  # the host waits on the device, as a real step does
+
+
 def one_thread(_worker: int) -> None:
     torch.set_num_threads(1)
 
@@ -132,6 +164,12 @@ def main() -> int:
     ap.add_argument("--ckpt-every", type=int, default=0)
     ap.add_argument("--ckpt-mib", type=int, default=24)
     ap.add_argument("--device-seconds", type=float, default=0.05)
+    ap.add_argument(
+        "--device",
+        choices=("stand-in", "cuda"),
+        default="stand-in",
+        help="stand-in: sleep --device-seconds per step (no GPU); cuda: real kernels as long",
+    )
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--preprocess-ms", type=float, default=2.0)
@@ -167,7 +205,9 @@ def main() -> int:
         persistent_workers=args.workers > 0,
         prefetch_factor=2 if args.workers > 0 else None,
     )
-    model = nn.Sequential(nn.Linear(FEATURES, 128), nn.ReLU(), nn.Linear(128, 4))
+    dev = torch.device("cuda" if args.device == "cuda" else "cpu")
+    model = nn.Sequential(nn.Linear(FEATURES, 128), nn.ReLU(), nn.Linear(128, 4)).to(dev)
+    device_work = DeviceWork(args.device, args.device_seconds)
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     loss_fn = nn.CrossEntropyLoss()
     control = Control(args.control, args.ckpt_every, args.ckpt)
@@ -182,10 +222,11 @@ def main() -> int:
         batches = job.track(loader) if job is not None else loader
         for x, y in batches:
             t1 = clock()
+            x, y = x.to(dev), y.to(dev)
             opt.zero_grad()
             loss_fn(model(x), y).backward()
             opt.step()
-            time.sleep(args.device_seconds)  # the device stand-in: the host waits on it
+            device_work.run()
             steps += 1
             if steps == 1:
                 until = time.time() + args.seconds
