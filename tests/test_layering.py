@@ -30,6 +30,7 @@ FORBIDDEN = [
     ("storage", "collectors"),
     ("gpu", "simulate"),
     ("jobs", "collectors"),
+    ("netlink", "collectors"),
     # The correlator's reasoning is fed and read by the layers around it, never the reverse:
     # the same engine serves the live, trace and PromQL feeds.
     ("correlator/engine", "correlator/feeds"),

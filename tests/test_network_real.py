@@ -30,7 +30,8 @@ from procports import stop
 COLLECTOR_LOOP = """
 import json, sys
 from gpufeed.collectors.network import NetworkCollector
-c = NetworkCollector(include_virtual=True)
+from gpufeed.netlink.qdisc import read_shaped_rates
+c = NetworkCollector(include_virtual=True, shaped_rates=read_shaped_rates)
 for _ in sys.stdin:
     out = [[s.name, dict(s.labels), s.value] for f in c.collect() for s in f.samples]
     print(json.dumps(out), flush=True)
@@ -123,6 +124,8 @@ class Collector:
 CHANGES = ("gpufeed_network_link_errors_total", "carrier_changes")
 UP = ("gpufeed_network_link_up", "")
 TX = ("gpufeed_network_transmit_bytes_total", "")
+SPEED = ("gpufeed_network_speed_bytes_per_second", "")
+SHAPED = ("gpufeed_network_shaped_rate_bytes_per_second", "")
 
 
 def test_flapping_peer_moves_carrier_changes_and_link_state(link: Link) -> None:
@@ -131,6 +134,7 @@ def test_flapping_peer_moves_carrier_changes_and_link_state(link: Link) -> None:
         _, before = col.collect(link.dev_a)
         assert before[UP] == 1.0
         assert before[("gpufeed_network_link_errors_total", "rx_errors")] == 0
+        assert SHAPED not in before  # no qdisc shapes it: absent, not "unlimited"
         flaps = 3
         for _ in range(flaps):
             ip("-n", link.ns_b, "link", "set", link.dev_b, "down")
@@ -183,6 +187,11 @@ def test_rate_limited_link_carries_what_tbf_lets_through(link: Link) -> None:
         )
         assert 0.75 * RATE_BITS < rate_bits < 1.1 * RATE_BITS, rate_bits
         assert second[UP] == 1.0
+        # the veth says 10 Gbit/s; its root tbf (read over rtnetlink) says what it carries,
+        # so the link reads as saturated against the smaller of the two
+        assert second[SPEED] == 10e9 / 8
+        assert second[SHAPED] == RATE_BITS / 8
+        assert rate_bits / 8 / min(second[SPEED], second[SHAPED]) > 0.75
     finally:
         if send is not None:
             stop(send)

@@ -341,6 +341,14 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "bytes_per_second",
     ),
     _port(
+        "gpufeed_network_shaped_rate_bytes_per_second",
+        "gauge",
+        "Rate the interface's root queueing discipline shapes what it sends to, in bytes per "
+        "second: a tbf's rate, or the sum of an htb root's top-level class ceilings; only "
+        "while one is set.",
+        "bytes_per_second",
+    ),
+    _port(
         "gpufeed_network_transmit_wait_seconds_total",
         "counter",
         "Estimated time an InfiniBand port had data to send but could not (no credits): "

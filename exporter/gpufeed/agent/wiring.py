@@ -58,12 +58,18 @@ class CollectorSpec:
 
 def _network(w: Wiring) -> Collector:
     from gpufeed.collectors.network import NetworkCollector
+    from gpufeed.hostpaths import HostPaths
+    from gpufeed.netlink.qdisc import read_shaped_rates
 
     cfg = w.context.config.network
+    # Shaping is read over netlink from the agent's own namespace: only where the sysfs
+    # read is that namespace's too (not a fixture tree or another root's /sys).
+    own_sysfs = w.context.paths.sysfs == HostPaths().sysfs
     return NetworkCollector(
         w.context.paths,
         include_virtual=cfg.include_virtual,
         xmit_wait_tick_bytes=cfg.xmit_wait_tick_bytes,
+        shaped_rates=read_shaped_rates if own_sysfs else None,
     )
 
 

@@ -9,6 +9,11 @@ Two sources, because RDMA traffic never passes through the kernel's network stac
   port's link layer; data counters x4 (they count 4-byte words); speed from `rate` while the
   port is ACTIVE; transmit-wait on InfiniBand ports.
 
+A link may carry less than its speed: a root qdisc (tc tbf, htb) shapes what it sends. The
+shaped rate (gpufeed.netlink.qdisc, read over rtnetlink from the agent's own network
+namespace, matched to sysfs by ifindex) is exported beside the speed, so that a link running
+at its shaped rate reads as saturated (a veth says 10 Gbit/s whatever its tbf allows).
+
 Beside the bytes, what the correlator needs to say *why* the network holds a job back
 (docs/correlator.md, `network_reason`): whether each link is up, its fault counters (link
 downs, symbol and CRC errors, carrier changes, RoCE sequence errors) and its congestion
@@ -23,6 +28,7 @@ On RoCE the HCA port counts RDMA traffic only and the Ethernet netdev counts the
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 
 from gpufeed.catalogue import spec
 from gpufeed.collectors.base import collect_sources
@@ -30,6 +36,7 @@ from gpufeed.config import DEFAULT_XMIT_WAIT_TICK_BYTES
 from gpufeed.hostpaths import HostPaths
 from gpufeed.logonce import LogOnce
 from gpufeed.model import Families, Family
+from gpufeed.netlink.qdisc import NetlinkError
 from gpufeed.procfs.netdev import parse_netdev
 from gpufeed.sysfs.infiniband import RdmaPort, read_rdma_ports
 from gpufeed.sysfs.netclass import ARPHRD_ETHER, ARPHRD_INFINIBAND, read_net_interface
@@ -39,6 +46,7 @@ log = logging.getLogger(__name__)
 RECEIVE = "gpufeed_network_receive_bytes_total"
 TRANSMIT = "gpufeed_network_transmit_bytes_total"
 SPEED = "gpufeed_network_speed_bytes_per_second"
+SHAPED = "gpufeed_network_shaped_rate_bytes_per_second"
 TRANSMIT_WAIT = "gpufeed_network_transmit_wait_seconds_total"
 LINK_UP = "gpufeed_network_link_up"
 LINK_ERRORS = "gpufeed_network_link_errors_total"
@@ -46,7 +54,16 @@ CONGESTION = "gpufeed_network_congestion_packets_total"
 
 FAMILIES = tuple(
     spec(name)
-    for name in (RECEIVE, TRANSMIT, SPEED, TRANSMIT_WAIT, LINK_UP, LINK_ERRORS, CONGESTION)
+    for name in (
+        RECEIVE,
+        TRANSMIT,
+        SPEED,
+        SHAPED,
+        TRANSMIT_WAIT,
+        LINK_UP,
+        LINK_ERRORS,
+        CONGESTION,
+    )
 )  # HELP: the catalogue
 
 FABRIC_BY_ARPHRD = {ARPHRD_ETHER: "ethernet", ARPHRD_INFINIBAND: "infiniband"}
@@ -107,8 +124,13 @@ class NetworkCollector:
         *,
         include_virtual: bool = False,
         xmit_wait_tick_bytes: float = DEFAULT_XMIT_WAIT_TICK_BYTES,
+        shaped_rates: Callable[[], Mapping[int, float]] | None = None,
     ) -> None:
+        """`shaped_rates`: ifindex -> shaped bytes per second of this namespace's interfaces
+        (gpufeed.netlink.qdisc.read_shaped_rates); None: not read (a sysfs tree that is not
+        the agent's own namespace, whose ifindex numbers netlink would not share)."""
         self._paths = paths or HostPaths()
+        self._shaped_rates = shaped_rates
         self._include_virtual = include_virtual
         self._wait = XmitWaitClock(xmit_wait_tick_bytes)
         self._warn = LogOnce(log)
@@ -124,6 +146,12 @@ class NetworkCollector:
         path = self._paths.proc("net", "dev")
         netdev = parse_netdev(path.read_text(errors="replace"))
         problems.extend(f"{path}: {msg}" for msg in netdev.bad_lines)
+        shaped: Mapping[int, float] = {}
+        if self._shaped_rates is not None:
+            try:
+                shaped = self._shaped_rates()
+            except (OSError, NetlinkError) as exc:
+                problems.append(f"queueing disciplines (rtnetlink): {exc}")
         for counters in netdev.interfaces:
             iface = read_net_interface(self._paths, counters.interface)
             if iface is None or iface.arphrd_type is None:
@@ -135,6 +163,8 @@ class NetworkCollector:
             fams.put(spec(RECEIVE), labels, counters.receive_bytes)
             fams.put(spec(TRANSMIT), labels, counters.transmit_bytes)
             fams.put(spec(SPEED), labels, iface.speed_bytes_per_second)
+            if iface.ifindex is not None:
+                fams.put(spec(SHAPED), labels, shaped.get(iface.ifindex))
             _put_link(fams, labels, iface.link_up, iface.errors, ())
 
     def _collect_rdma(self, fams: Families, problems: list[str]) -> None:

@@ -511,7 +511,8 @@ class Engine:
         nfs_write = sum(c.tier_write[t] for t in nfs)
         for pi, port in enumerate(s.ports):
             base = lay.pc(pi, 0)
-            speed = port.speed_bytes_per_second
+            # what the port carries: its speed, or a shaper's rate below it
+            speed = min(port.speed_bytes_per_second, port.shaped_rate_bytes_per_second or math.inf)
             frac = min(0.99, c.port_fraction[pi])
             rx = frac * speed * (1 + noise.gauss(0, 0.01))
             tx = frac * speed * (1 + noise.gauss(0, 0.01))

@@ -100,6 +100,8 @@ class PortSpec:
     port: str | None
     speed_bytes_per_second: float
     counts_transmit_wait: bool
+    # a root qdisc's rate on an Ethernet port (tc tbf/htb); None: not shaped
+    shaped_rate_bytes_per_second: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +179,10 @@ def default_tiers() -> tuple[TierSpec, ...]:
 
 
 def default_ports() -> tuple[PortSpec, ...]:
-    """One 100 GbE port for control and NFS; four 400 Gb/s InfiniBand rails, one per GPU pair."""
-    ports = [PortSpec("eth0", "ethernet", None, 12.5e9, False)]
+    """One 100 GbE port for control and NFS; four 400 Gb/s InfiniBand rails, one per GPU pair.
+    eth0 carries a host egress policy (an htb root) at its line rate: the shaped-rate family
+    is there, and it limits nothing the link would not."""
+    ports = [PortSpec("eth0", "ethernet", None, 12.5e9, False, 12.5e9)]
     ports += [PortSpec(f"mlx5_{i}", "infiniband", "1", 50e9, True) for i in range(4)]
     return tuple(ports)
 
@@ -324,7 +328,16 @@ class _ScenarioReader(_Reader):
             m = self.mapping(item, key)
             p = key + "."
             self.no_unknown(
-                m, {"device", "fabric", "port", "speed_bytes_per_second", "transmit_wait"}, p
+                m,
+                {
+                    "device",
+                    "fabric",
+                    "port",
+                    "speed_bytes_per_second",
+                    "transmit_wait",
+                    "shaped_rate_bytes_per_second",
+                },
+                p,
             )
             if "device" not in m:
                 raise self.fail(item, key, "missing key: device")
@@ -341,6 +354,10 @@ class _ScenarioReader(_Reader):
                     port=port or None,
                     speed_bytes_per_second=self.number(m, "speed_bytes_per_second", 12.5e9, minimum=1e6, maximum=1e13, prefix=p),
                     counts_transmit_wait=self.boolean(m, "transmit_wait", fabric != "ethernet", prefix=p),
+                    shaped_rate_bytes_per_second=(
+                        self.number(m, "shaped_rate_bytes_per_second", 0.0, minimum=1e3, maximum=1e13, prefix=p)
+                        if "shaped_rate_bytes_per_second" in m else None
+                    ),
                 )
             )  # fmt: skip
         return tuple(out)

@@ -175,6 +175,9 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
             0,
             port.speed_bytes_per_second,
         )
+        if port.shaped_rate_bytes_per_second is not None:
+            add("gpufeed_network_shaped_rate_bytes_per_second", "gauge", lab, CONST, 0,
+                port.shaped_rate_bytes_per_second)  # fmt: skip
         if port.counts_transmit_wait:
             add("gpufeed_network_transmit_wait_seconds_total", "counter", lab, COUNTER,
                 lay.pc(p, L.P_WAIT))  # fmt: skip

@@ -6,6 +6,7 @@
   printed it unsigned showed 65535 or 4294967295. Every one of those means "unknown".
 - `device` is a symlink to the bus device (PCI, virtio, ...). Virtual interfaces (veth, bridges,
   bonds, VLANs, tun/tap, ifb, docker0) have none.
+- `ifindex` is the number netlink names the interface by (its queueing disciplines).
 - `carrier` is 1 or 0; reading it fails with EINVAL while the interface is administratively
   down, and then `operstate` (`up`, `down`, `lowerlayerdown`, `dormant`, `unknown`, ...) says
   whether the link is down.
@@ -50,6 +51,7 @@ class NetInterface:
     link_up: bool | None = None  # None: neither carrier nor operstate says
     # (counter name without the statistics/ prefix, value); absent counters are left out
     errors: tuple[tuple[str, int], ...] = ()
+    ifindex: int | None = None  # what netlink names the interface by (tc's qdiscs)
 
 
 def parse_net_type(text: str) -> int:
@@ -115,7 +117,14 @@ def read_net_interface(paths: HostPaths, name: str) -> NetInterface | None:
     except (OSError, ValueError):
         # EINVAL on a link that is down, ENOENT on odd drivers: the speed is unknown.
         speed = None
-    return NetInterface(name, arphrd, has_device, speed, _link_up(base), _errors(base))
+    ifindex: int | None
+    try:
+        ifindex = parse_net_counter(base.joinpath("ifindex").read_text(errors="replace"))
+    except (OSError, ValueError):
+        ifindex = None
+    return NetInterface(
+        name, arphrd, has_device, speed, _link_up(base), _errors(base), ifindex or None
+    )
 
 
 def _link_up(base: Path) -> bool | None:

@@ -30,6 +30,7 @@ NETWORK_FIELDS = {
     "gpufeed_network_receive_bytes_total": "rx",
     "gpufeed_network_transmit_bytes_total": "tx",
     "gpufeed_network_speed_bytes_per_second": "speed",
+    "gpufeed_network_shaped_rate_bytes_per_second": "shaped",
     "gpufeed_network_transmit_wait_seconds_total": "tx_wait",
     "gpufeed_network_link_up": "up",
 }

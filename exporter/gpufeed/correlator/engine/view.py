@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gpufeed.correlator.engine.node import CONGESTION_PREFIX, ERROR_PREFIX, NodeSeries
@@ -153,10 +153,17 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
             rb, wb, ops, lat, wlat, None if busy is None else min(busy, 1.0), qd
         )
     for (dev, port), f in node.network.items():
-        rx, tx = rate(f.get("rx")), rate(f.get("tx"))
+        speed, since = _link_capacity(f, t, tm)
+        w = tm.rate_window_seconds
+        if since is not None:
+            # a shaped link: its bytes since the shaping took its present rate, not over a
+            # window that reaches back to when the link carried ten times more
+            w = min(w, max(t - since, 2.0 * tm.interval_seconds))
+        rx, tx = (
+            None if (s := f.get(k)) is None else s.rate_at(t, w, tm.stale_seconds, tm.gap_seconds)
+            for k in ("rx", "tx")
+        )
         bps = None if rx is None and tx is None else max(rx or 0.0, tx or 0.0)
-        sp = f.get("speed")
-        speed = sp.value_at(t, tm.stale_seconds) if sp is not None else None
         util = bps / speed if bps is not None and speed else None
         name = f"{dev}/{port}" if port else dev
         nv = view.nets[name] = NetView(bps, util, rate(f.get("tx_wait")))
@@ -234,3 +241,30 @@ def _link_view(
                 nv.errors_per_second = _add(nv.errors_per_second, rate(s))
         elif key.startswith(CONGESTION_PREFIX):
             nv.congestion_packets_per_second = _add(nv.congestion_packets_per_second, rate(s))
+
+
+def _link_capacity(
+    f: Mapping[str, Series], t: float, tm: Timing
+) -> tuple[float | None, float | None]:
+    """What the link can carry at `t` and, where a root qdisc shapes it below its speed (a
+    veth says 10 Gbit/s whatever its tbf lets through), since when at that rate (None: not
+    shaped). A shaped rate counts only while it is as fresh as the link's own series: a
+    qdisc removed stops its series while the link's go on."""
+    sp, sh = f.get("speed"), f.get("shaped")
+    speed = sp.value_at(t, tm.stale_seconds) if sp is not None else None
+    shaped = sh.value_at(t, tm.stale_seconds) if sh is not None else None
+    if sh is None or not shaped or (speed and shaped >= speed):
+        return speed or None, None
+    i = sh.index_at(t)
+    if sp is not None and speed and sp.ts[sp.index_at(t)] > sh.ts[i]:
+        return speed, None
+    # back to the first sample of this rate (only as far as a rate window reaches)
+    k = i
+    while (
+        k > 0
+        and sh.vs[k - 1] == sh.vs[i]
+        and sh.ts[k] - sh.ts[k - 1] <= tm.stale_seconds
+        and sh.ts[k - 1] >= t - tm.rate_window_seconds
+    ):
+        k -= 1
+    return shaped, sh.ts[k]
