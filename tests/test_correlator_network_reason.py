@@ -49,6 +49,8 @@ def test_flap_counters_are_counters_the_collector_exports() -> None:
     ("evidence", "reason"),
     [
         ({F.NETWORK_UTILIZATION_RATIO: 0.96}, R.SATURATED),
+        # a shaped link at 85% of its rate while the ranks here wait in collectives
+        ({F.NETWORK_BUSY_IN_COLLECTIVES_RATIO: 0.85}, R.SATURATED),
         ({F.NVLINK_PEAK_RATIO: 0.99}, R.SATURATED),
         ({F.NETWORK_TRANSMIT_WAIT_X_BASELINE: 12.0}, R.CONGESTION),
         ({F.NETWORK_CONGESTION_PACKETS_X_BASELINE: 40.0}, R.CONGESTION),

@@ -32,6 +32,9 @@ CONGESTION_FLOOR_PACKETS = 100.0  # per second: a quieter healthy baseline count
 CONGESTION_MIN_PACKETS = 500.0  # per second: fewer congestion packets than this are noise
 WRITE_FLOOR_BYTES = 2e7
 COLLECTIVE_WAIT_RISE = 0.15  # collective wait counts this far above its healthy median
+# ranks waiting in collectives at least this share of the time (the straggler rule's weak
+# point) while the link is busy: they wait for their own link
+COLLECTIVE_WAIT_FOR_LINK = 0.25
 
 
 @dataclass(slots=True)
@@ -126,6 +129,9 @@ def job_features(b: Baselines, view: NodeView, job_id: str, ev: Evidence) -> Non
         )
         if cw is not None:
             ev.features[F.COLLECTIVE_WAIT_RATIO] = cw
+            util = ev.features.get(F.NETWORK_UTILIZATION_RATIO)
+            if util is not None and cw >= COLLECTIVE_WAIT_FOR_LINK:
+                ev.features[F.NETWORK_BUSY_IN_COLLECTIVES_RATIO] = util
         if jv.cpu_throttled_ratio is not None:
             ev.features[F.JOB_CPU_THROTTLED_RATIO] = jv.cpu_throttled_ratio
 

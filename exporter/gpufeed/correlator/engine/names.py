@@ -59,6 +59,9 @@ class Feature:
     NETWORK_CONGESTION_PACKETS_X_BASELINE: Final = "network_congestion_packets_x_baseline"
     NVLINK_PEAK_RATIO: Final = "nvlink_peak_ratio"
     SDK_COMMUNICATION_SHARE: Final = "sdk_communication_share"
+    # the busiest link's utilization while the job's ranks here wait in collectives: they
+    # wait for their own link's transfers (a peer's lateness leaves the link idle)
+    NETWORK_BUSY_IN_COLLECTIVES_RATIO: Final = "network_busy_in_collectives_ratio"
     # straggler: the job's ranks here wait in collectives (seconds per second per rank,
     # counted 0.15 above its healthy median); the GPU reads busy but its SM activity is
     # far below its own healthy level (a collective kernel spinning for a peer)

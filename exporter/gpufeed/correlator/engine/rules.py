@@ -92,6 +92,10 @@ RULES: tuple[Rule, ...] = (
     Rule(C.PREPROCESSING, F.SDK_DATA_WAIT_SHARE, 0.2, 0.5, 0.6, primary=False),
     # the fabric saturated (near link speed) or congested (transmit-wait up, throughput down)
     Rule(C.NETWORK, F.NETWORK_UTILIZATION_RATIO, 0.8, 0.93, 0.85),
+    # ... which is clear sooner while the ranks here wait in collectives: a link at 85% of
+    # what it carries (a token bucket's rate, TCP's gaps between bursts) is the bottleneck
+    # they wait on (measured: 80-90% under an 8 Mbit/s tbf in the fault lab)
+    Rule(C.NETWORK, F.NETWORK_BUSY_IN_COLLECTIVES_RATIO, 0.7, 0.85, 0.95),
     Rule(C.NETWORK, F.NETWORK_TRANSMIT_WAIT_X_BASELINE, 3.0, 8.0, 0.85),
     Rule(C.NETWORK, F.NETWORK_THROUGHPUT_DROP_RATIO, 0.25, 0.6, 0.4, primary=False),
     Rule(C.NETWORK, F.NVLINK_PEAK_RATIO, 0.9, 0.98, 0.6),

@@ -92,6 +92,9 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
         F.SDK_CHECKPOINT_SHARE: f"job in checkpoint {_pct(v)} of the time",
         F.JOB_GPUS_STALLED_RATIO: f"{_pct(v)} of the job's GPUs stalled together",
         F.NETWORK_UTILIZATION_RATIO: f"{dev} at {_pct(v)} of link speed",
+        F.NETWORK_BUSY_IN_COLLECTIVES_RATIO: (
+            f"{dev} at {_pct(v)} of what it can carry while the ranks wait in collectives"
+        ),
         F.NETWORK_TRANSMIT_WAIT_X_BASELINE: f"{dev} transmit-wait {_x(v)} normal",
         F.NETWORK_THROUGHPUT_DROP_RATIO: f"throughput down {_pct(v)}",
         F.NVLINK_PEAK_RATIO: f"NVLink at {_pct(v)} of its peak",

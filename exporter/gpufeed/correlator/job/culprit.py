@@ -179,7 +179,7 @@ def find_culprit(
         if not gpu:
             gpu = _busiest_gpu(job_id, {inst: n}, start, end, threshold_ratio)[1]
     uuid = uuid or (n.gpus[gpu].uuid if gpu in n.gpus else "")
-    rank = rank or _rank_of(n, job_id, uuid)
+    rank = rank or _rank_of(n, job_id, uuid) or _only_rank(n, job_id, start)
     cause = _cause_on(own.get(inst))
     tier = next(
         (str(v) for w in windows if w.instance == inst and w.cause is Cause.DATA_LOADING
@@ -329,6 +329,16 @@ def _rank_of(node: NodeSeries, job_id: str, uuid: str) -> str:
     if j is None or not uuid:
         return ""
     return next((r for r, u in j.rank_uuid.items() if u == uuid), "")
+
+
+def _only_rank(node: NodeSeries, job_id: str, start: float) -> str:
+    """The job's one rank on this node, where it has exactly one that reported shortly
+    before the stall (a CPU-only rank has no GPU to find it by)."""
+    j = node.jobs.get(job_id)
+    if j is None:
+        return ""
+    ranks = [r for r, s in j.rank_info.items() if s.value_at(start, ACTIVE_LOOKBACK_SECONDS)]
+    return ranks[0] if len(ranks) == 1 else ""
 
 
 def _is_culprit_gpu(w: Window, c: Culprit) -> bool:
