@@ -24,7 +24,13 @@ if TYPE_CHECKING:
 
 # Grafana's colour names (dashboards/presets.CAUSE_COLOURS, one colour per cause
 # everywhere) in matplotlib's words.
-_MPL = {"text": "grey", "dark-red": "darkred", "light-blue": "lightblue", "yellow": "gold"}
+_MPL = {
+    "text": "grey",
+    "dark-red": "darkred",
+    "dark-orange": "darkorange",
+    "light-blue": "lightblue",
+    "yellow": "gold",
+}
 BIN_SECONDS = 5.0
 
 

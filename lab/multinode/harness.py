@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from lab.host import JobCgroup, LoopTier
-from lab.multinode import procs
+from lab.multinode import live, procs
 from lab.multinode.fabric import Fabric, NodeLink
 from lab.multinode.report import read_steps
 from lab.multinode.scenario import Fault, Plan
@@ -79,6 +79,7 @@ class Run:
     fabric: Fabric | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     t0: float = 0.0
+    live_fleet: bool = False  # also Prometheus + `gpufeed fleet` on every agent (live.py)
 
     def log(self, what: str, **more: Any) -> None:
         entry = {
@@ -96,8 +97,9 @@ def run_prefix() -> str:
     return f"gfl{os.getpid()}{secrets.choice('abcdefghijklmnopqrstuvwxyz')}"
 
 
-def run_scenario(plan: Plan, results: Path) -> dict[str, Any]:
-    """Runs `plan`; returns (and writes as run.json) what happened and what the agents said."""
+def run_scenario(plan: Plan, results: Path, live_fleet: bool = False) -> dict[str, Any]:
+    """Runs `plan`; returns (and writes as run.json) what happened and what the agents said
+    (with `live_fleet`, also what the fleet service said as it went: lab/multinode/live.py)."""
     out = results / plan.name
     if out.exists():
         shutil.rmtree(out)
@@ -108,6 +110,7 @@ def run_scenario(plan: Plan, results: Path) -> dict[str, Any]:
         undo.callback(shutil.rmtree, work, True)
         # letters and digits only: what a Slurm job directory (job_<id>) may hold
         run = Run(plan, out, prefix, f"lab{os.getpid()}x{secrets.token_hex(3)}", undo)
+        run.live_fleet = live_fleet
         summary: dict[str, Any] = {
             "scenario": plan.name,
             "prefix": prefix,
@@ -156,6 +159,11 @@ def _setup(run: Run, work: Path) -> None:
         node = Node(i, link, nwork, nout, tiers, cg)
         run.nodes.append(node)
         _start_agent(run, node)
+    if run.live_fleet:
+        targets = [(f"{n.link.address}:{n.port}", n.instance) for n in run.nodes]
+        correlator = dict(run.plan.agent_correlator)
+        live.start(run.fabric.bridge_ns, run.out / "fleet", targets, correlator, run.undo.callback)
+        run.log("fleet service ready")
     run.log("nodes ready", instances=[n.instance for n in run.nodes])
 
 
@@ -193,7 +201,7 @@ def _start_agent(run: Run, node: Node) -> None:
         "--config",
         str(cfg),
         "--web.listen-address",
-        "127.0.0.1:0",
+        "0.0.0.0:0",  # the namespace's own addresses: its loopback and the node's link
         "--record",
         str(node.out / "trace.om"),
         "--gpu.backend",

@@ -1,8 +1,8 @@
 """The multi-node part of the lab report: per scenario, what the fault did to the job (each
 rank's own step times before / during / after the fault), what each node's agent said (its
 windows, in seconds after the job's first step), and the lab's score (`lab.score`) of the
-culprit node's expected cause. Victims are not scored here: until the cross-node reading
-exists (issue 13) no agent can call them `straggler`."""
+culprit node's expected cause as its own agent said it; the job-level reading (victims
+`straggler`, naming the culprit) is scored by lab/multinode/culprit.py."""
 
 from __future__ import annotations
 
@@ -132,7 +132,11 @@ def scenario_section(results: Path, run: dict[str, Any], scored: dict[str, Any] 
     return "\n".join(lines) + "\n"
 
 
-def markdown(results: Path, runs: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> str:
+def markdown(
+    results: Path,
+    runs: list[tuple[dict[str, Any], dict[str, Any] | None]],
+    culprits: dict[str, dict[str, Any]] | None = None,
+) -> str:
     head = [
         "## Multi-node on one host",
         "",
@@ -141,4 +145,20 @@ def markdown(results: Path, runs: list[tuple[dict[str, Any], dict[str, Any] | No
         "ranks' own; windows are what each node's agent said (its /api/windows).",
         "",
     ]
-    return "\n".join(head) + "\n".join(scenario_section(results, r, s) for r, s in runs)
+    from lab.multinode import culprit
+
+    culprits = culprits or {}
+    sections = []
+    for r, s in runs:
+        text = scenario_section(results, r, s)
+        if r["scenario"] in culprits:
+            text += "\n".join(culprit.markdown(culprits[r["scenario"]])) + "\n"
+        sections.append(text)
+    if culprits:
+        t = culprit.totals(list(culprits.values()))
+        head += [
+            f"Culprit over {t['faults']} scored faults: top-1 precision {t['top1_precision']}, "
+            f"recall {t['top1_recall']}, culprit's cause right {t['cause_right']}.",
+            "",
+        ]
+    return "\n".join(head) + "\n".join(sections)

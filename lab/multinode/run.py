@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from lab.multinode import report
+from lab.multinode import culprit, report
 from lab.multinode.harness import run_scenario
 from lab.multinode.host import host_problem
 from lab.multinode.scenario import load, plan
@@ -40,6 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("scenarios", nargs="*", type=Path)
     ap.add_argument("--suite", default="lab", help="without files: this suite's scenarios")
     ap.add_argument("--results", type=Path, default=Path("lab-results/multinode"))
+    ap.add_argument(
+        "--live-fleet",
+        action="store_true",
+        help="also scrape every agent into a real Prometheus and run `gpufeed fleet` on it; "
+        "time when the fleet first names the culprit (lab/multinode/live.py)",
+    )
     args = ap.parse_args(argv)
     try:
         scenarios = (
@@ -58,10 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(s, _raise)
     failed = 0
     runs: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+    culprits: dict[str, dict[str, Any]] = {}
     for sc in scenarios:
         try:
-            done = run_scenario(sc, args.results)
+            done = run_scenario(sc, args.results, args.live_fleet)
             runs.append((done, report.score_run(sc, args.results, done)))
+            culprits[sc.name] = culprit.evaluate(sc, args.results, done)
         except Interrupted as exc:
             print(f"lab: {sc.name}: interrupted ({exc}); cleaned up", file=sys.stderr)
             return 130
@@ -70,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
             failed += 1
             with contextlib.suppress(OSError, ValueError):
                 runs.append((json.loads((args.results / sc.name / "run.json").read_text()), None))
-    (args.results / "report.md").write_text(report.markdown(args.results, runs))
+    (args.results / "report.md").write_text(report.markdown(args.results, runs, culprits))
+    (args.results / "culprit-totals.json").write_text(
+        json.dumps(culprit.totals(list(culprits.values())), indent=1) + "\n"
+    )
     print(f"lab: report in {args.results / 'report.md'}", file=sys.stderr)
     return 1 if failed else 0
 
