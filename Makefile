@@ -99,7 +99,7 @@ soak: install
 # form runs inside `make test` (tests/test_lab_short.py).
 lab: install promtool dlio-venv
 	@status=0; $(PY) -m lab.run --suite lab --out lab-results $(ARGS) || status=$$?; \
-	  $(PY) -m lab.multinode.run --suite lab --results lab-results/multinode || status=$$?; \
+	  $(PY) -m lab.multinode.run --suite lab --live-fleet --results lab-results/multinode || status=$$?; \
 	  $(PY) -m lab.dlio_check --out lab-results --venv $(DLIO_VENV) || status=$$?; \
 	  exit $$status
 
@@ -126,8 +126,8 @@ $(DLIO_VENV)/.installed: lab/dlio-requirements.txt
 	$(DLIO_VENV)/bin/python -m pip install -q --no-deps dlio_benchmark==2.0.0
 	touch $@
 
-lab-multinode: install
-	$(PY) -m lab.multinode.run --suite lab --results lab-results/multinode $(ARGS)
+lab-multinode: install promtool
+	$(PY) -m lab.multinode.run --suite lab --live-fleet --results lab-results/multinode $(ARGS)
 
 # Regenerate the committed dashboards/json/*.json, alerts/gpufeed.rules.yml and
 # deploy/kubernetes/prometheusrule.yaml from code (tests fail when they drift).
