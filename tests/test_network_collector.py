@@ -170,6 +170,7 @@ def test_fixture_tree_gives_exactly_the_expected_series() -> None:
         (RX, "counter"),
         (TX, "counter"),
         (SPEED, "gauge"),
+        ("gpufeed_network_shaped_rate_bytes_per_second", "gauge"),  # none shaped here
         (WAIT, "counter"),
         (UP, "gauge"),
         (ERR, "counter"),
