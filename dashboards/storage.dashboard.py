@@ -118,6 +118,64 @@ dashboard = build_dashboard(
             ],
         ),
         (
+            "Page cache",
+            [
+                timeseries(
+                    "Job page-cache hit ratio",
+                    [
+                        target(
+                            "1 - sum by (job_id) (rate(gpufeed_job_cache_fetched_read_bytes_total"
+                            f'{{instance=~"$instance"}}{RI})) / sum by (job_id) (rate('
+                            f'gpufeed_job_cache_requested_read_bytes_total{{instance=~"$instance"}}'
+                            f"{RI}))",
+                            "{{job_id}}",
+                        )
+                    ],
+                    RATIO,
+                    max_value=1,
+                    description="Share of the bytes a job's reads returned that storage did not "
+                    "have to fetch (/proc/PID/io: 1 - read_bytes / rchar). Pipe and socket "
+                    "reads count as hits, readahead never read as misses (docs/storage.md).",
+                ),
+                timeseries(
+                    "NFS client cache hit ratio",
+                    [
+                        target(
+                            "1 - sum by (tier) (rate(gpufeed_storage_read_bytes_total"
+                            f"{{{NODES_TIER}}}{RI})) / sum by (tier) (rate("
+                            f"gpufeed_storage_nfs_requested_read_bytes_total{{{NODES_TIER}}}{RI}))",
+                            "{{tier}}",
+                        )
+                    ],
+                    RATIO,
+                    max_value=1,
+                    description="NFS tiers: 1 - bytes read from the server / bytes applications "
+                    "read (mountstats).",
+                ),
+                timeseries(
+                    "Jobs' open files in the page cache",
+                    [
+                        target(
+                            "sum by (tier) (gpufeed_job_cache_resident_bytes"
+                            f"{{{NODES_TIER}}}) / sum by (tier) (gpufeed_job_cache_open_file_bytes"
+                            f"{{{NODES_TIER}}})",
+                            "{{tier}} resident",
+                        ),
+                        target(
+                            "sum by (tier) (gpufeed_job_cache_evicted_bytes"
+                            f"{{{NODES_TIER}}}) / sum by (tier) (gpufeed_job_cache_open_file_bytes"
+                            f"{{{NODES_TIER}}})",
+                            "{{tier}} evicted by reclaim",
+                        ),
+                    ],
+                    RATIO,
+                    max_value=1,
+                    description="Of the files jobs hold open on block-backed tiers (cachestat): "
+                    "resident, and evicted by memory reclaim (a dataset that outgrew memory).",
+                ),
+            ],
+        ),
+        (
             "Jobs loading each tier",
             [
                 timeseries(

@@ -117,6 +117,12 @@ def _job_io(w: Wiring) -> Collector:
     return JobIoCollector(w.context, sdk.pids_by_job, sdk.final_io_by_job)
 
 
+def _job_cache(w: Wiring) -> Collector:
+    from gpufeed.collectors.job_cache import JobCacheCollector
+
+    return JobCacheCollector(w.context, w.sdk().pids_by_job)
+
+
 def _job_cpu(w: Wiring) -> Collector:
     from gpufeed.collectors.job_cpu import JobCpuCollector
 
@@ -151,6 +157,11 @@ COLLECTORS: tuple[CollectorSpec, ...] = (
         "job_cpu",
         "per-job CPU time and CPU-quota throttling (cgroup cpu.stat)",
         _job_cpu,
+    ),
+    CollectorSpec(
+        "job_cache",
+        "per-job page-cache hits (/proc/PID/io) and open files' residency (cachestat)",
+        _job_cache,
     ),
 )
 

@@ -52,6 +52,9 @@ class TickData:
     gpu_samples: tuple[GpuSample, ...] = ()  # from "gpu": the processes on each GPU
     # from "storage": "MAJ:MIN" -> tier of the block devices behind the tiers
     devices_to_tier: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # from "storage": mount point -> tier of the block-backed tiers' mounts (local
+    # filesystems: opening a job's file there cannot hang on a server)
+    tier_mounts: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @runtime_checkable

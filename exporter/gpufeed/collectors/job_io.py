@@ -19,10 +19,9 @@ from gpufeed.collectors.base import CollectorContext, TickData
 from gpufeed.jobs.identity import read_proc_stat, read_text
 from gpufeed.jobs.io_accounting import (
     DeviceBytes,
+    accounting_sources,
     cgroup_pids,
     find_job_cgroups,
-    parse_blkio_service_bytes,
-    parse_io_stat,
     parse_proc_io,
 )
 from gpufeed.model import Families, Family
@@ -144,7 +143,7 @@ class JobIoCollector:
         tiers = data.devices_to_tier
         accounted: dict[str, dict[str, DeviceBytes]] = {}
         fallback: dict[str, list[int]] = {}
-        for root, filename, parse in self._sources():
+        for root, filename, parse in accounting_sources(self._cgroup_root):
             for job in find_job_cgroups(root):
                 if job.job_id in accounted:
                     continue
@@ -191,17 +190,3 @@ class JobIoCollector:
 
     def close(self) -> None:
         self._proc_sums = {}
-
-    def _sources(self) -> list[tuple[Path, str, Callable[[str], dict[str, DeviceBytes]]]]:
-        """(hierarchy root, accounting file, parser) for cgroup v2 and v1 blkio."""
-        root = self._cgroup_root
-        out: list[tuple[Path, str, Callable[[str], dict[str, DeviceBytes]]]] = []
-        if (root / "cgroup.controllers").exists():  # pure v2
-            return [(root, "io.stat", parse_io_stat)]
-        if (root / "unified" / "cgroup.controllers").exists():  # hybrid
-            out.append((root / "unified", "io.stat", parse_io_stat))
-        if (root / "blkio").is_dir():
-            out.append(
-                (root / "blkio", "blkio.throttle.io_service_bytes", parse_blkio_service_bytes)
-            )
-        return out

@@ -78,11 +78,17 @@ class StorageCollector:
         self._devices = DeviceResolver(ctx.paths)
         self._log = LogOnce(log)  # each condition once while it lasts; its end at INFO
         self._device_tiers: dict[str, str] = {}
+        self._tier_mounts: dict[str, str] = {}
         self._parents: dict[str, tuple[int, int] | None] = {}
 
     def produce(self, data: TickData) -> TickData:
-        """The tick's device-to-tier map, for the job layer's per-tier I/O."""
-        return replace(data, devices_to_tier=MappingProxyType(self.devices_to_tier()))
+        """The tick's device-to-tier and mount-to-tier maps, for the job layer's per-tier
+        I/O and page-cache residency."""
+        return replace(
+            data,
+            devices_to_tier=MappingProxyType(self.devices_to_tier()),
+            tier_mounts=MappingProxyType(dict(self._tier_mounts)),
+        )
 
     def devices_to_tier(self) -> dict[str, str]:
         """ "MAJ:MIN" -> tier for the block devices behind the last collect's tiers.
@@ -94,6 +100,7 @@ class StorageCollector:
         return dict(self._device_tiers)
 
     def _remember_device_tiers(self, targets: list[Target]) -> None:
+        self._tier_mounts = {t.mount.mountpoint: t.tier for t in targets if t.device is not None}
         mapping: dict[str, str] = {}
         parents: dict[str, set[str]] = {}
         for t in targets:
@@ -318,6 +325,13 @@ class StorageCollector:
         elif t.mount.fstype in NFS_FSTYPES:
             stats = nfs.get(t.mount.mountpoint)
             counters = _nfs_counters(stats)
+            fams.put(
+                family("nfs_requested_read_bytes_total"),
+                {"tier": t.tier, "mountpoint": labels["mountpoint"]},
+                (stats.bytes.normal_read_bytes + stats.bytes.direct_read_bytes)
+                if stats is not None and stats.bytes is not None
+                else None,
+            )
             for op in ("READ", "WRITE"):
                 o = stats.ops.get(op) if stats is not None else None
                 fams.put(

@@ -15,7 +15,7 @@ Three sources, best first:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,12 +68,18 @@ def parse_blkio_service_bytes(text: str) -> dict[str, DeviceBytes]:
     }
 
 
-def parse_proc_io(text: str) -> DeviceBytes | None:
-    """/proc/PID/io: the bytes this process caused to be read from / written to storage."""
+def proc_io_fields(text: str) -> dict[str, str]:
+    """/proc/PID/io as `key: value` pairs."""
     kv: dict[str, str] = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
         kv[key.strip()] = value.strip()
+    return kv
+
+
+def parse_proc_io(text: str) -> DeviceBytes | None:
+    """/proc/PID/io: the bytes this process caused to be read from / written to storage."""
+    kv = proc_io_fields(text)
     try:
         return DeviceBytes(int(kv["read_bytes"]), int(kv["write_bytes"]))
     except (KeyError, ValueError):
@@ -131,3 +137,20 @@ def cgroup_pids(directory: Path) -> list[int]:
             continue
         pids.extend(int(x) for x in text.split() if x.isdigit())
     return pids
+
+
+AccountingSource = tuple[Path, str, Callable[[str], dict[str, DeviceBytes]]]
+
+
+def accounting_sources(cgroup_root: Path) -> list[AccountingSource]:
+    """(hierarchy root, accounting file, parser) for cgroup v2 io.stat and v1 blkio, the
+    hierarchies in which jobs' cgroups are looked for."""
+    root = cgroup_root
+    if (root / "cgroup.controllers").exists():  # pure v2
+        return [(root, "io.stat", parse_io_stat)]
+    out: list[AccountingSource] = []
+    if (root / "unified" / "cgroup.controllers").exists():  # hybrid
+        out.append((root / "unified", "io.stat", parse_io_stat))
+    if (root / "blkio").is_dir():
+        out.append((root / "blkio", "blkio.throttle.io_service_bytes", parse_blkio_service_bytes))
+    return out

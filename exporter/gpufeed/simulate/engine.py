@@ -34,6 +34,7 @@ from gpufeed.simulate.scenario import (
 from gpufeed.vocabulary import Cause
 
 _MASK = (1 << 64) - 1
+_MISS = 1.0 - L.SIMULATED_CACHE_HIT_RATIO  # storage bytes per byte read
 _REASON_INDEX = {r: i for i, r in enumerate(CLOCK_EVENT_REASONS)}
 # The ground truth of a phase: its cause (phases are named after them); compute is healthy.
 CAUSE_OF_PHASE: dict[str, str | None] = {
@@ -216,6 +217,7 @@ class Engine:
             cum[lay.tc(t, L.T_READS)] = r_ops
             cum[lay.tc(t, L.T_WRITES)] = w_ops
             cum[lay.tc(t, L.T_READ_B)] = r_ops * tier.request_bytes
+            cum[lay.tc(t, L.T_REQUESTED_B)] = cum[lay.tc(t, L.T_READ_B)] / _MISS
             cum[lay.tc(t, L.T_WRITE_B)] = w_ops * tier.request_bytes
             cum[lay.tc(t, L.T_READ_T)] = r_ops * tier.read_latency_seconds * 1.3
             cum[lay.tc(t, L.T_WRITE_T)] = w_ops * tier.write_latency_seconds * 1.3
@@ -383,6 +385,8 @@ class Engine:
             rate = max(0.0, rate)
             c.tier_read[t] += rate
             c.incs[lay.jc(j, lay.j_tier_read + t)] += rate * dt
+            c.incs[lay.jc(j, lay.j_cache + L.J_CACHE_FETCHED)] += rate * dt
+            c.incs[lay.jc(j, lay.j_cache + L.J_CACHE_REQUESTED)] += rate * dt / _MISS
         for t, rate in a.writes:
             c.tier_write[t] += rate
             c.incs[lay.jc(j, lay.j_tier_write + t)] += rate * dt
@@ -487,6 +491,7 @@ class Engine:
             base = lay.tc(t, 0)
             incs = c.incs
             incs[base + L.T_READ_B] = read * dt
+            incs[base + L.T_REQUESTED_B] = read * dt / _MISS
             incs[base + L.T_WRITE_B] = write * dt
             incs[base + L.T_READS] = r_ops * dt
             incs[base + L.T_WRITES] = w_ops * dt

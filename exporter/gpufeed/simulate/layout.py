@@ -25,13 +25,19 @@ C_ENERGY, C_PCIE_TX, C_PCIE_RX, C_NVL_TX, C_NVL_RX, C_XID79, C_BUSY = range(7)
 GPU_COUNTERS = 7
 # per-tier counters (and one gauge: free bytes)
 T_READ_B, T_WRITE_B, T_READS, T_WRITES, T_READ_T, T_WRITE_T, T_IO_T, T_IO_W = range(8)
-TIER_COUNTERS = 8
+T_REQUESTED_B = 8  # bytes applications read, cached or not (exported for NFS tiers)
+TIER_COUNTERS = 9
+# The share of every read the simulated page cache (or NFS client cache) serves.
+SIMULATED_CACHE_HIT_RATIO = 0.5
 # per-port counters
 P_RX, P_TX, P_WAIT = range(3)
 PORT_COUNTERS = 3
 # a job's cgroup CPU counters: usage seconds, quota periods, throttled periods, throttled s
 J_CPU_USAGE, J_CPU_PERIODS, J_CPU_THROTTLED, J_CPU_THROTTLED_S = range(4)
 JOB_CPU_COUNTERS = 4
+# a job's page-cache counters: bytes its reads returned, bytes storage fetched for them
+J_CACHE_REQUESTED, J_CACHE_FETCHED = range(2)
+JOB_CACHE_COUNTERS = 2
 JOB_CPU_PERIODS_PER_SECOND = 10.0  # the kernel's default CFS period, 100 ms
 # host counters: cpu modes, then pressure some, then pressure full
 H_CPU = 0
@@ -61,14 +67,16 @@ class Layout:
         self.c_host = self.c_port + self.n_ports * PORT_COUNTERS
         self.c_job = self.c_host + HOST_COUNTERS
         # per job: sdk phases, steps, checkpoint bytes, per-tier read+write, cgroup CPU
-        # (usage, quota periods, throttled periods, throttled seconds), two histograms
+        # (usage, quota periods, throttled periods, throttled seconds), page cache (requested,
+        # fetched), two histograms
         self.j_phase = 0
         self.j_steps = len(SDK_PHASES)
         self.j_ckpt_bytes = self.j_steps + 1
         self.j_tier_read = self.j_ckpt_bytes + 1
         self.j_tier_write = self.j_tier_read + self.n_tiers
         self.j_cpu = self.j_tier_write + self.n_tiers
-        self.j_ckpt_hist = self.j_cpu + JOB_CPU_COUNTERS  # buckets..., +Inf, sum, count
+        self.j_cache = self.j_cpu + JOB_CPU_COUNTERS
+        self.j_ckpt_hist = self.j_cache + JOB_CACHE_COUNTERS  # buckets..., +Inf, sum, count
         self.j_epoch_hist = self.j_ckpt_hist + len(CHECKPOINT_BUCKETS_SECONDS) + 3
         self.job_counters = self.j_epoch_hist + len(EPOCH_BUCKETS_SECONDS) + 3
         self.n_counters = self.c_job + self.n_jobs * self.job_counters

@@ -159,6 +159,9 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
             if i in (L.T_IO_T, L.T_IO_W) and tier.device is None:
                 continue  # a network filesystem has no block-device busy time: absent
             add(fam, "counter", lab, COUNTER, lay.tc(t, i), integer=i in (L.T_READS, L.T_WRITES))
+        if tier.device is None:  # the NFS client's cache; a block tier has no such counter
+            add("gpufeed_storage_nfs_requested_read_bytes_total", "counter", lab, COUNTER,
+                lay.tc(t, L.T_REQUESTED_B))  # fmt: skip
         add("gpufeed_storage_capacity_bytes", "gauge", lab, CONST, 0, tier.capacity_bytes)
         add("gpufeed_storage_free_bytes", "gauge", lab, GAUGE, lay.g_tier_free + t)
     for p, port in enumerate(s.ports):
@@ -243,6 +246,23 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
                 lay.jc(j, lay.j_tier_read + t), gate=JOB_PRESENT, gi=j)  # fmt: skip
             add("gpufeed_job_storage_written_bytes_total", "counter", tl, COUNTER,
                 lay.jc(j, lay.j_tier_write + t), gate=JOB_PRESENT, gi=j)  # fmt: skip
+        for fam, i in (
+            ("gpufeed_job_cache_requested_read_bytes_total", L.J_CACHE_REQUESTED),
+            ("gpufeed_job_cache_fetched_read_bytes_total", L.J_CACHE_FETCHED),
+        ):
+            add(fam, "counter", jl, COUNTER, lay.jc(j, lay.j_cache + i), gate=JOB_PRESENT, gi=j)
+        data = next((tier for tier in s.tiers if tier.name == job.data_tier), None)
+        if data is not None and data.device is not None:  # cachestat: block-backed tiers
+            # one open shard of the dataset, as cached as the simulated reads are
+            tl = {**jl, "tier": data.name}
+            shard = 8.0 * 2**30
+            for fam, v in (
+                ("gpufeed_job_cache_open_file_bytes", shard),
+                ("gpufeed_job_cache_resident_bytes", shard * L.SIMULATED_CACHE_HIT_RATIO),
+                ("gpufeed_job_cache_evicted_bytes", 0.0),
+                ("gpufeed_job_cache_recently_evicted_bytes", 0.0),
+            ):
+                add(fam, "gauge", tl, CONST, 0, v, JOB_PRESENT, j)
         cpu = lay.j_cpu
         for fam, i in (
             ("gpufeed_job_cpu_usage_seconds_total", L.J_CPU_USAGE),

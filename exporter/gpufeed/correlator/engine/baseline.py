@@ -47,6 +47,8 @@ class Kind:
     # healthy sample (not per bucket; see Engine._cpu_share); forgotten like JOB_READ.
     CPU_JOB_WAIT: Final = "cjwait"
     SM_ACTIVE: Final = "smact"  # (kind, gpu): SM activity of a busy GPU (GPM)
+    # A job's page-cache hit ratio: (kind, job_id); forgotten like JOB_READ.
+    JOB_CACHE_HIT: Final = "jcache"
 
 
 class Baselines:

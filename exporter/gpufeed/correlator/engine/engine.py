@@ -451,6 +451,7 @@ class NodeCorrelator:
             self.baselines.forget_prefix((Kind.JOB_READ, job_id))
             self.baselines.forget_prefix((Kind.COLLECTIVE_WAIT, job_id))
             self.baselines.forget_prefix((Kind.CPU_JOB_WAIT, job_id))
+            self.baselines.forget_prefix((Kind.JOB_CACHE_HIT, job_id))
             self.units.pop("job:" + job_id, None)
             self.watch.busy_at.pop("job:" + job_id, None)
         self.watch.ever_busy = {k for k in self.watch.ever_busy if k[0] not in ended}

@@ -35,6 +35,10 @@ COLLECTIVE_WAIT_RISE = 0.15  # collective wait counts this far above its healthy
 # ranks waiting in collectives at least this share of the time (the straggler rule's weak
 # point) while the link is busy: they wait for their own link
 COLLECTIVE_WAIT_FOR_LINK = 0.25
+# A job's page-cache hit ratio is told when it falls this far below its healthy median, or
+# when reclaim evicted at least CACHE_EVICTED_MIN of its open files on the data tier.
+CACHE_HIT_DROP = 0.25
+CACHE_EVICTED_MIN = 0.1
 
 
 @dataclass(slots=True)
@@ -72,6 +76,7 @@ def observe_healthy(b: Baselines, view: NodeView) -> None:
         for tier, r in jv.tier_read_bytes_per_second.items():
             b.observe((Kind.JOB_READ, job_id, tier), r)
         b.observe((Kind.COLLECTIVE_WAIT, job_id), jv.collective_wait_ratio)
+        b.observe((Kind.JOB_CACHE_HIT, job_id), jv.cache_hit_ratio)
 
 
 def _rise(value: float | None, base: float | None, min_rise: float) -> float | None:
@@ -122,6 +127,7 @@ def job_features(b: Baselines, view: NodeView, job_id: str, ev: Evidence) -> Non
     _network_features(b, view, ev)
     if jv is not None:
         _sdk_features(jv, ev)
+        _cache_features(b, job_id, jv, ev)
         cw = _rise(
             jv.collective_wait_ratio,
             b.median((Kind.COLLECTIVE_WAIT, job_id)),
@@ -177,6 +183,22 @@ def _data_tier_features(b: Baselines, view: NodeView, cands: list[str], ev: Evid
     if best is not None:
         ev.features.update(best[3])
         ev.context[Ctx.DATA_TIER] = best[2]
+
+
+def _cache_features(b: Baselines, job_id: str, jv: JobView, ev: Evidence) -> None:
+    """Re-reads that stopped hitting the page cache (a dataset that outgrew memory): they
+    explain why a data tier is loaded, they do not decide that it is (ACCOMPANYING)."""
+    tier = ev.context.get(Ctx.DATA_TIER)
+    evicted = jv.cache_evicted_ratio.get(tier) if tier else None
+    if evicted is not None and evicted >= CACHE_EVICTED_MIN:
+        ev.features[F.JOB_CACHE_EVICTED_RATIO] = evicted
+    hit = jv.cache_hit_ratio
+    if hit is None:
+        return
+    base = b.median((Kind.JOB_CACHE_HIT, job_id))
+    dropped = base is not None and base - hit >= CACHE_HIT_DROP
+    if dropped or F.JOB_CACHE_EVICTED_RATIO in ev.features:
+        ev.features[F.JOB_CACHE_HIT_RATIO] = hit
 
 
 def _checkpoint_features(b: Baselines, view: NodeView, jv: JobView | None, ev: Evidence) -> None:

@@ -44,6 +44,10 @@ class Feature:
     IOWAIT_RATIO: Final = "iowait_ratio"
     SDK_DATA_WAIT_SHARE: Final = "sdk_data_wait_share"
     IO_PRESSURE_WHILE_WAITING_FOR_INPUT: Final = "io_pressure_while_waiting_for_input"
+    # the job's page cache: its hit ratio, told when it fell well below its healthy level,
+    # and the share of its open files on the data tier that reclaim evicted (describe only)
+    JOB_CACHE_HIT_RATIO: Final = "job_cache_hit_ratio"
+    JOB_CACHE_EVICTED_RATIO: Final = "job_cache_evicted_ratio"
     # preprocessing
     CPU_BUSY_RATIO: Final = "cpu_busy_ratio"
     CPU_PRESSURE_RATIO: Final = "cpu_pressure_ratio"
@@ -91,6 +95,22 @@ class Context:
 ACCOMPANYING: Final[tuple[tuple[str, str], ...]] = (
     # "throttled by its quota while the host is N% idle": the quota, not the host, is short
     (Feature.HOST_CPU_IDLE_RATIO, Feature.JOB_CPU_THROTTLED_RATIO),
+    # "re-reads stopped hitting the page cache": why the data tier is loaded, wherever the
+    # storage side of a data stall decides it (not the job's own wait share: that one also
+    # decides preprocessing)
+    *(
+        (cache, lead)
+        for cache in (Feature.JOB_CACHE_HIT_RATIO, Feature.JOB_CACHE_EVICTED_RATIO)
+        for lead in (
+            Feature.DATA_TIER_READ_LATENCY_X_BASELINE,
+            Feature.DATA_TIER_BUSY_RATIO,
+            Feature.DATA_TIER_QUEUE_X_BASELINE,
+            Feature.DATA_TIER_READ_PEAK_RATIO,
+            Feature.IO_PRESSURE_RATIO,
+            Feature.IOWAIT_RATIO,
+            Feature.IO_PRESSURE_WHILE_WAITING_FOR_INPUT,
+        )
+    ),
 )
 
 

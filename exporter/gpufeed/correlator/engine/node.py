@@ -57,6 +57,16 @@ JOB_CPU_FIELDS = {
     "gpufeed_job_cpu_throttled_periods_total": "throttled_periods",
 }
 
+# The job's page-cache counters (job_cache collector) and, per tier, its open files' residency.
+JOB_CACHE_FIELDS = {
+    "gpufeed_job_cache_requested_read_bytes_total": "requested",
+    "gpufeed_job_cache_fetched_read_bytes_total": "fetched",
+}
+JOB_CACHE_TIER_FIELDS = {
+    "gpufeed_job_cache_open_file_bytes": "open",
+    "gpufeed_job_cache_evicted_bytes": "evicted",
+}
+
 # Every metric name the correlator reads (the range-query loader asks for exactly these).
 USED_METRICS: tuple[str, ...] = (
     *GPU_FIELDS,
@@ -77,6 +87,8 @@ USED_METRICS: tuple[str, ...] = (
     "gpufeed_job_rank_phase_seconds_total",
     "gpufeed_job_rank_info",
     *JOB_CPU_FIELDS,
+    *JOB_CACHE_FIELDS,
+    *JOB_CACHE_TIER_FIELDS,
 )
 # Read from trace files only: the recorder's count of samples it had to leave out.
 USED_METRIC_SET = frozenset((*USED_METRICS, DROPPED_SAMPLES))
@@ -105,6 +117,9 @@ class JobColumns:
     rank_uuid: dict[str, str] = field(default_factory=dict)  # rank -> its GPU, where known
     # cgroup CPU-quota periods (JOB_CPU_FIELDS; present only where a quota is set)
     cpu: dict[str, Series] = field(default_factory=dict)
+    # page cache: JOB_CACHE_FIELDS -> series; (tier, JOB_CACHE_TIER_FIELDS) -> series
+    cache: dict[str, Series] = field(default_factory=dict)
+    cache_tier: dict[tuple[str, str], Series] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -205,6 +220,12 @@ class NodeSeries:
         f = JOB_CPU_FIELDS.get(name)
         if f is not None:
             return _slot(j.cpu, f)
+        f = JOB_CACHE_FIELDS.get(name)
+        if f is not None:
+            return _slot(j.cache, f)
+        f = JOB_CACHE_TIER_FIELDS.get(name)
+        if f is not None:
+            return _slot(j.cache_tier, (get("tier", ""), f))
         return _slot(j.tier_written, get("tier", ""))
 
     def trim_before(self, t: float) -> None:
@@ -222,7 +243,7 @@ class NodeSeries:
         for j in self.jobs.values():
             out += [*j.phases.values(), *j.tier_read.values(), *j.tier_written.values()]
             out += [*j.rank_phases.values(), *j.rank_info.values()]
-            out += j.cpu.values()
+            out += [*j.cpu.values(), *j.cache.values(), *j.cache_tier.values()]
             out += [s for s in (j.steps, j.checkpoint_bytes) if s is not None]
         return out
 

@@ -81,6 +81,13 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
         F.IOWAIT_RATIO: f"iowait {_pct(v)}",
         F.SDK_DATA_WAIT_SHARE: f"job waits for input {_pct(v)} of the time",
         F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT: f"I/O pressure {_pct(v)} while the job waits for input",
+        F.JOB_CACHE_HIT_RATIO: (
+            f"its re-reads stopped hitting the page cache ({_pct(v)} of its reads served from it)"
+        ),
+        F.JOB_CACHE_EVICTED_RATIO: (
+            f"{_pct(v)} of its open files on the {tier} tier evicted from memory "
+            "(the dataset outgrew the page cache)"
+        ),
         F.CPU_BUSY_RATIO: f"CPUs {_pct(v)} busy",
         F.CPU_PRESSURE_RATIO: f"CPU pressure {_pct(v)}",
         F.JOB_CPU_THROTTLED_RATIO: (

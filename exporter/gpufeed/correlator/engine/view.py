@@ -5,12 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gpufeed.correlator.engine.node import CONGESTION_PREFIX, ERROR_PREFIX, NodeSeries
+from gpufeed.correlator.engine.node import (
+    CONGESTION_PREFIX,
+    ERROR_PREFIX,
+    JobColumns,
+    NodeSeries,
+)
 from gpufeed.correlator.engine.series import Series
 from gpufeed.vocabulary import LINK_FLAP_COUNTERS
 
 # Below this many operations per second a mean latency is mostly noise: leave it out.
 MIN_OPS_FOR_LATENCY = 2.0
+# A job reading less than this (bytes per second) has no hit ratio worth telling.
+MIN_CACHE_READ_BYTES = 1e6
 COLLECTIVE_WAIT = "collective_wait"  # the per-rank phase: time inside collectives
 BUSY_CPU_MODES = ("user", "system", "nice", "irq", "softirq", "steal")
 # A link that went down this recently still explains a stall: a flapping link spends its
@@ -87,6 +94,10 @@ class JobView:
     collective_wait_ratio: float | None = None
     gpu_collective_wait_ratio: dict[str, float] = field(default_factory=dict)
     cpu_throttled_ratio: float | None = None  # of its cgroup's CPU quota periods
+    # the share of its read bytes the page cache served (None while it reads little)
+    cache_hit_ratio: float | None = None
+    # tier -> share of its open files there that memory reclaim evicted from the page cache
+    cache_evicted_ratio: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -207,6 +218,7 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
             r = rate(s)
             if r is not None:
                 jv.tier_write_bytes_per_second[tier] = r
+        _cache_view(jv, j, t, tm, rate)
         waits = []
         for (rank, p), s in j.rank_phases.items():
             if p == COLLECTIVE_WAIT and (r := rate(s)) is not None:
@@ -217,6 +229,22 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
             jv.collective_wait_ratio = min(sum(waits) / len(waits), 1.0)
         view.jobs[job_id] = jv
     return view
+
+
+def _cache_view(
+    jv: JobView, j: JobColumns, t: float, tm: Timing, rate: Callable[[Series | None], float | None]
+) -> None:
+    requested, fetched = rate(j.cache.get("requested")), rate(j.cache.get("fetched"))
+    if requested is not None and fetched is not None and requested >= MIN_CACHE_READ_BYTES:
+        jv.cache_hit_ratio = min(max(1.0 - fetched / requested, 0.0), 1.0)
+    for (tier, what), s in j.cache_tier.items():
+        if what != "open":
+            continue
+        size = s.value_at(t, tm.stale_seconds)
+        ev = j.cache_tier.get((tier, "evicted"))
+        evicted = ev.value_at(t, tm.stale_seconds) if ev is not None else None
+        if size and evicted is not None:
+            jv.cache_evicted_ratio[tier] = min(evicted / size, 1.0)
 
 
 def _link_view(
