@@ -251,10 +251,11 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
             ("gpufeed_job_cache_fetched_read_bytes_total", L.J_CACHE_FETCHED),
         ):
             add(fam, "counter", jl, COUNTER, lay.jc(j, lay.j_cache + i), gate=JOB_PRESENT, gi=j)
-        data = next((tier for tier in s.tiers if tier.name == job.data_tier), None)
-        if data is not None and data.device is not None:  # cachestat: block-backed tiers
-            # one open shard of the dataset, as cached as the simulated reads are
-            tl = {**jl, "tier": data.name}
+        for tier in s.tiers:
+            if tier.name not in touched or tier.device is None:
+                continue  # cachestat looks at block-backed tiers only
+            # one open 8 GiB file on each tier the job uses, as cached as the simulated reads
+            tl = {**jl, "tier": tier.name}
             shard = 8.0 * 2**30
             for fam, v in (
                 ("gpufeed_job_cache_open_file_bytes", shard),
