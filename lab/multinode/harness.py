@@ -183,16 +183,23 @@ def _agent_config(run: Run, node: Node) -> dict[str, Any]:
 def _start_agent(run: Run, node: Node) -> None:
     cfg = node.work / "agent.yaml"
     cfg.write_text(yaml.safe_dump(_agent_config(run, node)))
+    # In the node's network namespace with a sysfs of its own (its /sys/class/net shows its
+    # eth0, as `ip netns exec` gives it) but, unlike `ip netns exec`, with the host's cgroup
+    # tree kept under /sys/fs/cgroup: a node's agent sees its jobs' cgroups (the job_cpu
+    # collector's CPU throttling), as on a real node. UTS namespace: hostname node-<i>.
     cmd = [
-        "ip",
-        "netns",
-        "exec",
-        node.link.netns,
+        "nsenter",
+        f"--net=/run/netns/{node.link.netns}",
         "unshare",
         "--uts",
+        "--mount",
+        "--propagation",
+        "private",
         "sh",
         "-c",
-        'hostname "$0" && exec "$@"',
+        'd=$(mktemp -d) && mount --rbind /sys/fs/cgroup "$d" && mount -t sysfs sysfs /sys'
+        ' && mount --move "$d" /sys/fs/cgroup && rmdir "$d"'
+        ' && hostname "$0" && exec "$@"',
         f"node-{node.index}",
         sys.executable,
         "-m",
