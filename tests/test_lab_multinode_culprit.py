@@ -1,0 +1,73 @@
+"""The job-level culprit score of recorded multi-node lab runs (tests/fixtures/lab/<name>/,
+what `make lab-multinode` saves, traces gzipped), so that CI keeps the cross-node reading
+honest without the long live runs: the nodes' traces joined and analysed as `gpufeed
+analyze` does, then scored by lab/multinode/culprit.py against the run's own schedule.
+
+- mn2-tier-throttle: node 1's data tier read-limited 20-45 s after the first step;
+- mn2-link-tbf: node 1's link rate-limited to 8 Mbit/s (tc tbf on both of its veth ends),
+  which its agent sees only through the root qdisc's rate (the veth says 10 Gbit/s).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab.multinode import culprit
+from lab.multinode.scenario import load
+
+FIXTURES = Path(__file__).parent / "fixtures" / "lab"
+SCENARIOS = Path(__file__).resolve().parents[1] / "lab" / "scenarios"
+
+
+def _scored(
+    name: str, tmp_path: Path
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    run = json.loads((FIXTURES / name / "run.json").read_text())
+    windows = culprit.job_windows(FIXTURES, run, tmp_path)
+    plan = load(SCENARIOS / f"{name}.yaml")
+    return run, windows, culprit.score_culprit(plan, FIXTURES, run, windows)
+
+
+@pytest.mark.parametrize(
+    ("name", "cause"), [("mn2-tier-throttle", "data_loading"), ("mn2-link-tbf", "network")]
+)
+def test_victim_names_the_culprit_node_and_its_cause(name: str, cause: str, tmp_path: Path) -> None:
+    run, windows, scored = _scored(name, tmp_path)
+    print(json.dumps(scored, indent=1))
+    (fault,) = scored["faults"]
+    assert fault["bit"] and fault["culprit_node"] == 1
+    assert fault["top1"], fault["named_s_by_culprit"]
+    assert fault["cause_right"] == 1.0 and fault["cause"] == cause
+    assert fault["ranks_named"] == ["1"]  # the node's one rank, named
+    # named for most of the fault; what is missed is the few seconds before the stall shows
+    assert fault["coverage"] >= 0.8
+    assert fault["culprit_own_cause_ratio"] >= 0.8
+    assert fault["opens_after_s"] is not None and fault["opens_after_s"] <= 5.0
+    assert scored["precision_time"] >= 0.95
+    assert scored["healthy_named_ratio"] <= 0.01
+    assert scored["passed"]
+
+
+def test_shaped_link_is_named_saturated(tmp_path: Path) -> None:
+    """Node 1's agent recorded its eth0's tbf rate (8 Mbit/s = 1e6 bytes/s) beside the
+    veth's nominal 10 Gbit/s, and the offline reading names that link saturated."""
+    run, windows, _ = _scored("mn2-link-tbf", tmp_path)
+    trace = gzip.decompress((FIXTURES / "mn2-link-tbf" / "node-1" / "trace.om.gz").read_bytes())
+    shaped = {
+        float(line.rsplit(" ", 2)[1])
+        for line in trace.decode().splitlines()
+        if line.startswith('gpufeed_network_shaped_rate_bytes_per_second{device="eth0"')
+    }
+    assert shaped == {1e6}
+    culprit_instance = run["nodes"][1]["instance"]
+    own = [w for w in windows if w["instance"] == culprit_instance]
+    assert own and all(w["cause"] == "network" for w in own), own
+    assert {w["evidence"].get("network_reason") or w.get("network_reason") for w in own} == {
+        "saturated"
+    }
+    assert all("eth0" in w["evidence"]["summary"] for w in own)
