@@ -37,7 +37,7 @@ def _scored(
     ("name", "cause"), [("mn2-tier-throttle", "data_loading"), ("mn2-link-tbf", "network")]
 )
 def test_victim_names_the_culprit_node_and_its_cause(name: str, cause: str, tmp_path: Path) -> None:
-    run, windows, scored = _scored(name, tmp_path)
+    _, _, scored = _scored(name, tmp_path)
     print(json.dumps(scored, indent=1))
     (fault,) = scored["faults"]
     assert fault["bit"] and fault["culprit_node"] == 1
