@@ -10,8 +10,9 @@ recording its trace), and under `gpufeed run` an unmodified PyTorch job
 spin kernel per step (waiting: utilization 1.0, SM activity ~0.01).
 
 Verdicts (one line each, PASS/FAIL): the healthy phase holds no window (<= 5% of it); the
-waiting phase is inside a window for >= 50% of its time; both judged on the live agent's
-windows log and on `gpufeed analyze` over the recorded trace.
+waiting phase is inside a window for >= 50% of its time, and not called startup or idle
+(the job has computed for minutes); judged on the live agent's windows log (what the agent
+said at the time) and on `gpufeed analyze` over the recorded trace (what this code says).
 
 Usage: python -m bench.gpu_busy_waiting --out DIR        (a GPU host with CUDA PyTorch)
        python -m bench.gpu_busy_waiting --replay DIR     (judge a recording again, no GPU)
@@ -32,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-JOB_ID = "busy-waiting"
 HEALTHY_MAX_SHARE = 0.05
 WAITING_MIN_SHARE = 0.5
 
@@ -44,7 +44,9 @@ def overlap_s(windows: list[dict[str, Any]], span: tuple[float, float]) -> float
 
 
 def judge(source: str, windows: list[dict[str, Any]], phases: dict[str, list[float]]) -> list[str]:
-    mine = [w for w in windows if w.get("job_id") in (JOB_ID, None, "")]
+    # the check's own agent watches one host: every GPU window is about this job (whose id
+    # on the GPU is its process group's: it never talks to the SDK, having no DataLoader)
+    mine = [w for w in windows if w.get("gpu")]
     healthy = (phases["healthy"][0], phases["healthy"][1])
     waiting = (phases["waiting"][0], phases["waiting"][1])
     h_share = overlap_s(mine, healthy) / (healthy[1] - healthy[0])
@@ -59,14 +61,25 @@ def judge(source: str, windows: list[dict[str, Any]], phases: dict[str, list[flo
         f"{waiting[1] - waiting[0]:.0f} s, {w_share:.1%} inside a window "
         f"(>= {WAITING_MIN_SHARE:.0%}); causes {', '.join(causes) or 'none'}",
     ]
+    # the job has computed for minutes: whatever it waits for, it is not starting up or idle
+    wrong = sorted(set(causes) & {"startup", "idle"})
+    lines.append(
+        f"{'FAIL' if wrong else 'PASS'} {source}: the waiting phase's cause is "
+        f"{'wrongly ' + ', '.join(wrong) if wrong else 'neither startup nor idle'}"
+    )
     for w in inside:
         opened = float(w["start"]) - waiting[0]
         lines.append(
             f"INFO {source}: window {opened:+.0f} s from the waiting phase's start, "
             f"{float(w['end']) - float(w['start']):.0f} s, cause {w.get('cause')}, "
-            f"mean utilization {w.get('mean_utilization')}, summary: {w.get('summary', '')}"
+            f"mean utilization {w.get('mean_utilization')}, summary: {summary_of(w)}"
         )
     return lines
+
+
+def summary_of(w: dict[str, Any]) -> str:
+    ev = w.get("evidence")
+    return str(w.get("summary") or (ev.get("summary", "") if isinstance(ev, dict) else ""))
 
 
 def analyze(trace: Path) -> list[dict[str, Any]]:
@@ -106,9 +119,8 @@ def run(out: Path, healthy_s: float, waiting_s: float) -> int:
             argv += [sys.executable, str(HERE / "gpu_busy_job.py")]
             argv += ["--healthy-s", f"{healthy_s:g}", "--waiting-s", f"{waiting_s:g}"]
             argv += ["--phases", str(out / "phases.json")]
-            env = dict(os.environ, GPUFEED_JOB_ID=JOB_ID)
             with open(out / "job.log", "wb") as log:
-                rc = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+                rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT).returncode
             time.sleep(5)  # the agent's last samples after the job
         finally:
             agent.stop()  # logs the windows still open

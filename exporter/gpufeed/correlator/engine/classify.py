@@ -25,6 +25,7 @@ from gpufeed.correlator.engine.view import NodeView, Timing, compute_view
 
 STARTUP_MAX_SECONDS = 1800.0
 FRESH_MEMORY_RATIO = 0.1  # below this share of GPU memory, a job's process has not loaded yet
+RESTART_MEMORY_SHARE = 0.5  # ... and below this share of what it held while it computed
 XID_LOOKBACK_SECONDS = 300.0
 # A peer's fault (lost, failed, throttled) explains a stall of its job only if the stall
 # begins with it: the fault began at most this long before the job's GPUs were last busy
@@ -93,6 +94,15 @@ class Classifier:
                 if r is not None and (best is None or r > best):
                     best = r
         return best
+
+    def memory_ratio(self, g: GpuColumns, t: float) -> float | None:
+        """The share of the GPU's memory in use at t, or None."""
+        stale = self.timing.stale_seconds
+        used, total = g.fields.get("mem_used"), g.fields.get("mem_total")
+        if used is None or total is None:
+            return None
+        uv, tv = used.value_at(t, stale), total.value_at(t, stale)
+        return uv / tv if uv is not None and tv else None
 
     def observe_healthy_gpu(self, g: GpuColumns, t: float) -> None:
         """Feeds a busy GPU's baselines (its SM clock, its NVLink rate and peak): the ones
@@ -199,18 +209,20 @@ class Classifier:
     ) -> None:
         """Whether a job holds the GPU (or, without job data, whether anything is resident
         on it), and whether the job's process has loaded yet."""
-        stale = self.timing.stale_seconds
-        mem_ratio = None
-        used, total = g.fields.get("mem_used"), g.fields.get("mem_total")
-        if used is not None and total is not None:
-            uv, tv = used.value_at(t, stale), total.value_at(t, stale)
-            if uv is not None and tv:
-                mem_ratio = uv / tv
+        mem_ratio = self.memory_ratio(g, t)
         if _began_by(self.node.job_info.values(), t):
             ev.features[F.NO_JOB] = 0.0 if job else 1.0
         elif mem_ratio is not None:
             ev.features[F.GPU_MEMORY_IDLE] = 1.0 if mem_ratio < 0.03 and util < 0.05 else 0.0
-        fresh = job and mem_ratio is not None and mem_ratio < FRESH_MEMORY_RATIO
+        # (Re)started: memory nearly empty, and well below what it held when it last
+        # computed. A job that computes in a few hundred MB of an H200's 143 GB is not
+        # "starting" whenever it stalls (seen on a real H200: bench/gpu_busy_waiting.py).
+        fresh = (
+            job
+            and mem_ratio is not None
+            and mem_ratio < FRESH_MEMORY_RATIO
+            and (u.busy_mem_ratio is None or mem_ratio < RESTART_MEMORY_SHARE * u.busy_mem_ratio)
+        )
         if fresh and u.fresh_at is None:
             u.fresh_at = t  # the job's process has (next to) nothing on the GPU: a (re)start
 

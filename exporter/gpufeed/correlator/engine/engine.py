@@ -223,6 +223,7 @@ class NodeCorrelator:
             if u.cols is None or u.gpu in self.watch.low_now:
                 continue
             self._classifier.observe_healthy_gpu(u.cols, t)
+            u.busy_mem_ratio = self._classifier.memory_ratio(u.cols, t)
             job = gj.get(u.gpu, "")
             if job:
                 self.watch.ever_busy.add((job, u.gpu))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from gpufeed.correlator.engine.causes import Cause
 from gpufeed.correlator.engine.names import ACCOMPANYING
 from gpufeed.correlator.engine.names import Context as Ctx
+from gpufeed.correlator.engine.names import Feature as F
 from gpufeed.correlator.engine.netreason import deciding_counters, network_reason
 from gpufeed.correlator.engine.node import GpuColumns, NodeSeries
 from gpufeed.correlator.engine.rules import RULES_BY_CAUSE
@@ -102,6 +103,9 @@ class Unit:
     last_low_t: float = 0.0
     fatal_xids: set[str] = field(default_factory=set)
     fresh_at: float | None = None  # when, in this run, the job's GPU memory was nearly empty
+    # the GPU memory share at the last sample the GPU was busy: a (re)start empties memory
+    # below it; a job that never needs much memory does not look freshly started forever
+    busy_mem_ratio: float | None = None
     last_mark: Mark | None = None  # the last classified sample of this run
     waiting: bool = False  # at the current sample: reads busy, but its SMs are not working
 
@@ -139,6 +143,10 @@ def segment_window(
             ft = seg.feat_time.get(extra)
             if lead == name and ft:
                 ev[extra] = round(seg.feat_sum[extra] / ft, 4)
+    ft = seg.feat_time.get(F.SM_ACTIVE_DROP_RATIO)
+    if cause is Cause.UNKNOWN and ft:
+        # nothing decided, but a GPU that reads busy while its SMs idle is waiting: say so
+        ev[F.SM_ACTIVE_DROP_RATIO] = round(seg.feat_sum[F.SM_ACTIVE_DROP_RATIO] / ft, 4)
     ctx: dict[str, str] = {}
     best: dict[str, float] = {}
     for (k, v), w in seg.ctx_time.items():
@@ -177,10 +185,13 @@ def segment_window(
 
 
 # The features a cause's windows average: its rules' features and what accompanies them.
+# Nothing decides an `unknown` window, but a GPU that reads busy while its SMs idle is
+# waiting for something this node does not show: its window says so (segment_window).
 EVIDENCE_OF: dict[Cause, tuple[str, ...]] = {
     c: (
         *(r.feature for r in rules),
         *(extra for extra, lead in ACCOMPANYING if any(r.feature == lead for r in rules)),
+        *((F.SM_ACTIVE_DROP_RATIO,) if c is Cause.UNKNOWN else ()),
     )
     for c, rules in RULES_BY_CAUSE.items()
 }

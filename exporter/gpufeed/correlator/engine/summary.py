@@ -53,6 +53,10 @@ def _headline(cause: Cause, evidence: Mapping[str, float], ctx: Mapping[str, str
     spare) is not "the CPUs are saturated"."""
     if cause is Cause.DATA_LOADING and ctx.get(Ctx.DATA_TIER):
         return f"waits for data from the {ctx[Ctx.DATA_TIER]} tier"
+    if cause is Cause.UNKNOWN and F.SM_ACTIVE_DROP_RATIO in evidence:
+        return (
+            "reads busy but its SMs are not working; no signal on this node says what it waits for"
+        )
     if cause is Cause.PREPROCESSING and F.JOB_CPU_THROTTLED_RATIO in evidence:
         return "waits for input"  # the quota phrase that follows says why
     return HEADLINES[cause]
