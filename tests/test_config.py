@@ -41,7 +41,10 @@ def test_empty_file_and_no_file_give_defaults(tmp_path: Path) -> None:
         ("interval_seconds: fast\n", r"line 1: interval_seconds: expected a number, got 'fast'"),
         ("interval_seconds: 0\n", r"line 1: interval_seconds: must be between"),
         ("\n\nintervall_seconds: 1\n", r"line 3: intervall_seconds: unknown key"),
-        ("tiers:\n  hot: nvme\n", r"line 2: tiers.hot: expected an absolute path, got 'nvme'"),
+        (
+            "tiers:\n  hot: nvme\n",
+            r"line 2: tiers.hot: expected an absolute path or s3://BUCKET\[/PREFIX\], got 'nvme'",
+        ),
         ("tiers:\n  Hot: [/a]\n", r"line 2: tiers.Hot: tier names are lower-case"),
         (
             "tiers:\n  hot: [/a]\n  warm: [/a/]\n",

@@ -29,6 +29,7 @@ TRAINING_PROCESS_STATE = {
     ("gpufeed/sdk.py", "`global _startup_reported`"),
     ("gpufeed/inject/_gpufeed_torch.py", "`global _job`"),
     ("gpufeed/inject/_gpufeed_torch.py", "`global _warned`"),
+    ("gpufeed/inject/_gpufeed_botocore.py", "`global _warned`"),
 }
 CONTAINER_CALLS = {"list", "dict", "set", "defaultdict", "OrderedDict", "Counter", "deque"}
 

@@ -68,6 +68,12 @@ def _port_counter(name: str, help_: str) -> MetricSpec:
     return MetricSpec(name, "counter", help_, labels, "", "network", "network", True, ("port",))
 
 
+def _object(name: str, help_: str, labels: tuple[str, ...], unit: str, group: Group) -> MetricSpec:
+    # Object-storage tiers (issue 16), from the SDK collector: counters. Not in the contract
+    # until the simulated node exports them too (tests/test_catalogue.py).
+    return MetricSpec(name, "counter", help_, labels, unit, group, "sdk", contract=False)
+
+
 def _fleet(
     name: str,
     type_: MetricType,
@@ -219,6 +225,47 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "bytes",
     ),
     # Storage tiers
+    # Object-storage tiers: the node's sums over every job that reported requests (the
+    # requests of jobs that ended stay counted).
+    _object(
+        "gpufeed_object_storage_requests_total",
+        "Object-storage requests this node's jobs made per tier and operation (read, write, "
+        "metadata), failed ones included",
+        ("tier", "operation"),
+        "",
+        "storage",
+    ),
+    _object(
+        "gpufeed_object_storage_request_seconds_total",
+        "Time this node's object-storage requests took, request sent to response headers "
+        "(rate over the requests' rate: mean request latency)",
+        ("tier", "operation"),
+        "seconds",
+        "storage",
+    ),
+    _object(
+        "gpufeed_object_storage_read_bytes_total",
+        "Bytes this node's jobs read from an object-storage tier (response Content-Length "
+        "of successful reads)",
+        ("tier",),
+        "bytes",
+        "storage",
+    ),
+    _object(
+        "gpufeed_object_storage_written_bytes_total",
+        "Bytes this node's jobs wrote to an object-storage tier (request bodies sent)",
+        ("tier",),
+        "bytes",
+        "storage",
+    ),
+    _object(
+        "gpufeed_object_storage_errors_total",
+        "Object-storage requests that failed: throttled (HTTP 503 SlowDown, 429) or failed "
+        "(any other error status, or no answer)",
+        ("tier", "operation", "reason"),
+        "",
+        "storage",
+    ),
     _mount(
         "gpufeed_storage_read_bytes_total",
         "counter",
@@ -546,6 +593,32 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "bytes",
         "jobs",
         "job_io",
+    ),
+    # Object-storage tiers (issue 16): requests the job's processes reported (`gpufeed run`'s
+    # botocore patch, the SDK's Job.add_io); `operation`: read, write, metadata; `reason`:
+    # throttled (HTTP 503 SlowDown, 429), failed (any other error or no answer).
+    _object(
+        "gpufeed_job_object_storage_requests_total",
+        "Object-storage requests the job made per tier and operation, failed ones included",
+        ("job_id", "tier", "operation"),
+        "",
+        "jobs",
+    ),
+    _object(
+        "gpufeed_job_object_storage_request_seconds_total",
+        "Time the job's object-storage requests took, request sent to response headers "
+        "(rate over the requests' rate: mean request latency)",
+        ("job_id", "tier", "operation"),
+        "seconds",
+        "jobs",
+    ),
+    _object(
+        "gpufeed_job_object_storage_errors_total",
+        "The job's object-storage requests that failed: throttled (HTTP 503 SlowDown, 429) "
+        "or failed (any other error status, or no answer)",
+        ("job_id", "tier", "operation", "reason"),
+        "",
+        "jobs",
     ),
     MetricSpec(
         "gpufeed_job_cache_requested_read_bytes_total",

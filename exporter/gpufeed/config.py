@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from gpufeed import vocabulary
+from gpufeed.storage.objects import ObjectTierEntry, normalise_endpoint, parse_s3_url
 
 DEFAULT_SDK_SOCKET = "/run/gpufeed/sdk.sock"
 DEFAULT_WINDOWS_LOG = "/var/lib/gpufeed/windows.jsonl"
@@ -35,6 +36,9 @@ class ConfigError(ValueError):
 class TierConfig:
     name: str
     paths: tuple[str, ...]
+    # S3 locations (`s3://BUCKET[/PREFIX]`, optionally at one endpoint): an object-storage
+    # tier, or a tier that is both a mount and a bucket (gpufeed.storage.objects)
+    objects: tuple[ObjectTierEntry, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,11 @@ class AgentConfig:
     sdk: SdkConfig = field(default_factory=SdkConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+
+    @property
+    def object_tiers(self) -> tuple[tuple[str, ObjectTierEntry], ...]:
+        """(tier name, entry) of every s3:// entry, in config order."""
+        return tuple((t.name, e) for t in self.tiers for e in t.objects)
 
     @property
     def effective_timeout_seconds(self) -> float:
@@ -290,19 +299,62 @@ class _Reader:
             else:
                 raise self.fail(vnode, key, "expected a list of mount points or paths")
             paths: list[str] = []
+            objects: list[ObjectTierEntry] = []
             for item in items:
+                if isinstance(item, yaml.MappingNode) or (
+                    isinstance(item, yaml.ScalarNode) and item.value.startswith("s3:")
+                ):
+                    obj = self.object_entry(item, key)
+                    where = obj.url + (f" at {obj.endpoint}" if obj.endpoint else "")
+                    if where in seen:
+                        raise self.fail(item, key, f"{where} is already in tier {seen[where]!r}")
+                    seen[where] = name
+                    objects.append(obj)
+                    continue
                 value = self.scalar(item) if isinstance(item, yaml.ScalarNode) else None
                 if not isinstance(value, str) or not value.startswith("/"):
-                    raise self.fail(item, key, f"expected an absolute path, got {_show(item)}")
+                    raise self.fail(
+                        item,
+                        key,
+                        f"expected an absolute path or s3://BUCKET[/PREFIX], got {_show(item)}",
+                    )
                 norm = "/" + value.strip("/") if value != "/" else "/"
                 if norm in seen:
                     raise self.fail(item, key, f"{norm} is already in tier {seen[norm]!r}")
                 seen[norm] = name
                 paths.append(norm)
-            if not paths:
-                raise self.fail(vnode, key, "a tier needs at least one path")
-            out.append(TierConfig(name, tuple(paths)))
+            if not paths and not objects:
+                raise self.fail(vnode, key, "a tier needs at least one path or s3:// location")
+            out.append(TierConfig(name, tuple(paths), tuple(objects)))
         return tuple(out)
+
+    def object_entry(self, node: yaml.Node, key: str) -> ObjectTierEntry:
+        """`s3://BUCKET[/PREFIX]`, or a mapping {url: s3://..., endpoint: URL} for a store
+        that is not AWS (MinIO, Ceph, a vendor's appliance)."""
+        endpoint = ""
+        if isinstance(node, yaml.MappingNode):
+            m = self.mapping(node, key)
+            self.no_unknown(m, {"url", "endpoint"}, key + ".")
+            if "url" not in m:
+                raise self.fail(node, key, "an object-storage entry needs url: s3://BUCKET")
+            url = self.string(m, "url", "", key + ".")
+            text = self.string(m, "endpoint", "", key + ".")
+            if "endpoint" in m:
+                got = normalise_endpoint(text)
+                if got is None:
+                    raise self.fail(
+                        m["endpoint"][1],
+                        key + ".endpoint",
+                        f"expected an http:// or https:// URL of a host, got {text!r}",
+                    )
+                endpoint = got
+            node = m["url"][1]
+        else:
+            url = self.scalar(node)
+        parsed = parse_s3_url(url) if isinstance(url, str) else f"expected s3://..., got {url!r}"
+        if isinstance(parsed, str):
+            raise self.fail(node, key, parsed)
+        return ObjectTierEntry(parsed[0], parsed[1], endpoint)
 
     def correlator(self, entry: tuple[yaml.Node, yaml.Node] | None) -> CorrelatorConfig:
         d = CorrelatorConfig()

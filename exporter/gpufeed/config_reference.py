@@ -56,7 +56,10 @@ KEYS: dict[str, KeyDoc] = {
         "Tier name (lower-case letters, digits, `_`; not `unassigned`) -> mount points or "
         "paths inside a mount, one path or a list. Without `tiers` every block-device or "
         'network mount is exported as `tier="unassigned"`; with it, mounts in no tier are '
-        "not exported. A path may be in one tier only."
+        "not exported. A path may be in one tier only. An entry `s3://BUCKET[/PREFIX]` "
+        "(or `{url: s3://BUCKET[/PREFIX], endpoint: URL}` for a store that is not AWS) "
+        "makes it an object-storage tier: the requests jobs report there count in it "
+        "(docs/storage.md)."
     ),
     "correlator.threshold_ratio": KeyDoc(
         "A GPU below this utilization is underutilized.", 0.01, 1.0

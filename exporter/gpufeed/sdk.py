@@ -33,6 +33,11 @@ MAX_DATAGRAM_BYTES in all, each:
                 at close, just before CLOSE, in a datagram of its own; added in 0.2.0)
     RANK:       n = rank, a = local rank (-1: not known), b = world size: this process is
                 that rank of the job (added in 0.3.0)
+    OBJECT:     requests to storage the agent cannot see (an object store; added in 0.3.0):
+                phase = operation index * 3 + outcome index (OBJECT_OPERATIONS,
+                OBJECT_OUTCOMES), a = seconds, b = bytes, n = requests; reserved = the
+                length of the location (a tier name, or `s3://BUCKET/FOLDER/ ENDPOINT`)
+                that follows the name. Sent in datagrams of their own.
 A PHASE with phase = len(PHASES) is collective_wait (added in 0.3.0). RANK and
 collective_wait go in a datagram of their own, sent before the rest of a flush: an agent
 that predates them refuses that datagram only (as it refuses IO), and everything else
@@ -66,6 +71,13 @@ KIND_EPOCH = 4
 KIND_CLOSE = 5
 KIND_IO = 6
 KIND_RANK = 7
+KIND_OBJECT = 8
+OBJECT_OPERATIONS = ("read", "write", "metadata")
+OBJECT_OUTCOMES = ("ok", "error", "throttled")
+MAX_LOCATION_BYTES = 255
+# Distinct (location, operation, outcome) sums held between flushes; more flush at once.
+_MAX_OBJECT_KEYS = 64
+_TIER_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
 PHASES = ("compute", "data_wait", "checkpoint", "communication", "startup", "eval", "other")
 COLLECTIVE_WAIT = "collective_wait"  # a per-rank phase: PHASE index len(PHASES)
 RANK_PHASES = (*PHASES, COLLECTIVE_WAIT)
@@ -168,6 +180,11 @@ class Job:
         self._rank = launcher_rank(os.environ)
         self._rank_sent_at = float("-inf")
         self._collective_sent_at = float("-inf")
+        # object-storage requests may come from any thread (boto3's transfer threads, s3fs's
+        # event loop): (location, phase) -> [requests, seconds, bytes], under a lock
+        self._object_lock = threading.Lock()
+        self._acc_object: dict[tuple[bytes, int], list[float]] = {}
+        self._object_flush_at = time.perf_counter() + FLUSH_SECONDS
         atexit.register(self._at_exit)
 
     # -- the API ---------------------------------------------------------------------------
@@ -266,6 +283,111 @@ class Job:
         if threading.get_ident() == self._owner and time.perf_counter() >= self._flush_at:
             self._flush()
 
+    def add_io(
+        self,
+        tier: str,
+        operation: str = "read",
+        nbytes: int = 0,
+        seconds: float = 0.0,
+        requests: int = 1,
+        errors: int = 0,
+        throttled: int = 0,
+    ) -> None:
+        """Reports I/O gpufeed cannot see on a device: reads from an object store, a
+        database, a remote cache. `tier` is a tier name from the agent's config, or an
+        object's URL `s3://BUCKET/KEY` (the agent maps it to its tier); `operation` is
+        "read", "write" or "metadata"; `nbytes` the bytes moved, `seconds` the time the
+        requests took, `requests` how many there were, of which `errors` failed and
+        `throttled` were refused as too many (HTTP 503 SlowDown, 429). Any thread may call
+        this; ValueError for a tier or operation the agent would refuse."""
+        if operation not in OBJECT_OPERATIONS:
+            raise ValueError(f"operation must be one of {', '.join(OBJECT_OPERATIONS)}")
+        location = tier
+        if tier.startswith("s3://"):
+            bucket, _, key = tier[5:].partition("/")
+            location = object_location(bucket, key, "")
+            good = len(location) <= MAX_LOCATION_BYTES and location.isascii()
+        else:
+            good = 0 < len(tier) <= MAX_NAME_BYTES and set(tier) <= _TIER_NAME_CHARS
+        if not good:
+            raise ValueError(
+                f"gpufeed: {tier!r} is neither a tier name (a-z, 0-9, '_') nor an s3:// URL"
+            )
+        if min(errors, throttled) < 0 or errors + throttled > requests:
+            raise ValueError("gpufeed: errors + throttled must be within 0..requests")
+        # the time is split between the outcomes by request count; bytes go with the ok ones
+        counts = (requests - errors - throttled, errors, throttled)
+        for outcome, n in enumerate(counts):
+            if n > 0 or (outcome == 0 and not requests and (nbytes or seconds)):
+                share = n / requests if requests else 1.0
+                moved = int(nbytes) if outcome == 0 else 0
+                self.add_object_request(location, operation, outcome, n, seconds * share, moved)
+
+    def add_object_request(
+        self,
+        location: str,
+        operation: str,
+        outcome: int,
+        requests: int,
+        seconds: float,
+        nbytes: int,
+    ) -> None:
+        """Adds `requests` requests to `location` (a tier name, or `object_location`) that
+        ended as OBJECT_OUTCOMES[outcome]; what `gpufeed run`'s botocore patch calls for
+        each request. Any thread may call this."""
+        if operation not in OBJECT_OPERATIONS or not 0 <= outcome < len(OBJECT_OUTCOMES):
+            return
+        phase = OBJECT_OPERATIONS.index(operation) * len(OBJECT_OUTCOMES) + outcome
+        key = (location.encode("ascii", errors="replace")[:MAX_LOCATION_BYTES], phase)
+        now = time.perf_counter()
+        with self._object_lock:
+            acc = self._acc_object.get(key)
+            if acc is None:
+                acc = self._acc_object[key] = [0.0, 0.0, 0.0]
+            acc[0] += requests
+            acc[1] += min(max(seconds, 0.0), _MAX_EVENT_SECONDS)
+            acc[2] += max(nbytes, 0)
+            due = now >= self._object_flush_at or len(self._acc_object) >= _MAX_OBJECT_KEYS
+        if due:
+            self._flush_objects(now)
+
+    def _flush_objects(self, now: float) -> None:
+        """Sends the object-storage sums, in datagrams of their own (an agent that predates
+        the kind refuses those only)."""
+        with self._object_lock:
+            pending, self._acc_object = self._acc_object, {}
+            self._object_flush_at = now + FLUSH_SECONDS
+        if not pending:
+            return
+        msgs = []
+        for (loc, phase), (n, seconds, nbytes) in pending.items():
+            head = HEADER.pack(
+                MAGIC,
+                WIRE_VERSION,
+                KIND_OBJECT,
+                phase,
+                len(loc),
+                *self._lens,
+                seconds,
+                float(min(nbytes, _MAX_IO_BYTES)),
+                int(n),
+            )
+            msgs.append(head + self._suffix + loc)
+        ok = True
+        batch: list[bytes] = []
+        size = 0
+        for m in msgs:
+            if batch and size + len(m) > MAX_DATAGRAM_BYTES:
+                ok = self._send(b"".join(batch)) and ok
+                batch, size = [], 0
+            batch.append(m)
+            size += len(m)
+        ok = self._send(b"".join(batch)) and ok
+        if ok:
+            self.events_sent += len(msgs)
+        else:
+            self.events_dropped += len(msgs)
+
     def set_rank(self, rank: int, world_size: int, local_rank: int | None = None) -> None:
         """Declares this process's rank where neither the launcher's environment nor
         torch.distributed tells it; ValueError unless 0 <= rank < world_size."""
@@ -301,6 +423,7 @@ class Job:
         if self._closed:
             return
         self._flush(final=True)
+        self._flush_objects(time.perf_counter())
         if os.getpid() == self._pid:  # not a forked child's copy of the parent's Job
             report = self._io_report()
             if report is not None:
@@ -570,6 +693,13 @@ def _valid_rank(rank: int, world: int, local: int | None) -> tuple[int, int, int
     if local is not None and not (isinstance(local, int) and 0 <= local < world):
         local = None
     return rank, world, -1 if local is None else local
+
+
+def object_location(bucket: str, key: str, endpoint_url: str) -> str:
+    """`s3://BUCKET/FOLDER/ ENDPOINT_URL`: where a request to `key` went, by its folder
+    (gpufeed.storage.objects.object_location has the same; a test checks they agree)."""
+    folder = key.rsplit("/", 1)[0] + "/" if "/" in key else ""
+    return f"s3://{bucket}/{folder} {endpoint_url}".rstrip()
 
 
 def own_io_bytes() -> tuple[int, int] | None:

@@ -114,7 +114,7 @@ def _job_io(w: Wiring) -> Collector:
     from gpufeed.collectors.job_io import JobIoCollector
 
     sdk = w.sdk()
-    return JobIoCollector(w.context, sdk.pids_by_job, sdk.final_io_by_job)
+    return JobIoCollector(w.context, sdk.pids_by_job, sdk.final_io_by_job, sdk.object_bytes_by_job)
 
 
 def _job_cache(w: Wiring) -> Collector:

@@ -7,6 +7,10 @@ blkio.throttle.io_service_bytes, and devices map to tiers through `devices_to_ti
 are left out (it is a `Consumer` of "storage": the map is the one of the same tick). Where a job's cgroup has no usable accounting, and for SDK jobs that run under
 no scheduler, the job's processes' /proc/PID/io is summed instead, with tier="unattributed"
 because that file does not say which device the bytes went to.
+
+Object-storage tiers (s3://) have no device: the bytes an SDK job's processes reported
+moving to and from them (`sdk_object_bytes`, from the SDK collector) are added under their
+tier, so a job's reads from a bucket count in the same families as its reads from a mount.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ WRITTEN = spec("gpufeed_job_storage_written_bytes_total")
 
 FinalIo = Mapping[int, tuple[int, DeviceBytes]]  # pid -> (parent pid or 0, bytes)
 JobFinalIo = Callable[[], Mapping[str, FinalIo]]
+JobObjectBytes = Callable[[], Mapping[str, Mapping[str, DeviceBytes]]]  # job -> tier -> bytes
 
 # Retired processes whose counted bytes are remembered, so that an IO report that arrives
 # after the process was already retired adds only what the sample had missed.
@@ -128,11 +133,13 @@ class JobIoCollector:
         context: CollectorContext,
         sdk_job_pids: JobPids | None = None,
         sdk_final_io: JobFinalIo | None = None,
+        sdk_object_bytes: JobObjectBytes | None = None,
     ) -> None:
         self._procfs = context.paths.procfs
         self._cgroup_root = context.paths.sys("fs", "cgroup")
         self._sdk_job_pids = sdk_job_pids
         self._sdk_final_io = sdk_final_io
+        self._sdk_object_bytes = sdk_object_bytes
         self._proc_sums: dict[str, _ProcIoSum] = {}
 
     def collect(self) -> list[Family]:
@@ -162,12 +169,17 @@ class JobIoCollector:
         f = Families()
         f.declare_spec(READ)
         f.declare_spec(WRITTEN)
-        for job_id, stats in sorted(accounted.items()):
+        objects = self._sdk_object_bytes() if self._sdk_object_bytes is not None else {}
+        for job_id in sorted(accounted.keys() | objects.keys()):
             per_tier: dict[str, list[int]] = {}
-            for dev, b in stats.items():
+            for dev, b in accounted.get(job_id, {}).items():
                 tier = tiers.get(dev)
                 if tier is None:
                     continue
+                acc = per_tier.setdefault(tier, [0, 0])
+                acc[0] += b.read_bytes
+                acc[1] += b.written_bytes
+            for tier, b in objects.get(job_id, {}).items():
                 acc = per_tier.setdefault(tier, [0, 0])
                 acc[0] += b.read_bytes
                 acc[1] += b.written_bytes

@@ -11,10 +11,13 @@ out, and everything else is served as before.
 
 from __future__ import annotations
 
+from functools import partial
+
 from gpufeed.collectors.base import CollectorContext, TickData
 from gpufeed.jobs.io_accounting import DeviceBytes
 from gpufeed.jobs.sdk_server import SdkServer
 from gpufeed.model import Family
+from gpufeed.storage.objects import resolve_location
 
 
 class SdkCollector:
@@ -29,6 +32,7 @@ class SdkCollector:
             max_messages_per_second=cfg.max_messages_per_second,
             grace_seconds=cfg.job_grace_seconds,
             procfs=context.paths.procfs,
+            object_tier=partial(resolve_location, entries=context.config.object_tiers),
         )
 
     def start(self) -> None:
@@ -58,3 +62,6 @@ class SdkCollector:
 
     def final_io_by_job(self) -> dict[str, dict[int, tuple[int, DeviceBytes]]]:
         return self.server.final_io_by_job()
+
+    def object_bytes_by_job(self) -> dict[str, dict[str, DeviceBytes]]:
+        return self.server.object_bytes_by_job()

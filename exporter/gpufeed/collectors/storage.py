@@ -69,7 +69,8 @@ class StorageCollector:
         statfs_timeout_seconds: float | None = None,
     ) -> None:
         self._paths = ctx.paths
-        self._tiers = ctx.config.tiers
+        # object-storage-only tiers have no mount (their I/O comes from the SDK collector)
+        self._tiers = tuple(t for t in ctx.config.tiers if t.paths)
         self._statvfs = statvfs
         timeout = statfs_timeout_seconds or _default_timeout(ctx)
         # Budget for all filesystem calls of one collect, well inside the sampler's bound.

@@ -1,7 +1,8 @@
 """An import hook that runs a patch right after a watched module finishes importing.
 
-Only `torch` and `torch.distributed.checkpoint` are watched; for every other import the hook
-is one dict lookup. The patch code itself (_gpufeed_torch) is imported only when torch is.
+Only `torch`, `torch.distributed.checkpoint` and `botocore.session` are watched; for every
+other import the hook is one dict lookup. The patch code itself (_gpufeed_torch,
+_gpufeed_botocore) is imported only when the module it patches is.
 Standard library only; never raises into the importing program.
 """
 
@@ -27,9 +28,17 @@ def _patch_dcp(module: ModuleType) -> None:
     _gpufeed_torch.patch_distributed_checkpoint(module)
 
 
+def _patch_botocore(module: ModuleType) -> None:
+    import _gpufeed_botocore  # type: ignore[import-not-found]  # next to this file
+
+    _gpufeed_botocore.patch_botocore_session(module)
+
+
 WATCHED: dict[str, Callable[[ModuleType], None]] = {
     "torch": _patch_torch,
     "torch.distributed.checkpoint": _patch_dcp,
+    # boto3, and aiobotocore (s3fs) whose session subclasses this one
+    "botocore.session": _patch_botocore,
 }
 
 

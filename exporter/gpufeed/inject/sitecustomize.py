@@ -7,7 +7,9 @@
 1. runs the `sitecustomize` this one shadows, if the environment has one;
 2. installs an import hook that, when (and only if) the program imports torch, patches
    DataLoader iteration, torch.save and torch.distributed.checkpoint.save to report to the
-   agent (gpufeed/inject/_gpufeed_torch.py). A program that never imports torch is untouched.
+   agent (gpufeed/inject/_gpufeed_torch.py); and, when it imports botocore (boto3, s3fs),
+   reports its S3 requests (gpufeed/inject/_gpufeed_botocore.py). A program that imports
+   neither is untouched.
 
 It must run in Python environments where gpufeed is not installed: it imports only the
 standard library and files next to it (and gpufeed's sdk.py, one directory up, by path).

@@ -11,6 +11,13 @@ a sender holding less than its share (max_jobs / senders holding jobs) takes the
 the least recently updated job of the sender holding the most, if that one holds more than
 its share. One process can thus fill the table while it is alone, but not keep it.
 
+Object storage (issue 16): OBJECT messages (requests a process made to an object store)
+are summed per job and tier, and per tier for the node, the location each names mapped to
+its tier by `object_tier` (gpufeed.storage.objects.resolve_location over the config's
+s3:// entries). The node's sums outlive the jobs (counters never go down) and hold at most
+MAX_OBJECT_TIERS tiers; a job at most MAX_OBJECT_TIERS_PER_JOB: further ones are refused
+with one log line per job (a bucket nobody configured is its own tier, `s3://BUCKET`).
+
 Per rank (issue 13): a process that sends RANK (its rank, local rank and world size) has
 its later steps and phases summed for that rank too, keyed by the sender's pid, so a node's
 ranks are not summed into one. The per-job sums stay exactly what they were; the per-rank
@@ -27,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Set
 from dataclasses import dataclass, field
 
-from gpufeed.catalogue import spec
+from gpufeed.catalogue import MetricSpec, spec
 from gpufeed.jobs import wire
 from gpufeed.jobs.io_accounting import DeviceBytes
 from gpufeed.logonce import LogOnce
@@ -45,6 +52,10 @@ UNSEEN_PROCESS_TIMEOUT_SECONDS = 300.0
 # Ranks of one job on one node: 8 GPUs make 8, CPU-only jobs a few dozen; the bound keeps a
 # sender claiming ever new ranks from growing the exposition without end.
 MAX_RANKS_PER_JOB = 256
+
+# Object-storage tiers one job may report into, and the node's sums may hold.
+MAX_OBJECT_TIERS_PER_JOB = 16
+MAX_OBJECT_TIERS = 64
 
 
 class Histogram:
@@ -75,6 +86,29 @@ class Histogram:
 
 
 @dataclass(slots=True)
+class ObjectSums:
+    """Requests to one tier for one operation: counts, seconds, bytes, failures by kind."""
+
+    requests: int = 0
+    seconds: float = 0.0
+    nbytes: int = 0
+    errors: int = 0
+    throttled: int = 0
+
+    def add(self, msg: wire.Message) -> None:
+        self.requests += msg.requests
+        self.seconds += msg.seconds
+        self.nbytes += msg.object_bytes
+        if msg.outcome == "error":
+            self.errors += msg.requests
+        elif msg.outcome == "throttled":
+            self.throttled += msg.requests
+
+
+ObjectKey = tuple[str, str]  # (tier, operation)
+
+
+@dataclass(slots=True)
 class RankState:
     """One rank of a job on this node: its sums, and the processes that spoke for it."""
 
@@ -99,6 +133,7 @@ class JobState:
     # pid -> (its parent's pid or 0, the /proc/self/io it reported at close)
     final_io: dict[int, tuple[int, DeviceBytes]] = field(default_factory=dict)
     ranks: dict[int, RankState] = field(default_factory=dict)
+    objects: dict[ObjectKey, ObjectSums] = field(default_factory=dict)
     pid_ranks: dict[int, int] = field(default_factory=dict)  # pid -> the rank it said it is
     ended_at: float | None = None
     owner: Hashable = None  # the sender that started the job
@@ -113,11 +148,14 @@ class JobTable:
         max_jobs: int,
         grace_seconds: float,
         pid_alive: Callable[[int], bool],
+        object_tier: Callable[[str], str] = lambda location: location,
     ) -> None:
         self.max_jobs = max_jobs
         self.grace_seconds = grace_seconds
         self._pid_alive = pid_alive
+        self._object_tier = object_tier
         self._jobs: dict[str, JobState] = {}
+        self._node_objects: dict[ObjectKey, ObjectSums] = {}
         self._log = LogOnce(log)
 
     def apply(
@@ -147,6 +185,9 @@ class JobTable:
             job.ended_at = None
         if msg.kind == wire.KIND_RANK:
             self._set_rank(job, msg, pid)
+            return None
+        if msg.kind == wire.KIND_OBJECT:
+            self._add_object(job, msg)
             return None
         rank = job.ranks.get(job.pid_ranks[pid]) if pid in job.pid_ranks else None
         if msg.kind == wire.KIND_PHASE and msg.phase == wire.COLLECTIVE_WAIT:
@@ -178,6 +219,47 @@ class JobTable:
         elif msg.kind == wire.KIND_IO and pid > 0:
             job.final_io[pid] = (ppid, DeviceBytes(msg.read_bytes, msg.written_bytes))
         return None
+
+    def _add_object(self, job: JobState, msg: wire.Message) -> None:
+        tier = self._object_tier(msg.location)
+        key = (tier, msg.operation)
+        sums = job.objects.get(key)
+        if sums is None:
+            if len({t for t, _ in job.objects} | {tier}) > MAX_OBJECT_TIERS_PER_JOB:
+                self._log.log(
+                    logging.WARNING,
+                    ("max_object_tiers", job.job_id),
+                    "SDK job %r: object-storage requests to %r not counted: the job already "
+                    "reports %d tiers, the most one job may",
+                    job.job_id,
+                    tier,
+                    MAX_OBJECT_TIERS_PER_JOB,
+                )
+                return
+            sums = job.objects[key] = ObjectSums()
+        sums.add(msg)
+        node = self._node_objects.get(key)
+        if node is None:
+            if len({t for t, _ in self._node_objects} | {tier}) > MAX_OBJECT_TIERS:
+                return  # the job's own sums have it; the node's table is full
+            node = self._node_objects[key] = ObjectSums()
+        node.add(msg)
+
+    def object_bytes_by_job(self) -> dict[str, dict[str, DeviceBytes]]:
+        """The bytes each job read and wrote per object-storage tier (job_io exports them
+        in the per-job tier families, beside the bytes read from mounts)."""
+        out: dict[str, dict[str, DeviceBytes]] = {}
+        for job in self._jobs.values():
+            per_tier: dict[str, DeviceBytes] = {}
+            for (tier, op), sums in job.objects.items():
+                if op == "metadata":
+                    continue
+                got = per_tier.get(tier, DeviceBytes(0, 0))
+                r, w = (sums.nbytes, 0) if op == "read" else (0, sums.nbytes)
+                per_tier[tier] = DeviceBytes(got.read_bytes + r, got.written_bytes + w)
+            if per_tier:
+                out[job.job_id] = per_tier
+        return out
 
     def _set_rank(self, job: JobState, msg: wire.Message, pid: int) -> None:
         """Process `pid` is rank `msg.rank` of the job from now on. A sender the agent cannot
@@ -279,7 +361,31 @@ class JobTable:
                 job.epoch.count,
             )
         self._rank_families(f, gpus_of_pid or {})
+        self._object_families(f)
         return f.build()
+
+    def _object_families(self, f: Families) -> None:
+        """Per tier for the node, and per job: requests, their seconds, bytes, failures."""
+        requests = spec("gpufeed_object_storage_requests_total")
+        seconds = spec("gpufeed_object_storage_request_seconds_total")
+        read = spec("gpufeed_object_storage_read_bytes_total")
+        written = spec("gpufeed_object_storage_written_bytes_total")
+        errors = spec("gpufeed_object_storage_errors_total")
+        job_requests = spec("gpufeed_job_object_storage_requests_total")
+        job_seconds = spec("gpufeed_job_object_storage_request_seconds_total")
+        job_errors = spec("gpufeed_job_object_storage_errors_total")
+        for s in (requests, seconds, read, written, errors, job_requests, job_seconds):
+            f.declare_spec(s)
+        f.declare_spec(job_errors)
+        for (tier, op), sums in sorted(self._node_objects.items()):
+            labels = {"tier": tier, "operation": op}
+            _put_object_sums(f, (requests, seconds, errors), labels, sums)
+            if op in ("read", "write"):
+                f.put(read if op == "read" else written, {"tier": tier}, sums.nbytes)
+        for job in self._jobs.values():
+            for (tier, op), sums in sorted(job.objects.items()):
+                labels = {"job_id": job.job_id, "tier": tier, "operation": op}
+                _put_object_sums(f, (job_requests, job_seconds, job_errors), labels, sums)
 
     def _rank_families(self, f: Families, gpus_of_pid: Mapping[int, Set[str]]) -> None:
         phases = spec("gpufeed_job_rank_phase_seconds_total")
@@ -331,6 +437,19 @@ class JobTable:
             return False
         del self._jobs[min(ended)[1]]
         return True
+
+
+def _put_object_sums(
+    f: Families,
+    specs: tuple[MetricSpec, MetricSpec, MetricSpec],
+    labels: dict[str, str],
+    sums: ObjectSums,
+) -> None:
+    requests, seconds, errors = specs
+    f.put(requests, labels, sums.requests)
+    f.put(seconds, labels, sums.seconds)
+    f.put(errors, {**labels, "reason": "failed"}, sums.errors)
+    f.put(errors, {**labels, "reason": "throttled"}, sums.throttled)
 
 
 def _add(sums: dict[str, float], phase: str, seconds: float) -> None:

@@ -73,12 +73,13 @@ class SdkServer:
         grace_seconds: float,
         procfs: Path = Path("/proc"),
         clock: Callable[[], float] = time.monotonic,
+        object_tier: Callable[[str], str] = lambda location: location,
     ) -> None:
         self.socket_path = socket_path
         self._procfs = procfs
         self._clock = clock
         self._lock = threading.Lock()
-        self._table = JobTable(max_jobs, grace_seconds, self._pid_alive)
+        self._table = JobTable(max_jobs, grace_seconds, self._pid_alive, object_tier)
         self._senders = Senders(float(max_messages_per_second), clock())
         self._dropped: Counter[str] = Counter()
         self._received = 0
@@ -186,6 +187,11 @@ class SdkServer:
         """What each SDK job's processes reported of their own I/O at close."""
         with self._lock:
             return self._table.final_io_by_job()
+
+    def object_bytes_by_job(self) -> dict[str, dict[str, DeviceBytes]]:
+        """The bytes each SDK job moved per object-storage tier."""
+        with self._lock:
+            return self._table.object_bytes_by_job()
 
     # -- receiving ---------------------------------------------------------------------------
 

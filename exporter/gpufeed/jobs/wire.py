@@ -19,6 +19,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Final
 
+from gpufeed.storage.objects import parse_s3_url
+
 WIRE_VERSION: Final = 1
 MAGIC: Final = b"gf"
 KIND_STEP: Final = 1
@@ -33,6 +35,16 @@ KIND_IO: Final = 6
 # that one as `schema`): the rank the sending process is in its job. The agent keys per-rank
 # sums by the sender's pid (SO_PASSCRED), so it follows the pid, not the datagram.
 KIND_RANK: Final = 7
+# Added in 0.3.0 (issue 16), in a datagram of its own: requests the process made to storage
+# the agent cannot see (an object store): phase = OBJECT_OPERATIONS index * 3 +
+# OBJECT_OUTCOMES index, a = seconds the requests took, b = bytes, n = requests; the
+# location (gpufeed.storage.objects) follows the name, its length in `reserved`.
+KIND_OBJECT: Final = 8
+OBJECT_OPERATIONS: Final = ("read", "write", "metadata")
+OBJECT_OUTCOMES: Final = ("ok", "error", "throttled")
+MAX_LOCATION_BYTES: Final = 255
+MAX_OBJECT_REQUESTS: Final = 1_000_000
+_TIER_NAME = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
 PHASES: Final = ("compute", "data_wait", "checkpoint", "communication", "startup", "eval", "other")
 # Time inside torch.distributed collectives and barriers: a per-rank phase only, overlapping
 # the job phase it happens in (mostly compute), so it is in no per-job family. PHASE index
@@ -42,7 +54,7 @@ RANK_PHASES: Final = (*PHASES, COLLECTIVE_WAIT)
 HEADER: Final = struct.Struct("<2sBBBBBBddq")
 MAX_JOB_ID_BYTES: Final = 128
 MAX_NAME_BYTES: Final = 64
-MAX_MESSAGE_BYTES: Final = HEADER.size + MAX_JOB_ID_BYTES + MAX_NAME_BYTES
+MAX_MESSAGE_BYTES: Final = HEADER.size + MAX_JOB_ID_BYTES + MAX_NAME_BYTES + MAX_LOCATION_BYTES
 MAX_DATAGRAM_BYTES: Final = 8192
 
 # The longest duration one event may carry; anything longer is a broken clock or a forgery.
@@ -95,6 +107,12 @@ class Message:
     rank: int = 0  # RANK only: the global rank
     local_rank: int | None = None  # RANK only: the rank on its node; None = not known
     world_size: int = 0  # RANK only: ranks in the whole job
+    # OBJECT only: where the requests went, what they were, how they ended, how many
+    location: str = ""
+    operation: str = ""
+    outcome: str = ""
+    requests: int = 0
+    object_bytes: int = 0
 
 
 def decode_datagram(data: bytes) -> list[Message] | str:
@@ -125,13 +143,13 @@ def _decode_one(
         return REASON_SCHEMA
     if version != WIRE_VERSION:
         return REASON_VERSION
-    if not KIND_STEP <= kind <= KIND_RANK or reserved != 0:
+    if not KIND_STEP <= kind <= KIND_OBJECT or (reserved != 0) != (kind == KIND_OBJECT):
         return REASON_SCHEMA
     if not 0 < id_len <= MAX_JOB_ID_BYTES or not 0 < name_len <= MAX_NAME_BYTES:
         return REASON_NAME_LENGTH
     start = offset + HEADER.size
     end = start + id_len + name_len
-    if end > len(data):
+    if end + reserved > len(data):
         return REASON_SIZE
     job_id = _cached_text(data[start : start + id_len], texts)
     name = _cached_text(data[start + id_len : end], texts)
@@ -139,8 +157,49 @@ def _decode_one(
         return REASON_SCHEMA
     if not job_id or not name:
         return REASON_CHARACTERS
+    if kind == KIND_OBJECT:
+        obj = _object_message(phase, a, b, n, job_id, name, data[end : end + reserved])
+        return obj if isinstance(obj, str) else (obj, end + reserved)
     msg = _message(kind, phase, a, b, n, job_id, name)
     return msg if isinstance(msg, str) else (msg, end)
+
+
+def _object_message(
+    phase: int, a: float, b: float, n: int, job_id: str, name: str, raw: bytes
+) -> Message | str:
+    """OBJECT: see KIND_OBJECT; the location is a tier name or `s3://BUCKET/FOLDER/`
+    followed by one space and the endpoint's URL (printable ASCII)."""
+    if phase >= len(OBJECT_OPERATIONS) * len(OBJECT_OUTCOMES):
+        return REASON_PHASE
+    if not (_duration_ok(a) and _byte_count_ok(b) and 0 <= n <= MAX_OBJECT_REQUESTS):
+        return REASON_SCHEMA
+    location = valid_location(raw)
+    if location is None:
+        return REASON_SCHEMA
+    op, outcome = divmod(phase, len(OBJECT_OUTCOMES))
+    return Message(
+        KIND_OBJECT,
+        job_id,
+        name,
+        seconds=a,
+        location=location,
+        operation=OBJECT_OPERATIONS[op],
+        outcome=OBJECT_OUTCOMES[outcome],
+        requests=n,
+        object_bytes=int(b),
+    )
+
+
+def valid_location(raw: bytes) -> str | None:
+    """The location text, or None where it is neither a tier name nor an s3:// location."""
+    if not raw or len(raw) > MAX_LOCATION_BYTES or not all(0x20 <= c < 0x7F for c in raw):
+        return None
+    text = raw.decode("ascii")
+    url, sep, endpoint = text.partition(" ")
+    if url.startswith("s3://"):
+        ok = not isinstance(parse_s3_url(url), str)
+        return text if ok and " " not in endpoint and (endpoint or not sep) else None
+    return text if set(text) <= _TIER_NAME and len(text) <= MAX_NAME_BYTES else None
 
 
 def _message(
@@ -207,10 +266,17 @@ def encode(msg: Message) -> bytes:
     elif msg.kind == KIND_RANK:
         local = -1 if msg.local_rank is None else msg.local_rank
         a, b, n = float(local), float(msg.world_size), msg.rank
+    elif msg.kind == KIND_OBJECT:
+        a, b, n = msg.seconds, float(msg.object_bytes), msg.requests
+        phase = OBJECT_OPERATIONS.index(msg.operation) * len(OBJECT_OUTCOMES)
+        phase += OBJECT_OUTCOMES.index(msg.outcome)
     else:
         a, b, n = msg.seconds, 0.0, 0
-    head = HEADER.pack(MAGIC, WIRE_VERSION, msg.kind, phase, 0, len(job_id), len(name), a, b, n)
-    return head + job_id + name
+    location = msg.location.encode() if msg.kind == KIND_OBJECT else b""
+    head = HEADER.pack(
+        MAGIC, WIRE_VERSION, msg.kind, phase, len(location), len(job_id), len(name), a, b, n
+    )
+    return head + job_id + name + location
 
 
 def _duration_ok(x: float) -> bool:

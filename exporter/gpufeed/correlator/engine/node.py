@@ -26,6 +26,19 @@ STORAGE_FIELDS = {
     "gpufeed_storage_io_time_seconds_total": "io_time",
     "gpufeed_storage_io_time_weighted_seconds_total": "io_weighted",
 }
+# Object-storage tiers (s3://) read like a mount's: bytes, and per operation the requests
+# and their seconds as operations and time, so that latency = seconds per request.
+OBJECT_BYTES_FIELDS = {
+    "gpufeed_object_storage_read_bytes_total": "read_bytes",
+    "gpufeed_object_storage_written_bytes_total": "written_bytes",
+}
+OBJECT_OPERATION_FIELDS = {
+    ("gpufeed_object_storage_requests_total", "read"): "reads",
+    ("gpufeed_object_storage_requests_total", "write"): "writes",
+    ("gpufeed_object_storage_request_seconds_total", "read"): "read_time",
+    ("gpufeed_object_storage_request_seconds_total", "write"): "write_time",
+}
+OBJECT_MOUNTPOINT = ""  # an object-storage tier's one (tier, mountpoint) column set
 NETWORK_FIELDS = {
     "gpufeed_network_receive_bytes_total": "rx",
     "gpufeed_network_transmit_bytes_total": "tx",
@@ -73,6 +86,9 @@ USED_METRICS: tuple[str, ...] = (
     "gpufeed_gpu_clock_event_active",
     "gpufeed_gpu_xid_errors_total",
     *STORAGE_FIELDS,
+    *OBJECT_BYTES_FIELDS,
+    "gpufeed_object_storage_requests_total",
+    "gpufeed_object_storage_request_seconds_total",
     *NETWORK_FIELDS,
     *NETWORK_COUNTER_PREFIXES,
     "gpufeed_host_cpu_seconds_total",
@@ -177,6 +193,13 @@ class NodeSeries:
         f = STORAGE_FIELDS.get(name)
         if f is not None:
             return _slot(_slot_map(self.storage, (get("tier", ""), get("mountpoint", ""))), f)
+        if name.startswith("gpufeed_object_storage_"):
+            f = OBJECT_BYTES_FIELDS.get(name) or OBJECT_OPERATION_FIELDS.get(
+                (name, get("operation", ""))
+            )
+            if f is None:
+                return None  # metadata requests: not what feeds a job its data
+            return _slot(_slot_map(self.storage, (get("tier", ""), OBJECT_MOUNTPOINT)), f)
         f = NETWORK_FIELDS.get(name)
         if f is not None:
             return _slot(_slot_map(self.network, (get("device", ""), get("port", ""))), f)

@@ -9,6 +9,7 @@ from gpufeed.correlator.engine.node import (
     CONGESTION_PREFIX,
     ERROR_PREFIX,
     JobColumns,
+    OBJECT_MOUNTPOINT,
     NodeSeries,
 )
 from gpufeed.correlator.engine.series import Series
@@ -18,6 +19,9 @@ from gpufeed.vocabulary import LINK_FLAP_COUNTERS
 MIN_OPS_FOR_LATENCY = 2.0
 # A job reading less than this (bytes per second) has no hit ratio worth telling.
 MIN_CACHE_READ_BYTES = 1e6
+# An object-storage request moves a whole object (megabytes), so even one in the rate
+# window says how slow the store is; a disk's latency over a handful of 4 KiB reads is noise.
+MIN_OBJECT_REQUESTS_FOR_LATENCY = 0.1
 COLLECTIVE_WAIT = "collective_wait"  # the per-rank phase: time inside collectives
 BUSY_CPU_MODES = ("user", "system", "nice", "irq", "softirq", "steal")
 # A link that went down this recently still explains a stall: a flapping link spends its
@@ -136,7 +140,10 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
     rate = _rater(t, tm)
     # storage: sum the mounts of a tier; latency = time per operation over the window
     acc: dict[str, list[float | None]] = {}
-    for (tier, _mp), f in node.storage.items():
+    object_tiers: set[str] = set()
+    for (tier, mp), f in node.storage.items():
+        if mp == OBJECT_MOUNTPOINT:
+            object_tiers.add(tier)
         a = acc.setdefault(tier, [None] * 8)
         for i, key in enumerate(
             ("read_bytes", "written_bytes", "reads", "read_time", "io_time", "io_weighted")
@@ -150,16 +157,9 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
         a[7] = _add(a[7], rate(f.get("write_time")))
     for tier, a in acc.items():
         rb, wb, ops, rtime, busy, qd, wops, wtime = a
-        lat = (
-            rtime / ops
-            if ops is not None and rtime is not None and ops >= MIN_OPS_FOR_LATENCY
-            else None
-        )
-        wlat = (
-            wtime / wops
-            if wops is not None and wtime is not None and wops >= MIN_OPS_FOR_LATENCY
-            else None
-        )
+        least = MIN_OBJECT_REQUESTS_FOR_LATENCY if tier in object_tiers else MIN_OPS_FOR_LATENCY
+        lat = rtime / ops if ops is not None and rtime is not None and ops >= least else None
+        wlat = wtime / wops if wops is not None and wtime is not None and wops >= least else None
         view.tiers[tier] = TierView(
             rb, wb, ops, lat, wlat, None if busy is None else min(busy, 1.0), qd
         )
