@@ -29,7 +29,14 @@ def listening_port(pid: int) -> int | None:
 
 
 class Agent:
-    def __init__(self, run_dir: Path, tiers: dict[str, LoopTier], instance: str) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        tiers: dict[str, LoopTier],
+        instance: str,
+        objects: dict[str, list[str]] | None = None,
+    ) -> None:
+        """`objects`: object-storage tiers (name -> s3:// entries), beside the mounts."""
         self.run_dir = run_dir
         self.socket = run_dir / "sdk.sock"
         self.windows_log = run_dir / "windows.jsonl"
@@ -39,7 +46,10 @@ class Agent:
             yaml.safe_dump(
                 {
                     "interval_seconds": 1,
-                    "tiers": {name: str(t.mnt) for name, t in tiers.items()},
+                    "tiers": {
+                        **{name: str(t.mnt) for name, t in tiers.items()},
+                        **(objects or {}),
+                    },
                     "sdk": {"socket_path": str(self.socket)},
                     "correlator": {"windows_log": str(self.windows_log)},
                 }

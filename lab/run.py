@@ -41,6 +41,8 @@ from typing import Any
 
 from lab import faults as faultkit
 from lab.agent import Agent
+from lab.faults.s3 import CLIENT_ENV as S3_CLIENT_ENV
+from lab.faults.s3 import S3_TIER, LabS3
 from lab.host import JobCgroup, LoopTier, cgroup_mode
 from lab.scenario import Scenario, ScenarioError, find, load_all
 from lab.score import LabWindow, NodeRun, Sighting, Step, score
@@ -130,14 +132,23 @@ def run_one(
         run_dir = Path(tempfile.mkdtemp(prefix=f"gpufeed-lab-{os.getpid()}-"))
         cleanup.callback(shutil.rmtree, run_dir, True)
         tiers: dict[str, LoopTier] = {}
+        store: LabS3 | None = None
         for spec in s.tiers:
+            if spec.name == S3_TIER:
+                store = LabS3()
+                cleanup.callback(store.close)
+                store.open()
+                continue
             t = LoopTier(spec.name, run_dir, spec.size_mib)
             cleanup.callback(t.close)
             tiers[spec.name] = t.open()
         w = s.workload
-        data = tiers[w.data_tier].mnt / "data"
-        _write_data(data, w.samples, w.sample_kib)
-        ck_tier = tiers.get(w.checkpoint.tier, tiers[w.data_tier])
+        if w.data_tier == S3_TIER and store is not None:
+            data = store.write_data("train", w.samples, w.sample_kib)
+        else:
+            data = str(tiers[w.data_tier].mnt / "data")
+            _write_data(Path(data), w.samples, w.sample_kib)
+        ck_tier = tiers.get(w.checkpoint.tier) or next(iter(tiers.values()))
         weights = ""
         if w.weights_tier:
             wpath = tiers[w.weights_tier].mnt / "weights.bin"
@@ -149,7 +160,9 @@ def run_one(
         cg = JobCgroup(job_id)
         cleanup.callback(cg.close)
         cg.open([t.dev for t in tiers.values()])
-        ctx = faultkit.FaultContext(cg, tiers, run_dir / "control.json", run_dir, _nice(nice))
+        ctx = faultkit.FaultContext(
+            cg, tiers, run_dir / "control.json", run_dir, _nice(nice), store
+        )
         injectors = []
         for f in s.faults:
             inj = faultkit.make(f, ctx)
@@ -158,14 +171,17 @@ def run_one(
             injectors.append((f, inj))
         os.sync()
 
-        agent = Agent(run_dir, tiers, f"lab-{s.name}-{launcher}-{os.getpid()}")
+        objects = {S3_TIER: [f"{data}"]} if store is not None and data.startswith("s3:") else {}
+        agent = Agent(run_dir, tiers, f"lab-{s.name}-{launcher}-{os.getpid()}", objects)
         cleanup.callback(_copy, agent.run_dir / "agent.log", out / "agent.log")
         cleanup.callback(agent.stop)
         agent.start(_nice(nice), record=out / "trace.om")
 
         steps_log = out / "steps.jsonl"
         argv = [sys.executable, str(TRAIN), "--mode", "plain" if launcher == "run" else "sdk"]
-        argv += ["--data", str(data), "--ckpt", str(ck_tier.mnt / "ckpt")]
+        argv += ["--data", data, "--ckpt", str(ck_tier.mnt / "ckpt")]
+        if store is not None:
+            argv += ["--s3-endpoint", store.endpoint_url]
         argv += ["--ckpt-every", str(w.checkpoint.every_steps)]
         argv += ["--device-seconds", str(w.device_seconds_per_step), "--device", device]
         argv += ["--batch-size", str(w.batch_size), "--workers", str(w.num_workers)]
@@ -186,6 +202,8 @@ def run_one(
                 *argv,
             ]
         env = dict(os.environ, SLURM_JOB_ID=job_id, GPUFEED_SOCKET=str(agent.socket))
+        if store is not None:
+            env.update(S3_CLIENT_ENV)
         env.pop("GPUFEED_JOB_ID", None)
         with open(out / "workload.log", "wb") as wlog:
             proc = subprocess.Popen(

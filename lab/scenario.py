@@ -20,7 +20,8 @@ import yaml
 from gpufeed.vocabulary import Cause
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
-TIER_NAMES = ("gpu_direct", "hot", "warm", "cold")
+# "s3": a bucket on the lab's S3 server (lab.faults.s3), not a loop-mounted filesystem
+TIER_NAMES = ("gpu_direct", "hot", "warm", "cold", "s3")
 LAUNCHERS = ("run", "sdk")
 WORKLOAD_KINDS = ("train", "dlio", "ddp")
 
@@ -259,6 +260,10 @@ def _tiers(r: _Reader, raw: object) -> tuple[TierSpec, ...]:
         if name not in TIER_NAMES:
             raise r.fail(f"tiers.{name}", f"must be one of {', '.join(TIER_NAMES)}")
         s = r.mapping(spec, f"tiers.{name}")
+        if name == "s3":  # a bucket: nothing to size
+            r.only(s, set(), f"tiers.{name}")
+            out.append(TierSpec(name, 0))
+            continue
         r.only(s, {"size_mib"}, f"tiers.{name}")
         out.append(TierSpec(name, int(r.number(s, "size_mib", f"tiers.{name}", positive=True))))
     return tuple(out)

@@ -30,6 +30,7 @@ TRAINING_PROCESS_STATE = {
     ("gpufeed/inject/_gpufeed_torch.py", "`global _job`"),
     ("gpufeed/inject/_gpufeed_torch.py", "`global _warned`"),
     ("gpufeed/inject/_gpufeed_botocore.py", "`global _warned`"),
+    ("gpufeed/inject/_gpufeed_s3torch.py", "`global _warned`"),
 }
 CONTAINER_CALLS = {"list", "dict", "set", "defaultdict", "OrderedDict", "Counter", "deque"}
 

@@ -22,7 +22,7 @@ from gpufeed.model import iter_samples
 from gpufeed.run_cli import instrumented_env
 from gpufeed.sdk import object_location as sdk_object_location
 from gpufeed.storage.objects import ObjectTierEntry, object_location, resolve_location
-from lab.faults.s3 import S3Proxy
+from lab.faults.s3 import S3Proxy, quiet_s3_server
 
 CONFIG = """
 tiers:
@@ -143,7 +143,8 @@ SIZES = [1000, 4096, 65536 + 7, 300_001, 12]
 
 PROGRAM = r"""
 import sys, boto3, s3fs
-url = sys.argv[1]
+from s3torchconnector import S3ClientConfig, S3MapDataset
+url, plain = sys.argv[1], sys.argv[2]
 c = boto3.client("s3", endpoint_url=url)
 got = 0
 for i in range(%d):
@@ -152,6 +153,10 @@ c.put_object(Bucket="train-data", Key="ckpt/model.bin", Body=b"w" * 777)
 fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": url}, default_block_size=1 << 20)
 with fs.open("train-data/other/readme.txt", "rb") as f:
     got += len(f.read())
+config = S3ClientConfig(force_path_style=True)
+data = S3MapDataset.from_prefix("s3://train-data/other/", region="us-east-1", endpoint=plain,
+                                s3client_config=config)
+got += sum(len(data[i].read()) for i in range(len(data)))
 print(got)
 """
 
@@ -160,6 +165,7 @@ print(got)
 def s3() -> Iterator[tuple[str, int]]:
     from moto.server import ThreadedMotoServer
 
+    quiet_s3_server()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
@@ -184,7 +190,7 @@ def _creds() -> dict[str, str]:
     }
 
 
-def _run_job(sock: str, endpoint: str, tmp_path: Path) -> int:
+def _run_job(sock: str, endpoint: str, plain: str, tmp_path: Path) -> int:
     env = instrumented_env(
         {"PATH": os.environ["PATH"], **AWS_ENV, "HOME": str(tmp_path)}, sock, "s3job", "run-s3"
     )
@@ -192,7 +198,7 @@ def _run_job(sock: str, endpoint: str, tmp_path: Path) -> int:
         [env["PYTHONPATH"], str(Path(__file__).parents[1] / "exporter")]
     )
     out = subprocess.run(
-        [sys.executable, "-c", PROGRAM % len(SIZES), endpoint],
+        [sys.executable, "-c", PROGRAM % len(SIZES), endpoint, plain],
         env=env,
         capture_output=True,
         text=True,
@@ -208,37 +214,43 @@ def _values(fams: list, name: str) -> dict[tuple[tuple[str, str], ...], float]:
 
 
 @pytest.mark.slow
-def test_boto3_and_s3fs_requests_counted_exactly_through_a_throttling_slow_endpoint(
+def test_boto3_s3fs_and_the_s3_connector_counted_exactly_through_a_throttling_slow_endpoint(
     s3: tuple[str, int], tmp_path: Path
 ) -> None:
+    """boto3 and s3fs read through a proxy that adds 50 ms and throttles every third
+    request; the S3 connector (whose Rust client retries throttled requests out of sight)
+    through one that only adds 50 ms."""
     host, port = s3
     proxy = S3Proxy(host, port).start()
     proxy.delay_s = 0.05
     proxy.throttle_every = 3
+    plain = S3Proxy(host, port).start()
+    plain.delay_s = 0.05
     ctx = CollectorContext(config=parse_config(CONFIG % port))
     sdk = SdkCollector(ctx, socket_path=str(tmp_path / "sdk.sock"))
     sdk.start()
     try:
-        got = _run_job(sdk.server.socket_path, proxy.endpoint_url, tmp_path)
+        got = _run_job(sdk.server.socket_path, proxy.endpoint_url, plain.endpoint_url, tmp_path)
         time.sleep(0.3)  # the last datagrams
         fams = sdk.collect()
         job_io = JobIoCollector(ctx, sdk_object_bytes=sdk.object_bytes_by_job).collect()
     finally:
         sdk.stop()
         proxy.stop()
-    assert got == sum(SIZES) + 5000
+        plain.stop()
+    assert got == sum(SIZES) + 2 * 5000
     tr = ("tier", "s3train")
     read = _values(fams, "gpufeed_object_storage_read_bytes_total")
     # the dataset's folder is the s3train tier; other/ and ckpt/ are the whole bucket's
-    # entry, whose endpoint is the S3 server's, not the proxy's: `s3://train-data`
-    assert read == {(tr,): sum(SIZES), (("tier", "s3://train-data"),): 5000}
+    # entry, whose endpoint is the S3 server's, not the proxies': `s3://train-data`
+    assert read == {(tr,): sum(SIZES), (("tier", "s3://train-data"),): 2 * 5000}
     written = _values(fams, "gpufeed_object_storage_written_bytes_total")
     assert written == {(("tier", "s3://train-data"),): 777}
     requests = _values(fams, "gpufeed_object_storage_requests_total")
     errors = _values(fams, "gpufeed_object_storage_errors_total")
     throttled = sum(v for k, v in errors.items() if ("reason", "throttled") in k)
-    # every request the proxy saw was reported once, and every one it refused as throttled
-    assert sum(requests.values()) == proxy.requests
+    # every request the proxies saw was reported once, and every one refused as throttled
+    assert sum(requests.values()) == proxy.requests + plain.requests
     assert throttled == proxy.throttled > 0
     assert sum(v for k, v in errors.items() if ("reason", "failed") in k) == 0
     key = (("operation", "read"), tr)

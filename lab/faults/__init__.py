@@ -10,10 +10,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from lab.host import JobCgroup, LoopTier
 from lab.scenario import Fault
+
+if TYPE_CHECKING:
+    from lab.faults.s3 import LabS3
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +26,7 @@ class FaultContext:
     control: Path  # the workload's control file (lab/workloads/train.py --control)
     run_dir: Path
     nice: list[str]  # the workload's `nice -n N` prefix: hogs compete at the same niceness
+    s3: LabS3 | None = None  # the scenario's object store, where it has an `s3` tier
 
 
 class Injector(Protocol):
@@ -37,7 +41,7 @@ Factory = Callable[[Fault, FaultContext], Injector]
 def kinds() -> Mapping[str, Factory]:
     """Fault kind -> injector. Imported here, not at module level, so that loading a
     scenario does not import every injector."""
-    from lab.faults import blkio, checkpoint, contention, cpu
+    from lab.faults import blkio, checkpoint, contention, cpu, s3
 
     return MappingProxyType(
         {
@@ -46,6 +50,7 @@ def kinds() -> Mapping[str, Factory]:
             "cpu_hog": cpu.CpuHogs,
             "cpu_quota": cpu.CpuQuota,
             "checkpoint_storm": checkpoint.CheckpointStorm,
+            "s3_slow": s3.SlowS3,
         }
     )
 

@@ -13,7 +13,12 @@ import http.client
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from lab.scenario import Fault
+
+if TYPE_CHECKING:
+    from lab.faults import FaultContext
 
 SLOW_DOWN_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
@@ -127,10 +132,12 @@ class SlowS3:
     """The `s3_slow` fault: the lab's S3 proxy slowed (delay_ms) and/or throttling
     (throttle_every) from start to stop."""
 
-    def __init__(self, proxy: S3Proxy, delay_ms: float, throttle_every: int) -> None:
-        self.proxy = proxy
-        self.delay_s = delay_ms / 1000.0
-        self.throttle_every = throttle_every
+    def __init__(self, fault: Fault, ctx: FaultContext) -> None:
+        if ctx.s3 is None or ctx.s3.proxy is None:
+            raise ValueError(f"fault {fault.kind} needs the scenario's `{S3_TIER}` tier")
+        self.proxy = ctx.s3.proxy
+        self.delay_s = float(fault.param("delay_ms", 200)) / 1000.0
+        self.throttle_every = int(fault.param("throttle_every", 0))
 
     def prepare(self) -> None:
         pass
@@ -142,3 +149,80 @@ class SlowS3:
     def stop(self) -> None:
         self.proxy.delay_s = 0.0
         self.proxy.throttle_every = 0
+
+
+S3_TIER = "s3"  # the scenario tier that is a bucket, not a loop-mounted filesystem
+BUCKET = "gpufeed-lab"
+# Credentials the lab's S3 server accepts (moto checks none); what the workload's boto3
+# needs to sign its requests, and no checksum framing on uploads (plain bodies to proxy).
+CLIENT_ENV = {
+    "AWS_ACCESS_KEY_ID": "gpufeed-lab",
+    "AWS_SECRET_ACCESS_KEY": "gpufeed-lab",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REQUEST_CHECKSUM_CALCULATION": "when_required",
+}
+
+
+def quiet_s3_server() -> None:
+    """moto's server logs one line per request through werkzeug: thousands per run."""
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+
+
+class LabS3:
+    """The lab's object store: moto's real S3 server (HTTP, 127.0.0.1, port 0) in a thread
+    of the runner, a bucket, and the S3Proxy in front of it that the workload reads through
+    (the `s3_slow` fault's handle). close() stops both; the data lives in memory only."""
+
+    def __init__(self) -> None:
+        self.server: Any = None
+        self.proxy: S3Proxy | None = None
+
+    def open(self) -> LabS3:
+        from moto.server import ThreadedMotoServer
+
+        quiet_s3_server()
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        host, port = self.server.get_host_and_port()
+        self.proxy = S3Proxy(host, port).start()
+        self._client().create_bucket(Bucket=BUCKET)
+        return self
+
+    def _client(self) -> Any:
+        import boto3
+
+        assert self.server is not None
+        host, port = self.server.get_host_and_port()
+        return boto3.client(
+            "s3",
+            endpoint_url=f"http://{host}:{port}",
+            aws_access_key_id=CLIENT_ENV["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=CLIENT_ENV["AWS_SECRET_ACCESS_KEY"],
+            region_name=CLIENT_ENV["AWS_DEFAULT_REGION"],
+        )
+
+    def write_data(self, prefix: str, samples: int, sample_kib: int) -> str:
+        """Uploads `samples` random objects under `prefix`; the s3:// URL the workload reads."""
+        import os
+
+        c = self._client()
+        for i in range(samples):
+            c.put_object(
+                Bucket=BUCKET, Key=f"{prefix}/{i:05d}.bin", Body=os.urandom(sample_kib << 10)
+            )
+        return f"s3://{BUCKET}/{prefix}"
+
+    @property
+    def endpoint_url(self) -> str:
+        assert self.proxy is not None
+        return self.proxy.endpoint_url
+
+    def close(self) -> None:
+        if self.proxy is not None:
+            self.proxy.stop()
+            self.proxy = None
+        if self.server is not None:
+            self.server.stop()
+            self.server = None

@@ -1,7 +1,8 @@
 """The lab's training program: plain PyTorch, the way people write it.
 
 Input workers (DataLoader num_workers) read one file per sample with O_DIRECT (so that the
-page cache cannot hide a slow tier) and do some CPU work on it (the decode/augment
+page cache cannot hide a slow tier), or one object per sample from an S3 bucket with boto3
+(`--data s3://BUCKET/PREFIX --s3-endpoint URL`), and do some CPU work on it (the decode/augment
 stand-in); the loop trains a small MLP and then waits `--device-seconds` per step: without
 a GPU that wait stands in for the device (the host waiting on the device's kernels), so the
 input pipeline, storage and CPUs are real and the device is the only stand-in. With
@@ -97,6 +98,43 @@ class DirectFiles(Dataset[tuple[torch.Tensor, int]]):
         return x, i % 4
 
 
+class S3Objects(Dataset[tuple[torch.Tensor, int]]):
+    """One object per sample from an S3 bucket (`--data s3://BUCKET/PREFIX`, at
+    `--s3-endpoint`): the same decode work as DirectFiles. Each process (input workers are
+    forked) makes its own boto3 client on first use: clients are not fork-safe."""
+
+    def __init__(self, url: str, endpoint: str, units: int) -> None:
+        import boto3  # only in this mode: the file mode needs nothing beyond torch
+
+        self.bucket, _, prefix = url[len("s3://") :].partition("/")
+        self.endpoint = endpoint or None
+        self.units = units
+        self._client: Any = None
+        self._pid = 0
+        pages = boto3.client("s3", endpoint_url=self.endpoint).get_paginator("list_objects_v2")
+        self.keys = sorted(
+            o["Key"]
+            for page in pages.paginate(Bucket=self.bucket, Prefix=prefix.rstrip("/") + "/")
+            for o in page.get("Contents", [])
+        )
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if self._client is None or self._pid != os.getpid():
+            import boto3
+
+            self._client = boto3.client("s3", endpoint_url=self.endpoint)
+            self._pid = os.getpid()
+        body = self._client.get_object(Bucket=self.bucket, Key=self.keys[i])["Body"].read()
+        x = torch.frombuffer(bytearray(body), dtype=torch.uint8).float()
+        for _ in range(self.units):
+            work_unit()
+        x = x[: (x.numel() // FEATURES) * FEATURES].view(-1, FEATURES).mean(0) / 255.0
+        return x, i % 4
+
+
 class DeviceWork:
     """The per-step device time: a sleep (the stand-in) or, on a GPU, real kernels that keep
     it busy for about as long; either way the host waits for the device before going on."""
@@ -159,7 +197,8 @@ class Control:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=("plain", "sdk"), required=True)
-    ap.add_argument("--data", required=True)
+    ap.add_argument("--data", required=True, help="a directory, or s3://BUCKET/PREFIX")
+    ap.add_argument("--s3-endpoint", default="", help="the S3 endpoint URL of an s3:// --data")
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--ckpt-every", type=int, default=0)
     ap.add_argument("--ckpt-mib", type=int, default=24)
@@ -194,10 +233,14 @@ def main() -> int:
     else:
         weights = torch.zeros(args.ckpt_mib << 20, dtype=torch.uint8)
 
-    files = sorted(os.path.join(args.data, f) for f in os.listdir(args.data))
     units = calibrate(args.preprocess_ms)
+    data: Dataset[tuple[torch.Tensor, int]]
+    if args.data.startswith("s3://"):
+        data = S3Objects(args.data, args.s3_endpoint, units)
+    else:
+        data = DirectFiles(sorted(os.path.join(args.data, f) for f in os.listdir(args.data)), units)
     loader = DataLoader(
-        DirectFiles(files, units),
+        data,
         batch_size=args.batch_size,
         shuffle=True,
         num_workers=args.workers,

@@ -1,8 +1,9 @@
 """An import hook that runs a patch right after a watched module finishes importing.
 
-Only `torch`, `torch.distributed.checkpoint` and `botocore.session` are watched; for every
-other import the hook is one dict lookup. The patch code itself (_gpufeed_torch,
-_gpufeed_botocore) is imported only when the module it patches is.
+Only `torch`, `torch.distributed.checkpoint`, `botocore.session` and the S3 connector's
+client module are watched; for every other import the hook is one dict lookup. The patch
+code itself (_gpufeed_torch, _gpufeed_botocore, _gpufeed_s3torch) is imported only when
+the module it patches is.
 Standard library only; never raises into the importing program.
 """
 
@@ -34,11 +35,19 @@ def _patch_botocore(module: ModuleType) -> None:
     _gpufeed_botocore.patch_botocore_session(module)
 
 
+def _patch_s3torch(module: ModuleType) -> None:
+    import _gpufeed_s3torch  # type: ignore[import-not-found]  # next to this file
+
+    _gpufeed_s3torch.patch_s3_client(module)
+
+
 WATCHED: dict[str, Callable[[ModuleType], None]] = {
     "torch": _patch_torch,
     "torch.distributed.checkpoint": _patch_dcp,
     # boto3, and aiobotocore (s3fs) whose session subclasses this one
     "botocore.session": _patch_botocore,
+    # the PyTorch S3 connector: its own (Rust) client, not botocore
+    "s3torchconnector._s3client._s3client": _patch_s3torch,
 }
 
 
