@@ -32,7 +32,8 @@ from gpufeed.vocabulary import Cause
 # collective_wait_ratio needs per-rank signals and sm_active_drop_ratio GPM's SM activity,
 # which the bench's nodes do not report (tests/test_correlator_sm_active.py computes both).
 # job_cpu_throttled_ratio needs a job under a cgroup CPU quota, which the bench's jobs are
-# not (tests/test_correlator_evidence.py plays one).
+# not (tests/test_correlator_evidence.py plays one). data_tier_throttled_ratio needs an
+# object-storage tier (tests/test_object_storage.py plays a throttling one).
 # Their names are still checked against the rules and the summary above.
 NOT_IN_BENCH = {
     Feature.GPU_MEMORY_IDLE,
@@ -40,6 +41,7 @@ NOT_IN_BENCH = {
     Feature.COLLECTIVE_WAIT_RATIO,
     Feature.SM_ACTIVE_DROP_RATIO,
     Feature.JOB_CPU_THROTTLED_RATIO,
+    Feature.DATA_TIER_THROTTLED_RATIO,
 }
 
 

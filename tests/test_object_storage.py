@@ -308,3 +308,43 @@ def test_a_slow_s3_tier_is_data_loading_with_the_tier_named(tmp_path: Path) -> N
     assert w.cause is Cause.DATA_LOADING, w.summary
     assert dict(w.evidence).get(Ctx.DATA_TIER) == "s3train", w.evidence
     assert "s3train tier" in w.summary.split(":", 1)[0], w.summary
+
+
+def test_a_throttling_s3_tier_is_data_loading_with_the_throttled_share(tmp_path: Path) -> None:
+    """The endpoint answers 503 SlowDown to a third of the job's reads: each refused request
+    is fast, botocore backs off and retries, so the job waits for input while the tier's
+    request latency stays normal; the throttled share is what names the tier."""
+    from correlator_helpers import analyze_text, trace_text
+    from gpufeed.correlator.engine.causes import Cause
+    from gpufeed.correlator.engine.names import Context as Ctx
+    from gpufeed.correlator.engine.names import Feature as F
+    from test_correlator_evidence import INST, JOB, healthy_host, in_fault, node, only_window
+    from test_correlator_evidence import phases as job_phases
+
+    tier = 'tier="s3train"'
+
+    def s3(read: float, throttled_share: float) -> dict[str, float]:
+        ok = read / 1e6
+        requests = ok / (1 - throttled_share)
+        op = f'{tier},operation="read",{INST}'
+        return {
+            f"gpufeed_object_storage_read_bytes_total{{{tier},{INST}}}": read,
+            f"gpufeed_object_storage_requests_total{{{op}}}": requests,
+            f"gpufeed_object_storage_request_seconds_total{{{op}}}": ok * 0.02
+            + (requests - ok) * 0.002,
+            f'gpufeed_object_storage_errors_total{{{op},reason="throttled"}}': requests - ok,
+            f'gpufeed_object_storage_errors_total{{{op},reason="failed"}}': 0.0,
+            f"gpufeed_job_storage_read_bytes_total{{{JOB},{tier},{INST}}}": read,
+        }
+
+    def job(s: float) -> dict[str, float]:
+        if in_fault(s):
+            return {**job_phases(0.3, 0.7), **s3(4e6, 0.33)}
+        return {**job_phases(0.93, 0.07), **s3(12e6, 0.0)}
+
+    w = only_window(analyze_text(trace_text(node(job, healthy_host), 1500), tmp_path))
+    assert w.cause is Cause.DATA_LOADING, w.summary
+    ev = dict(w.evidence)
+    assert ev.get(Ctx.DATA_TIER) == "s3train", ev
+    assert abs(float(ev[F.DATA_TIER_THROTTLED_RATIO]) - 0.33) < 0.02, ev
+    assert "s3train tier throttled 33% of its requests" in w.summary, w.summary

@@ -106,6 +106,8 @@ def _tier_features(b: Baselines, tier: str, view: NodeView) -> dict[str, float]:
     base_rd = b.median((Kind.READ_BYTES, tier))
     if rd is not None and peak and peak > 1e6 and (base_rd is None or rd > 1.3 * base_rd):
         f[F.DATA_TIER_READ_PEAK_RATIO] = rd / peak
+    if tv.throttled_ratio is not None:  # object-storage tiers only
+        f[F.DATA_TIER_THROTTLED_RATIO] = tv.throttled_ratio
     return f
 
 

@@ -40,6 +40,9 @@ class Feature:
     DATA_TIER_BUSY_RATIO: Final = "data_tier_busy_ratio"
     DATA_TIER_QUEUE_X_BASELINE: Final = "data_tier_queue_x_baseline"
     DATA_TIER_READ_PEAK_RATIO: Final = "data_tier_read_peak_ratio"
+    # an object-storage tier refusing requests as too many (503 SlowDown, 429): the job's
+    # client backs off and retries, so the time shows as data wait, not as request latency
+    DATA_TIER_THROTTLED_RATIO: Final = "data_tier_throttled_ratio"
     IO_PRESSURE_RATIO: Final = "io_pressure_ratio"
     IOWAIT_RATIO: Final = "iowait_ratio"
     SDK_DATA_WAIT_SHARE: Final = "sdk_data_wait_share"

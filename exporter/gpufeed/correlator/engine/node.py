@@ -38,6 +38,8 @@ OBJECT_OPERATION_FIELDS = {
     ("gpufeed_object_storage_request_seconds_total", "read"): "read_time",
     ("gpufeed_object_storage_request_seconds_total", "write"): "write_time",
 }
+# requests refused as too many (any operation, summed): the tier's throttled field
+OBJECT_THROTTLED = "gpufeed_object_storage_errors_total"
 OBJECT_MOUNTPOINT = ""  # an object-storage tier's one (tier, mountpoint) column set
 NETWORK_FIELDS = {
     "gpufeed_network_receive_bytes_total": "rx",
@@ -89,6 +91,7 @@ USED_METRICS: tuple[str, ...] = (
     *OBJECT_BYTES_FIELDS,
     "gpufeed_object_storage_requests_total",
     "gpufeed_object_storage_request_seconds_total",
+    OBJECT_THROTTLED,
     *NETWORK_FIELDS,
     *NETWORK_COUNTER_PREFIXES,
     "gpufeed_host_cpu_seconds_total",
@@ -194,6 +197,11 @@ class NodeSeries:
         if f is not None:
             return _slot(_slot_map(self.storage, (get("tier", ""), get("mountpoint", ""))), f)
         if name.startswith("gpufeed_object_storage_"):
+            if name == OBJECT_THROTTLED:
+                if get("reason") != "throttled" or get("operation") == "metadata":
+                    return None
+                f = "throttled:" + get("operation", "")
+                return _slot(_slot_map(self.storage, (get("tier", ""), OBJECT_MOUNTPOINT)), f)
             f = OBJECT_BYTES_FIELDS.get(name) or OBJECT_OPERATION_FIELDS.get(
                 (name, get("operation", ""))
             )

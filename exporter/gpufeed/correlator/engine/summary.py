@@ -81,6 +81,7 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
         F.DATA_TIER_BUSY_RATIO: f"{tier} tier {_pct(v)} busy",
         F.DATA_TIER_QUEUE_X_BASELINE: f"{tier} tier queue depth {_x(v)} normal",
         F.DATA_TIER_READ_PEAK_RATIO: f"{tier} tier reads at {_pct(v)} of their peak",
+        F.DATA_TIER_THROTTLED_RATIO: f"{tier} tier throttled {_pct(v)} of its requests",
         F.IO_PRESSURE_RATIO: f"I/O pressure {_pct(v)}",
         F.IOWAIT_RATIO: f"iowait {_pct(v)}",
         F.SDK_DATA_WAIT_SHARE: f"job waits for input {_pct(v)} of the time",

@@ -73,6 +73,9 @@ class TierView:
     write_latency_seconds: float | None = None
     busy_ratio: float | None = None
     queue_depth: float | None = None
+    # object-storage tiers: requests refused as too many, of all requests (None: no
+    # object-storage requests in the rate window, or a mount)
+    throttled_ratio: float | None = None
 
 
 @dataclass(slots=True)
@@ -163,6 +166,13 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
         view.tiers[tier] = TierView(
             rb, wb, ops, lat, wlat, None if busy is None else min(busy, 1.0), qd
         )
+    for (tier, mp), f in node.storage.items():
+        if mp != OBJECT_MOUNTPOINT or tier not in view.tiers:
+            continue
+        requests = _add(rate(f.get("reads")), rate(f.get("writes")))
+        throttled = _add(rate(f.get("throttled:read")), rate(f.get("throttled:write")))
+        if requests and throttled is not None and requests >= MIN_OBJECT_REQUESTS_FOR_LATENCY:
+            view.tiers[tier].throttled_ratio = min(throttled / requests, 1.0)
     for (dev, port), f in node.network.items():
         speed, since = _link_capacity(f, t, tm)
         w = tm.rate_window_seconds
