@@ -33,7 +33,13 @@ def test_instrumented_env_puts_inject_first_and_keeps_the_rest() -> None:
 
 def test_inject_dir_holds_what_the_package_data_ships() -> None:
     names = sorted(p.name for p in run_cli.INJECT_DIR.glob("*.py"))
-    assert names == ["_gpufeed_hook.py", "_gpufeed_torch.py", "sitecustomize.py"]
+    assert names == [
+        "_gpufeed_botocore.py",
+        "_gpufeed_hook.py",
+        "_gpufeed_s3torch.py",
+        "_gpufeed_torch.py",
+        "sitecustomize.py",
+    ]
     assert (run_cli.INJECT_DIR.parent / "sdk.py").is_file()
 
 

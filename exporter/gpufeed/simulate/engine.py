@@ -30,6 +30,7 @@ from gpufeed.simulate.scenario import (
     JobSpec,
     PhaseSpec,
     Scenario,
+    TierSpec,
 )
 from gpufeed.vocabulary import Cause
 
@@ -208,6 +209,8 @@ class Engine:
             cum[lay.gc(g, L.C_NVL_TX)] = uptime * boot.uniform(1e9, 2e10)
             cum[lay.gc(g, L.C_NVL_RX)] = cum[lay.gc(g, L.C_NVL_TX)] * boot.uniform(0.98, 1.02)
         for t, tier in enumerate(self.scenario.tiers):
+            if tier.object_store:
+                continue  # no boot draws: the other tiers' values do not depend on it
             r_ops = (
                 uptime * boot.uniform(0.02, 0.2) * tier.read_bytes_per_second / tier.request_bytes
             )
@@ -477,6 +480,9 @@ class Engine:
     def _tiers(self, c: _Cell, st: _State) -> None:
         lay, dt, noise = self.layout, self.res, c.noise
         for t, tier in enumerate(self.scenario.tiers):
+            if tier.object_store:
+                self._object_tier(c, t, tier)
+                continue
             rnd = noise.random
             read = min(c.tier_read[t], tier.read_bytes_per_second * (0.985 + 0.015 * rnd()))
             write = min(c.tier_write[t], tier.write_bytes_per_second * (0.985 + 0.015 * rnd()))
@@ -508,10 +514,26 @@ class Engine:
             window = 0.1 * tier.capacity_bytes
             c.gauges[lay.g_tier_free + t] = tier.capacity_bytes * tier.free_ratio - kept % window
 
+    def _object_tier(self, c: _Cell, t: int, tier: TierSpec) -> None:
+        """An object-storage tier: whole-object requests at its latency (slower under load
+        or a busy_tier event), no busy time or queue; no noise drawn (see TierSpec)."""
+        read = min(c.tier_read[t], tier.read_bytes_per_second)
+        write = min(c.tier_write[t], tier.write_bytes_per_second)
+        load = min(1.0, read / tier.read_bytes_per_second + write / tier.write_bytes_per_second)
+        slow = c.tier_latency[t] * (1 + 0.3 * load)
+        r_ops, w_ops = read / tier.request_bytes, write / tier.request_bytes
+        base, incs, dt = self.layout.tc(t, 0), c.incs, self.res
+        incs[base + L.T_READ_B] = read * dt
+        incs[base + L.T_WRITE_B] = write * dt
+        incs[base + L.T_READS] = r_ops * dt
+        incs[base + L.T_WRITES] = w_ops * dt
+        incs[base + L.T_READ_T] = r_ops * tier.read_latency_seconds * slow * dt
+        incs[base + L.T_WRITE_T] = w_ops * tier.write_latency_seconds * slow * dt
+
     def _ports(self, c: _Cell) -> None:
         s, lay, dt, noise = self.scenario, self.layout, self.res, c.noise
         # NFS traffic crosses the ethernet ports
-        nfs = [t for t, tier in enumerate(s.tiers) if tier.device is None]
+        nfs = [t for t, tier in enumerate(s.tiers) if tier.device is None and not tier.object_store]
         nfs_read = sum(c.tier_read[t] for t in nfs)
         nfs_write = sum(c.tier_write[t] for t in nfs)
         for pi, port in enumerate(s.ports):
@@ -573,8 +595,15 @@ class _Cell:
         self.gauges = [0.0] * lay.n_gauges
         self.incs = [0.0] * lay.n_counters
         # every tier carries some traffic of other tenants
-        self.tier_read = [t.background_read_bytes_per_second * u(0.6, 1.4) for t in s.tiers]
-        self.tier_write = [t.background_write_bytes_per_second * u(0.6, 1.4) for t in s.tiers]
+        # (an object-storage tier's at its mean: it draws no noise, see TierSpec)
+        self.tier_read = [
+            t.background_read_bytes_per_second * (1.0 if t.object_store else u(0.6, 1.4))
+            for t in s.tiers
+        ]
+        self.tier_write = [
+            t.background_write_bytes_per_second * (1.0 if t.object_store else u(0.6, 1.4))
+            for t in s.tiers
+        ]
         self.tier_latency = [1.0] * len(s.tiers)
         self.tier_saturated = [False] * len(s.tiers)
         self.cpu = {"user": 0.8, "system": 0.4, "iowait": 0.02, "irq": 0.05, "softirq": 0.1,

@@ -91,6 +91,11 @@ class TierSpec:
     free_ratio: float
     background_read_bytes_per_second: float
     background_write_bytes_per_second: float
+    # an object-storage tier (an S3 bucket; `mountpoint` is its s3:// URL): exported as the
+    # SDK collector's gpufeed_object_storage_* (requests as operations), with no mount,
+    # device, capacity or busy time, and drawing no noise (the other tiers' values are the
+    # same with or without it)
+    object_store: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +180,8 @@ def default_tiers() -> tuple[TierSpec, ...]:
         TierSpec("hot", "/mnt/hot", "nvme1n1", 6.5e9, 3.2e9, 2.5e-4, 8e-5, 1 << 20, 7.68e12, 0.6, 5e7, 2e7),
         TierSpec("warm", "/mnt/warm", None, 2.2e9, 1.1e9, 2e-3, 3e-3, 1 << 20, 5e14, 0.35, 2e7, 5e6),
         TierSpec("cold", "/mnt/cold", "sda", 2.5e8, 2.0e8, 8e-3, 9e-3, 1 << 20, 1.8e13, 0.4, 2e6, 1e6),
+        # other tenants' light reads from a dataset bucket, 8 MiB objects at 30 ms each
+        TierSpec("object", "s3://sim-datasets", None, 5e9, 2e9, 0.03, 0.05, 8 << 20, 1e15, 1.0, 5e5, 5e4, True),
     )  # fmt: skip
 
 
@@ -294,10 +301,21 @@ class _ScenarioReader(_Reader):
                 if raw is not None and not isinstance(raw, str):
                     raise self.fail(dnode, p + "device", "expected a device name or null (NFS)")
                 device = raw
+            object_store = d.object_store if name in defaults else False
+            if "object_store" in t:
+                onode = t["object_store"][1]
+                raw = self.scalar(onode) if isinstance(onode, yaml.ScalarNode) else None
+                if not isinstance(raw, bool):
+                    raise self.fail(onode, p + "object_store", "expected true or false")
+                object_store = raw
             mount = self.string(
                 t, "mountpoint", d.mountpoint if name in defaults else f"/mnt/{name}", prefix=p
             )
-            if not mount.startswith("/"):
+            if object_store:
+                device = None
+                if not mount.startswith("s3://"):
+                    mount = f"s3://{name.replace('_', '-')}-sim"
+            elif not mount.startswith("/"):
                 raise self.fail(t["mountpoint"][1], p + "mountpoint", "expected an absolute path")
             out.append(
                 TierSpec(
@@ -313,6 +331,7 @@ class _ScenarioReader(_Reader):
                     free_ratio=self.number(t, "free_ratio", d.free_ratio, minimum=0.05, maximum=1.0, prefix=p),
                     background_read_bytes_per_second=self.number(t, "background_read_bytes_per_second", d.background_read_bytes_per_second, minimum=0, maximum=1e13, prefix=p),
                     background_write_bytes_per_second=self.number(t, "background_write_bytes_per_second", d.background_write_bytes_per_second, minimum=0, maximum=1e13, prefix=p),
+                    object_store=object_store,
                 )
             )  # fmt: skip
         if not out:

@@ -131,6 +131,34 @@ SIMULATED_LINK_COUNTERS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
 }
 
 
+def _object_tier_series(lay: L.Layout, t: int, tier: str) -> list[SeriesDef]:
+    """An object-storage tier as the SDK collector exports it: bytes, and per operation
+    the requests and their seconds (no metadata requests); no request fails here."""
+    out: list[SeriesDef] = []
+    pairs = label_pairs({"tier": tier})
+    for fam, i in (
+        ("gpufeed_object_storage_read_bytes_total", L.T_READ_B),
+        ("gpufeed_object_storage_written_bytes_total", L.T_WRITE_B),
+    ):
+        out.append(SeriesDef(fam, "counter", fam, pairs, COUNTER, lay.tc(t, i)))
+    for op, reqs, secs in (("read", L.T_READS, L.T_READ_T), ("write", L.T_WRITES, L.T_WRITE_T)):
+        lab = {"tier": tier, "operation": op}
+        for fam, i in (
+            ("gpufeed_object_storage_requests_total", reqs),
+            ("gpufeed_object_storage_request_seconds_total", secs),
+        ):
+            whole = i == reqs  # requests are whole things
+            pairs_o = label_pairs(lab)
+            out.append(
+                SeriesDef(fam, "counter", fam, pairs_o, COUNTER, lay.tc(t, i), integer=whole)
+            )
+        for reason in ("failed", "throttled"):
+            fam = "gpufeed_object_storage_errors_total"
+            pairs_r = label_pairs({**lab, "reason": reason})
+            out.append(SeriesDef(fam, "counter", fam, pairs_r, CONST, 0, 0.0))
+    return out
+
+
 def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -> list[SeriesDef]:
     """Storage, network, host and job series (what the `simulated` collector emits)."""
     out: list[SeriesDef] = []
@@ -143,6 +171,9 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
 
     s = scenario
     for t, tier in enumerate(s.tiers):
+        if tier.object_store:
+            out.extend(_object_tier_series(lay, t, tier.name))
+            continue
         lab = {"tier": tier.name, "mountpoint": tier.mountpoint}
         if tier.device is not None:
             lab["device"] = tier.device
