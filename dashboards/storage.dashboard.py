@@ -17,6 +17,8 @@ from dashboards.presets import (
 
 TIER = 'tier=~"$tier"'
 NODES_TIER = 'instance=~"$instance", tier=~"$tier"'
+# object-storage tiers have no mount, so they are not among $tier's values (capacity)
+NODES = 'instance=~"$instance"'
 RI = "[$__rate_interval]"
 
 
@@ -172,6 +174,70 @@ dashboard = build_dashboard(
                     max_value=1,
                     description="Of the files jobs hold open on block-backed tiers (cachestat): "
                     "resident, and evicted by memory reclaim (a dataset that outgrew memory).",
+                ),
+            ],
+        ),
+        (
+            "Object storage (s3:// tiers)",
+            [
+                timeseries(
+                    "Object-storage throughput",
+                    [
+                        target(
+                            "sum by (tier) (rate(gpufeed_object_storage_read_bytes_total"
+                            f"{{{NODES}}}{RI}))",
+                            "{{tier}} read",
+                        ),
+                        target(
+                            "sum by (tier) (rate(gpufeed_object_storage_written_bytes_total"
+                            f"{{{NODES}}}{RI}))",
+                            "{{tier}} write",
+                        ),
+                    ],
+                    BYTES_PER_SECOND,
+                    description="Bytes jobs moved to and from object-storage tiers, as their "
+                    "processes reported them (gpufeed run's S3 clients, Job.add_io).",
+                ),
+                timeseries(
+                    "Object-storage requests",
+                    [
+                        target(
+                            "sum by (tier, operation) (rate("
+                            f"gpufeed_object_storage_requests_total{{{NODES}}}{RI}))",
+                            "{{tier}} {{operation}}",
+                        )
+                    ],
+                    OPS_PER_SECOND,
+                ),
+                timeseries(
+                    "Object-storage request latency",
+                    [
+                        target(
+                            "sum by (tier, operation) (rate("
+                            f"gpufeed_object_storage_request_seconds_total{{{NODES}}}{RI}))"
+                            " / sum by (tier, operation) (rate("
+                            f"gpufeed_object_storage_requests_total{{{NODES}}}{RI}))",
+                            "{{tier}} {{operation}}",
+                        )
+                    ],
+                    SECONDS,
+                    description="Mean time from request to response headers (S3's first-byte "
+                    "latency); the S3 connector's reads: to the last byte.",
+                ),
+                timeseries(
+                    "Throttled and failed requests",
+                    [
+                        target(
+                            "sum by (tier, reason) (rate(gpufeed_object_storage_errors_total"
+                            f"{{{NODES}}}{RI})) / on (tier) group_left sum by (tier) (rate("
+                            f"gpufeed_object_storage_requests_total{{{NODES}}}{RI}))",
+                            "{{tier}} {{reason}}",
+                        )
+                    ],
+                    RATIO,
+                    max_value=1,
+                    description="Share of a tier's requests refused as too many (throttled: "
+                    "HTTP 503 SlowDown, 429) or failed otherwise.",
                 ),
             ],
         ),

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from gpufeed.correlator.engine.node import (
     CONGESTION_PREFIX,
     ERROR_PREFIX,
-    JobColumns,
     OBJECT_MOUNTPOINT,
+    JobColumns,
     NodeSeries,
 )
 from gpufeed.correlator.engine.series import Series
