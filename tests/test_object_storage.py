@@ -348,3 +348,26 @@ def test_a_throttling_s3_tier_is_data_loading_with_the_throttled_share(tmp_path:
     assert ev.get(Ctx.DATA_TIER) == "s3train", ev
     assert abs(float(ev[F.DATA_TIER_THROTTLED_RATIO]) - 0.33) < 0.02, ev
     assert "s3train tier throttled 33% of its requests" in w.summary, w.summary
+
+
+def test_a_job_reports_into_a_bounded_number_of_tiers() -> None:
+    """Every unconfigured bucket is a tier of its own: a sender naming ever new buckets
+    gets MAX_OBJECT_TIERS_PER_JOB of them per job and MAX_OBJECT_TIERS on the node."""
+    from gpufeed.jobs.aggregate import MAX_OBJECT_TIERS, MAX_OBJECT_TIERS_PER_JOB, JobTable
+
+    table = JobTable(64, 60.0, lambda pid: True, lambda loc: resolve_location(loc, ()))
+    for j in range(8):
+        for b in range(MAX_OBJECT_TIERS_PER_JOB + 4):
+            msg = wire.Message(
+                wire.KIND_OBJECT, f"job{j}", "n", location=f"s3://bucket-{j}-{b}/x/",
+                operation="read", outcome="ok", requests=1, object_bytes=10,
+            )  # fmt: skip
+            assert table.apply(msg, 100 + j, 0.0) is None
+    per_job = table.object_bytes_by_job()
+    assert all(len(tiers) == MAX_OBJECT_TIERS_PER_JOB for tiers in per_job.values())
+    node = {
+        s.labels
+        for s in iter_samples(table.families())
+        if s.name == "gpufeed_object_storage_read_bytes_total"
+    }
+    assert len(node) == MAX_OBJECT_TIERS

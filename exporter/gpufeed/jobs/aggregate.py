@@ -306,6 +306,7 @@ class JobTable:
             if now - job.ended_at >= self.grace_seconds:
                 del self._jobs[job_id]
                 self._log.clear(("max_ranks", job_id))
+                self._log.clear(("max_object_tiers", job_id))
 
     def job_ids(self) -> list[str]:
         return list(self._jobs)
