@@ -88,6 +88,13 @@ class RulesConfig:
     latency_floor_seconds: float = 0.005  # ignore slow-but-fine latencies below this
     latency_baseline: str = "1d"
     latency_high_for: str = "15m"
+    # StorageTierMissesTarget: a tier misses a target of the agents' config (tier_targets)
+    # while the node's jobs wait for data at least this share of their reported time (SDK and
+    # `gpufeed run` phases); a throughput target counts only while the tier reads at least
+    # target_min_read_bytes_per_second (an idle tier is not slow).
+    target_data_wait_share: float = 0.2
+    target_min_read_bytes_per_second: float = 1e6
+    tier_target_missed_for: str = "10m"
     fill_lookback: str = "6h"
     fill_horizon_seconds: int = 24 * 3600
     fill_free_ratio_below: float = 0.15

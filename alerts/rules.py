@@ -149,6 +149,44 @@ def io_latency(cfg: RulesConfig) -> str:
     )
 
 
+def tier_target_missed(cfg: RulesConfig) -> str:
+    """Per node and tier: the read latency above its target, or the read throughput below
+    its target while the tier is in use (label `target` says which), while the node's jobs
+    wait for data."""
+    s, w = cfg.sel, cfg.rate_window
+    by = "sum by (instance, tier)"
+    reads = f"{by} (rate(gpufeed_storage_read_bytes_total{{{s}}}[{w}]))"
+    latency = (
+        f"{by} (rate(gpufeed_storage_read_time_seconds_total{{{s}}}[{w}]))\n"
+        f"  / ({by} (rate(gpufeed_storage_reads_completed_total{{{s}}}[{w}])) > 0)"
+    )
+    lat_target = (
+        f"max by (instance, tier) (gpufeed_storage_tier_target_read_latency_seconds{{{s}}})"
+    )
+    bps_target = (
+        f"max by (instance, tier) (gpufeed_storage_tier_target_read_bytes_per_second{{{s}}})"
+    )
+    waiting = (
+        f'sum by (instance) (rate(gpufeed_job_phase_seconds_total{{{s}, phase="data_wait"}}[{w}]))'
+        f"\n  / sum by (instance) (rate(gpufeed_job_phase_seconds_total{{{s}}}[{w}]))"
+    )
+    return (
+        "(\n"
+        "  label_replace(\n"
+        f"    (\n{_indent(latency, 6)}\n    ) > on (instance, tier) {lat_target},\n"
+        '    "target", "read_latency", "", ""\n'
+        "  )\n"
+        "  or\n"
+        "  label_replace(\n"
+        f"    ({reads} > {cfg.target_min_read_bytes_per_second:g})\n"
+        f"    < on (instance, tier) {bps_target},\n"
+        '    "target", "read_throughput", "", ""\n'
+        "  )\n"
+        ")\n"
+        f"and on (instance) (\n{_indent(waiting, 2)}\n) > {cfg.target_data_wait_share:g}"
+    )
+
+
 def recording_rules(cfg: RulesConfig) -> list[Rule]:
     """Fleet aggregates the dashboards query (cheap to read over long ranges)."""
     s, w = cfg.sel, cfg.rate_window
@@ -325,6 +363,21 @@ def alert_rules(cfg: RulesConfig) -> list[Rule]:
                     "{{ $labels.instance }} is {{ $value | humanizeDuration }}, more than "
                     f"{cfg.latency_factor:g} times its {cfg.latency_baseline} average, "
                     f"for {cfg.latency_high_for}."
+                ),
+            },
+        },
+        {
+            "alert": "StorageTierMissesTarget",
+            "expr": tier_target_missed(cfg),
+            "for": cfg.tier_target_missed_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "A storage tier misses its target while jobs wait for data.",
+                "description": (
+                    "Tier {{ $labels.tier }} on {{ $labels.instance }} misses its "
+                    "{{ $labels.target }} target (now {{ $value | humanize }}) while the "
+                    "node's jobs wait for data, for "
+                    f"{cfg.tier_target_missed_for}."
                 ),
             },
         },

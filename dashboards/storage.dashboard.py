@@ -120,6 +120,100 @@ dashboard = build_dashboard(
             ],
         ),
         (
+            "Targets (per node; tier_targets in the agents' config)",
+            [
+                timeseries(
+                    "Read latency against target",
+                    [
+                        target(
+                            "sum by (instance, tier) (rate(gpufeed_storage_read_time_seconds_total"
+                            f"{{{NODES_TIER}}}{RI})) / sum by (instance, tier) (rate("
+                            f"gpufeed_storage_reads_completed_total{{{NODES_TIER}}}{RI}))",
+                            "{{instance}} {{tier}}",
+                        ),
+                        target(
+                            "max by (tier) (gpufeed_storage_tier_target_read_latency_seconds"
+                            f"{{{NODES_TIER}}})",
+                            "{{tier}} target",
+                        ),
+                    ],
+                    SECONDS,
+                    description="Mean read latency per node and tier, and each tier's target "
+                    "(StorageTierMissesTarget fires above it while jobs wait for data).",
+                ),
+                timeseries(
+                    "Read throughput against target",
+                    [
+                        target(
+                            "sum by (instance, tier) (rate(gpufeed_storage_read_bytes_total"
+                            f"{{{NODES_TIER}}}{RI}))",
+                            "{{instance}} {{tier}}",
+                        ),
+                        target(
+                            "max by (tier) (gpufeed_storage_tier_target_read_bytes_per_second"
+                            f"{{{NODES_TIER}}})",
+                            "{{tier}} target",
+                        ),
+                    ],
+                    BYTES_PER_SECOND,
+                ),
+            ],
+        ),
+        (
+            "GPUDirect Storage (nvidia-fs)",
+            [
+                timeseries(
+                    "GDS throughput",
+                    [
+                        target(
+                            "sum by (instance, op) (rate(gpufeed_storage_gds_bytes_total"
+                            f'{{instance=~"$instance"}}{RI}))',
+                            "{{instance}} {{op}}",
+                        )
+                    ],
+                    BYTES_PER_SECOND,
+                    description="Reads and writes through the nvidia-fs driver (whole MiB).",
+                ),
+                timeseries(
+                    "GDS latency",
+                    [
+                        target(
+                            'gpufeed_storage_gds_latency_seconds{instance=~"$instance"}',
+                            "{{instance}} {{op}} latency",
+                        ),
+                    ],
+                    SECONDS,
+                ),
+                timeseries(
+                    "GDS errors",
+                    [
+                        target(
+                            "sum by (instance, op, kind) (rate(gpufeed_storage_gds_errors_total"
+                            f'{{instance=~"$instance"}}{RI}))',
+                            "{{instance}} {{op}} {{kind}}",
+                        )
+                    ],
+                    PER_SECOND,
+                ),
+                timeseries(
+                    "GPU memory for GDS",
+                    [
+                        target(
+                            'gpufeed_storage_gds_gpu_pinned_bytes{instance=~"$instance"}',
+                            "{{instance}} {{uuid}} pinned",
+                        ),
+                        target(
+                            'gpufeed_storage_gds_gpu_bounce_buffer_bytes{instance=~"$instance"}',
+                            "{{instance}} {{uuid}} bounce buffers",
+                        ),
+                    ],
+                    BYTES,
+                    description="Bounce buffers in use: GDS I/O that could not go directly "
+                    "to the application's GPU buffer.",
+                ),
+            ],
+        ),
+        (
             "Page cache",
             [
                 timeseries(

@@ -38,6 +38,8 @@ tiers:
   gpu_direct: ["/mnt/fast scratch"]
   warm: [/mnt/datasets/imagenet, /mnt/typo]
   cold: [/mnt/raid, /data/archive]
+tier_targets:
+  gpu_direct: {read_latency_seconds: 50e-6, read_bytes_per_second: 20e9}
 """
 # Families whose values are not functions of the fixtures (see the module docstring).
 MASKED_VALUES = frozenset(

@@ -42,6 +42,15 @@ class TierConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TierTarget:
+    """What a tier is meant to deliver (None: no target stated)."""
+
+    tier: str
+    read_latency_seconds: float | None = None
+    read_bytes_per_second: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class CorrelatorConfig:
     threshold_ratio: float = vocabulary.DEFAULT_THRESHOLD_RATIO
     min_window_seconds: float = vocabulary.DEFAULT_MIN_WINDOW_SECONDS
@@ -79,6 +88,7 @@ class AgentConfig:
     interval_seconds: float = 1.0
     collector_timeout_seconds: float = 0.0  # 0 = derived from the interval
     tiers: tuple[TierConfig, ...] = ()
+    tier_targets: tuple[TierTarget, ...] = ()
     correlator: CorrelatorConfig = field(default_factory=CorrelatorConfig)
     sdk: SdkConfig = field(default_factory=SdkConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
@@ -144,6 +154,7 @@ def parse_config(text: str, source: str = "<config>") -> AgentConfig:
         "interval_seconds",
         "collector_timeout_seconds",
         "tiers",
+        "tier_targets",
         "correlator",
         "sdk",
         "jobs",
@@ -154,6 +165,7 @@ def parse_config(text: str, source: str = "<config>") -> AgentConfig:
     interval = r.number(top, "interval_seconds", 1.0, minimum=0.05, maximum=3600)
     timeout = r.number(top, "collector_timeout_seconds", 0.0, minimum=0.0, maximum=3600)
     tiers = r.tiers(top.get("tiers"))
+    targets = r.tier_targets(top.get("tier_targets"), {t.name for t in tiers})
     corr = r.correlator(top.get("correlator"))
     sdk = r.sdk(top.get("sdk"))
     jobs = r.jobs(top.get("jobs"))
@@ -163,11 +175,19 @@ def parse_config(text: str, source: str = "<config>") -> AgentConfig:
         interval_seconds=interval,
         collector_timeout_seconds=timeout,
         tiers=tiers,
+        tier_targets=targets,
         correlator=corr,
         sdk=sdk,
         jobs=jobs,
         network=network,
     )
+
+
+def _empty(node: yaml.Node) -> bool:
+    """An empty value: null, "", [] or {}."""
+    if isinstance(node, yaml.ScalarNode):
+        return node.value in ("", "null", "~")
+    return isinstance(node, yaml.SequenceNode | yaml.MappingNode) and not node.value
 
 
 class _Reader:
@@ -355,6 +375,29 @@ class _Reader:
         if isinstance(parsed, str):
             raise self.fail(node, key, parsed)
         return ObjectTierEntry(parsed[0], parsed[1], endpoint)
+
+    def tier_targets(
+        self, entry: tuple[yaml.Node, yaml.Node] | None, tiers: set[str]
+    ) -> tuple[TierTarget, ...]:
+        """tier -> {read_latency_seconds, read_bytes_per_second}, for tiers in `tiers`."""
+        if entry is None or _empty(entry[1]):
+            return ()
+        out: list[TierTarget] = []
+        for name, (knode, vnode) in self.mapping(entry[1], "tier_targets").items():
+            key = f"tier_targets.{name}"
+            if name not in tiers:
+                raise self.fail(knode, key, f"no tier {name!r} in tiers")
+            m = self.mapping(vnode, key)
+            p = key + "."
+            self.no_unknown(m, {"read_latency_seconds", "read_bytes_per_second"}, p)
+            if not m:
+                raise self.fail(
+                    vnode, key, "expected read_latency_seconds and/or read_bytes_per_second"
+                )
+            lat = self.number(m, "read_latency_seconds", 0.0, minimum=1e-9, maximum=3600, prefix=p)
+            bps = self.number(m, "read_bytes_per_second", 0.0, minimum=1.0, maximum=1e15, prefix=p)
+            out.append(TierTarget(name, lat or None, bps or None))
+        return tuple(out)
 
     def correlator(self, entry: tuple[yaml.Node, yaml.Node] | None) -> CorrelatorConfig:
         d = CorrelatorConfig()

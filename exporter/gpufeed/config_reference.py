@@ -31,6 +31,7 @@ class KeyDoc:
 SECTIONS: tuple[tuple[str, str], ...] = (
     ("", "Node and sampling"),
     ("tiers", "Storage tiers"),
+    ("tier_targets", "Storage tier targets"),
     ("correlator", "Live correlator"),
     ("sdk", "SDK socket"),
     ("jobs", "Jobs"),
@@ -51,6 +52,13 @@ KEYS: dict[str, KeyDoc] = {
         "sample. 0: 80% of the interval, at least 0.5 s. Capped at 5 intervals.",
         0,
         3600,
+    ),
+    "tier_targets": KeyDoc(
+        "Tier name (one of `tiers`) -> what it is meant to deliver: `read_latency_seconds` "
+        "(mean time per read, 1e-9..3600) and/or `read_bytes_per_second` (1..1e15). The "
+        "agent exports them (`gpufeed_storage_tier_target_*`); the Storage dashboard draws "
+        "each tier against them and `StorageTierMissesTarget` fires when a tier misses one "
+        "while jobs wait for data. Example: `gpu_direct: {read_latency_seconds: 50e-6}`."
     ),
     "tiers": KeyDoc(
         "Tier name (lower-case letters, digits, `_`; not `unassigned`) -> mount points or "

@@ -123,6 +123,12 @@ def _job_cache(w: Wiring) -> Collector:
     return JobCacheCollector(w.context, w.sdk().pids_by_job)
 
 
+def _gds(w: Wiring) -> Collector:
+    from gpufeed.collectors.gds import GdsCollector
+
+    return GdsCollector(w.context.paths)
+
+
 def _job_cpu(w: Wiring) -> Collector:
     from gpufeed.collectors.job_cpu import JobCpuCollector
 
@@ -145,6 +151,7 @@ COLLECTORS: tuple[CollectorSpec, ...] = (
         "per-tier I/O counters (diskstats, NFS mountstats) and capacity (statfs)",
         _storage,
     ),
+    CollectorSpec("gds", "GPUDirect Storage I/O (/proc/driver/nvidia-fs/stats)", _gds),
     CollectorSpec("gpu", "GPU metrics (NVML or simulated; see --gpu.backend)", _gpu),
     CollectorSpec("sdk", "per-job phases, steps, checkpoints and epochs from the SDK socket", _sdk),
     CollectorSpec("jobs", "which job holds which GPU (gpufeed_job_info)", _jobs),

@@ -71,6 +71,7 @@ class StorageCollector:
         self._paths = ctx.paths
         # object-storage-only tiers have no mount (their I/O comes from the SDK collector)
         self._tiers = tuple(t for t in ctx.config.tiers if t.paths)
+        self._targets = ctx.config.tier_targets
         self._statvfs = statvfs
         timeout = statfs_timeout_seconds or _default_timeout(ctx)
         # Budget for all filesystem calls of one collect, well inside the sampler's bound.
@@ -178,10 +179,18 @@ class StorageCollector:
                 failed.append(f"cannot read {where}: NFS counters left out")
             nfs = nfs_or_none or {}
         self._remember_device_tiers(targets)
+        self._put_targets(fams)
         statfs = self._statfs_all(targets, deadline)
         for target in targets:
             self._emit(fams, target, disk, nfs, statfs)
         return partial_result(fams, failed)
+
+    def _put_targets(self, fams: Families) -> None:
+        """The tiers' targets from the config: a dashboard and an alert compare against them."""
+        for t in self._targets:
+            labels = {"tier": t.tier}
+            fams.put(family("tier_target_read_latency_seconds"), labels, t.read_latency_seconds)
+            fams.put(family("tier_target_read_bytes_per_second"), labels, t.read_bytes_per_second)
 
     def _diskstats(self) -> DiskStatsTable | None:
         try:

@@ -29,6 +29,9 @@ T_REQUESTED_B = 8  # bytes applications read, cached or not (exported for NFS ti
 TIER_COUNTERS = 9
 # The share of every read the simulated page cache (or NFS client cache) serves.
 SIMULATED_CACHE_HIT_RATIO = 0.5
+# The tier whose I/O the simulated nvidia-fs driver counts and whose targets the simulated
+# config states.
+SIMULATED_GDS_TIER = "gpu_direct"
 # per-port counters
 P_RX, P_TX, P_WAIT = range(3)
 PORT_COUNTERS = 3

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpufeed.catalogue import spec
@@ -190,6 +190,8 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
             if i in (L.T_IO_T, L.T_IO_W) and tier.device is None:
                 continue  # a network filesystem has no block-device busy time: absent
             add(fam, "counter", lab, COUNTER, lay.tc(t, i), integer=i in (L.T_READS, L.T_WRITES))
+        if tier.name == L.SIMULATED_GDS_TIER:
+            _gds_series(add, t, lay, tier.read_latency_seconds, tier.read_bytes_per_second)
         if tier.device is None:  # the NFS client's cache; a block tier has no such counter
             add("gpufeed_storage_nfs_requested_read_bytes_total", "counter", lab, COUNTER,
                 lay.tc(t, L.T_REQUESTED_B))  # fmt: skip
@@ -304,6 +306,26 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
         ):
             add(fam, "counter", jl, COUNTER, lay.jc(j, cpu + i), gate=JOB_PRESENT, gi=j)
     return _by_family(out)
+
+
+def _gds_series(
+    add: Callable[..., None], t: int, lay: L.Layout, latency: float, peak: float
+) -> None:
+    """The GPU-direct tier's config targets (twice its nominal latency, half its peak
+    throughput) and the nvidia-fs driver's view of the same reads and writes."""
+    tl = {"tier": L.SIMULATED_GDS_TIER}
+    add("gpufeed_storage_tier_target_read_latency_seconds", "gauge", tl, CONST, 0, 2 * latency)
+    add("gpufeed_storage_tier_target_read_bytes_per_second", "gauge", tl, CONST, 0, peak / 2)
+    for op, b, n in (("read", L.T_READ_B, L.T_READS), ("write", L.T_WRITE_B, L.T_WRITES)):
+        add("gpufeed_storage_gds_bytes_total", "counter", {"op": op}, COUNTER, lay.tc(t, b))
+        add("gpufeed_storage_gds_operations_total", "counter", {"op": op}, COUNTER,
+            lay.tc(t, n), integer=True)  # fmt: skip
+        add("gpufeed_storage_gds_latency_seconds", "gauge", {"op": op}, CONST, 0, latency)
+        for kind in ("io", "io_state"):
+            add("gpufeed_storage_gds_errors_total", "counter", {"op": op, "kind": kind}, CONST, 0)
+    gpu = {"uuid": "GPU-00000000-0000-0000-0000-000000000000", "pci_bus_id": "0000:00:00.0"}
+    add("gpufeed_storage_gds_gpu_pinned_bytes", "gauge", gpu, CONST, 0, float(256 << 20))
+    add("gpufeed_storage_gds_gpu_bounce_buffer_bytes", "gauge", gpu, CONST, 0, 0.0)
 
 
 def _rank_series(lay: L.Layout, j: int, job_id: str, uuids: list[str]) -> list[SeriesDef]:
