@@ -60,6 +60,7 @@ ROUTES = {
     ("StorageMountStuck", None): "storage-pager",
     ("StorageTierSaturated", None): "storage-owners",
     ("StorageTierLatencyHigh", None): "storage-owners",
+    ("StorageTierMissesTarget", None): "storage-owners",
     ("StorageTierFillingUp", None): "storage-owners",
     ("StorageTierPathMissing", None): "storage-owners",
     ("FabricCongested", None): "network-team",
