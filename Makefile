@@ -43,7 +43,8 @@ run: runtime
 # (ip netns, tc) for the multi-node lab,
 # systemd for systemd-analyze (the unit's verify and security checks), python3-seccomp (the
 # agent run under the unit's system-call filter), openssl for the certificates of the
-# TLS tests, and victoria-metrics (the streamed `analyze --prometheus` test and benchmark).
+# TLS tests, victoria-metrics (the streamed `analyze --prometheus` test and benchmark),
+# and slurmctld, slurmd, slurm-client (the real Slurm of tests/test_scheduler_slurm.py).
 # DPkg::Lock::Timeout: two fresh `make test` runs on one host wait for each other's
 # apt-get instead of failing on the dpkg lock.
 promtool:
@@ -56,6 +57,9 @@ promtool:
 	command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
 	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
 	command -v victoria-metrics >/dev/null 2>&1 || missing="$$missing victoria-metrics"; \
+	command -v slurmctld >/dev/null 2>&1 || missing="$$missing slurmctld"; \
+	command -v slurmd >/dev/null 2>&1 || missing="$$missing slurmd"; \
+	command -v squeue >/dev/null 2>&1 || missing="$$missing slurm-client"; \
 	/usr/bin/python3 -c 'import seccomp' >/dev/null 2>&1 || missing="$$missing python3-seccomp"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \

@@ -81,9 +81,10 @@ def test_simulated_node_over_its_whole_scenario() -> None:
         problems += families_problems(fams)
     assert not sorted(set(problems)), "\n".join(sorted(set(problems)))
     # the simulated node stands in for a real one: every contract family but the
-    # correlator's (which the agent adds on top) and the fleet service's appears at some
-    # point of the scenario
-    want = {m.name for m in CATALOGUE if m.contract and m.group not in ("correlator", "fleet")}
+    # correlator's (which the agent adds on top), the fleet service's and the cluster
+    # scheduler's (gpufeed scheduler, one per cluster) appears at some point of the scenario
+    node_groups = ("correlator", "fleet", "scheduler")
+    want = {m.name for m in CATALOGUE if m.contract and m.group not in node_groups}
     assert want <= seen, f"never exported by the simulated node: {sorted(want - seen)}"
 
 

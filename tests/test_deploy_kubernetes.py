@@ -241,3 +241,29 @@ def test_the_agents_instance_is_the_service_monitors_instance() -> None:
     relabel = {r["targetLabel"]: r for r in endpoint["relabelings"]}
     scraped = prometheus_relabel(relabel["instance"], {"__meta_kubernetes_pod_node_name": node})
     assert args.instance == scraped == f"{node}:9842"
+
+
+def test_scheduler_exporter_reads_pods_and_nodes_and_nothing_else() -> None:
+    """deploy/kubernetes/scheduler.yaml: one replica, a service account bound to a role that
+    only reads pods and nodes, and arguments `gpufeed scheduler` accepts."""
+    docs = [d for p, d in documents() if p.name == "scheduler.yaml"]
+    kinds = {d["kind"]: d for d in docs}
+    (rule,) = kinds["ClusterRole"]["rules"]
+    assert set(rule["resources"]) == {"pods", "nodes"} and rule["apiGroups"] == [""]
+    assert set(rule["verbs"]) <= {"get", "list", "watch"}
+    binding = kinds["ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == kinds["ClusterRole"]["metadata"]["name"]
+    account = kinds["ServiceAccount"]["metadata"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
+    deployment = kinds["Deployment"]["spec"]
+    assert deployment["replicas"] == 1
+    pod = deployment["template"]["spec"]
+    assert pod["serviceAccountName"] == account["name"]
+    (container,) = pod["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert (args.command, args.kind) == ("scheduler", "kubernetes")
+    port = int(args.listen.rpartition(":")[2])
+    assert deployment["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": port}

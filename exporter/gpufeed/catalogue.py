@@ -20,7 +20,9 @@ from typing import Literal
 
 from gpufeed.model import MetricType
 
-Group = Literal["gpu", "storage", "network", "host", "jobs", "correlator", "fleet", "agent"]
+Group = Literal[
+    "gpu", "storage", "network", "host", "jobs", "correlator", "fleet", "scheduler", "agent"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,12 @@ def _fleet(
     contract: bool = True,
 ) -> MetricSpec:
     return MetricSpec(name, type_, help_, labels, unit, "fleet", "fleet", contract, optional)
+
+
+def _sched(
+    name: str, type_: MetricType, help_: str, labels: tuple[str, ...], unit: str
+) -> MetricSpec:
+    return MetricSpec(name, type_, help_, labels, unit, "scheduler", "scheduler")
 
 
 CATALOGUE: tuple[MetricSpec, ...] = (
@@ -992,6 +1000,83 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         (),
         "",
         contract=False,
+    ),
+    # The cluster's scheduler (gpufeed scheduler: scheduler/collector.py), one per cluster
+    _sched(
+        "gpufeed_scheduler_up",
+        "gauge",
+        "1 when the last read of the scheduler worked, 0 when it failed (its series are then "
+        "left out).",
+        ("scheduler",),
+        "",
+    ),
+    _sched(
+        "gpufeed_scheduler_pending_jobs",
+        "gauge",
+        "Pending jobs (Slurm) or pods (Kubernetes) that ask for GPUs, by queue (partition or "
+        "namespace) and the scheduler's pending reason.",
+        ("queue", "reason"),
+        "",
+    ),
+    _sched(
+        "gpufeed_scheduler_pending_gpus",
+        "gauge",
+        "GPUs asked for by the pending GPU jobs, by queue.",
+        ("queue",),
+        "",
+    ),
+    _sched(
+        "gpufeed_scheduler_pending_oldest_wait_seconds",
+        "gauge",
+        "How long the longest-waiting pending GPU job has waited (since eligible in Slurm, "
+        "since created in Kubernetes), by queue.",
+        ("queue",),
+        "seconds",
+    ),
+    _sched(
+        "gpufeed_scheduler_pending_wait_seconds",
+        "histogram",
+        "How long the pending GPU jobs have waited so far, at the last read, by queue.",
+        ("queue",),
+        "seconds",
+    ),
+    _sched(
+        "gpufeed_scheduler_gpus",
+        "gauge",
+        "The cluster's GPUs as the scheduler sees them: free (on nodes that take jobs), "
+        "allocated, or unavailable (free but on nodes down, drained or cordoned).",
+        ("state",),
+        "",
+    ),
+    _sched(
+        "gpufeed_scheduler_node_free_gpus_max",
+        "gauge",
+        "The most free GPUs on any one node that takes jobs.",
+        (),
+        "",
+    ),
+    _sched(
+        "gpufeed_scheduler_backlog_idle_gpus",
+        "gauge",
+        "Free GPUs while eligible GPU jobs pend, by reason: fragmentation (enough in total, "
+        "not enough on the nodes a job needs) or stall (a pending job would fit); absent "
+        "otherwise.",
+        ("reason",),
+        "",
+    ),
+    _sched(
+        "gpufeed_scheduler_cycle_seconds",
+        "gauge",
+        "The scheduler's last scheduling cycle (Slurm sdiag), main or backfill.",
+        ("cycle",),
+        "seconds",
+    ),
+    _sched(
+        "gpufeed_scheduler_cycle_mean_seconds",
+        "gauge",
+        "The scheduler's mean scheduling cycle since its statistics were reset (Slurm sdiag).",
+        ("cycle",),
+        "seconds",
     ),
     # The agent's own health
     MetricSpec(

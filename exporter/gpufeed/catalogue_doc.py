@@ -23,6 +23,7 @@ TITLES: dict[Group, str] = {
     "jobs": "Jobs and the job SDK",
     "correlator": "Correlator",
     "fleet": "The fleet service (gpufeed fleet)",
+    "scheduler": "The cluster's scheduler (gpufeed scheduler, one per cluster)",
     "agent": "The agent's own health",
 }
 

@@ -19,6 +19,7 @@ SUBCOMMAND_MODULES = [
     "gpufeed.correlator.analyze_cmd",
     "gpufeed.correlator.windows_cmd",
     "gpufeed.fleet.command",
+    "gpufeed.scheduler.command",
 ]
 
 
