@@ -19,8 +19,9 @@ from sim_helpers import rate, sample_value
 
 SCENARIOS = Path(__file__).parent / "fixtures" / "scenarios"
 # the node's own families: not the correlator's (the agent adds them) nor the fleet service's
+# a node's families: not the correlator's, the fleet service's or the cluster scheduler's
 CONTRACT_FAMILIES = {
-    m.name for m in CATALOGUE if m.contract and m.group not in ("correlator", "fleet")
+    m.name for m in CATALOGUE if m.contract and m.group not in ("correlator", "fleet", "scheduler")
 }
 # beyond the contract, simulated where NVML would give them on an H100
 GPU_EXTRA_FAMILIES = {
