@@ -96,6 +96,12 @@ def _sched(
     return MetricSpec(name, type_, help_, labels, unit, "scheduler", "scheduler")
 
 
+def _fabric(name: str, help_: str, unit: str) -> MetricSpec:
+    # `peer` is the peer node's address; one series per node with `peer` left out
+    labels = ("peer",)
+    return MetricSpec(name, "gauge", help_, labels, unit, "network", "fabric", True, labels)
+
+
 CATALOGUE: tuple[MetricSpec, ...] = (
     # GPU
     _gpu(
@@ -518,6 +524,24 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "Packets that signal congestion, by the kernel's counter name: InfiniBand "
         "port_xmit_discards, RoCE np_ecn_marked_roce_packets, np_cnp_sent, rp_cnp_handled; "
         "only those the hardware provides.",
+    ),
+    # Fabric latency from the kernel's socket diagnostics (collectors/fabric.py)
+    _fabric(
+        "gpufeed_fabric_rtt_seconds",
+        "Smoothed round-trip time of the TCP connections of GPU-holding processes (tcp_info "
+        "rtt, averaged over connections), per peer node and, without peer, for the node.",
+        "seconds",
+    ),
+    _fabric(
+        "gpufeed_fabric_rtt_jitter_seconds",
+        "Round-trip time variation of those connections (tcp_info rttvar, the kernel's mean "
+        "deviation of the RTT, averaged over connections): the jitter collectives wait on.",
+        "seconds",
+    ),
+    _fabric(
+        "gpufeed_fabric_connections",
+        "TCP connections of GPU-holding processes behind the RTT series.",
+        "",
     ),
     # Host
     MetricSpec(

@@ -135,6 +135,12 @@ def _job_cpu(w: Wiring) -> Collector:
     return JobCpuCollector(w.context, w.sdk().pids_by_job)
 
 
+def _fabric(w: Wiring) -> Collector:
+    from gpufeed.collectors.fabric import FabricCollector
+
+    return FabricCollector(w.context, w.sdk().pids_by_job)
+
+
 COLLECTORS: tuple[CollectorSpec, ...] = (
     CollectorSpec(
         "network",
@@ -169,6 +175,11 @@ COLLECTORS: tuple[CollectorSpec, ...] = (
         "job_cache",
         "per-job page-cache hits (/proc/PID/io) and open files' residency (cachestat)",
         _job_cache,
+    ),
+    CollectorSpec(
+        "fabric",
+        "round-trip time and jitter per peer node of the GPU jobs' TCP connections (sock_diag)",
+        _fabric,
     ),
 )
 

@@ -159,6 +159,10 @@ def _object_tier_series(lay: L.Layout, t: int, tier: str) -> list[SeriesDef]:
     return out
 
 
+SIMULATED_RTT_SECONDS = 60e-6  # a healthy data-centre round trip
+SIMULATED_JITTER_SECONDS = 15e-6
+
+
 def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -> list[SeriesDef]:
     """Storage, network, host and job series (what the `simulated` collector emits)."""
     out: list[SeriesDef] = []
@@ -223,6 +227,11 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
         for fam, counters in SIMULATED_LINK_COUNTERS[port.fabric]:
             for counter in counters:
                 add(fam, "counter", {**lab, "counter": counter}, CONST, 0, 0.0)
+    if s.ports:
+        # The job's TCP connections over a healthy fabric (node level; no peers simulated)
+        add("gpufeed_fabric_rtt_seconds", "gauge", {}, CONST, 0, SIMULATED_RTT_SECONDS)
+        add("gpufeed_fabric_rtt_jitter_seconds", "gauge", {}, CONST, 0, SIMULATED_JITTER_SECONDS)
+        add("gpufeed_fabric_connections", "gauge", {}, CONST, 0, 8.0)
     for i, mode in enumerate(L.CPU_MODES):
         add(
             "gpufeed_host_cpu_seconds_total",
