@@ -101,6 +101,10 @@ class RulesConfig:
     filling_up_for: str = "1h"
     transmit_wait_ratio: float = 0.1  # a port unable to send 10% of the time
     fabric_congested_for: str = "10m"
+    # Mean RTT variation (tcp_info rttvar) of a node's GPU-job TCP connections; a healthy
+    # data-centre fabric stays well under a millisecond.
+    fabric_jitter_seconds: float = 0.002
+    fabric_jitter_for: str = "10m"
     mount_stuck_for: str = "5m"
     tier_path_missing_for: str = "10m"
     agent_down_for: str = "5m"
@@ -118,6 +122,10 @@ class RulesConfig:
     # number of replicas: the rules take the max over them).
     fleet_selector: str = 'job="gpufeed-fleet"'
     job_held_back_for: str = "2m"
+    # The cluster scheduler exporter's series (`gpufeed scheduler`, one per cluster, under
+    # its own job name).
+    scheduler_selector: str = 'job="gpufeed-scheduler"'
+    scheduler_backlog_for: str = "15m"
     fatal_xids: tuple[str, ...] = FATAL_XIDS
     throttle_reasons: tuple[str, ...] = THROTTLE_REASONS
     cause_hints: dict[str, str] = field(default_factory=lambda: dict(CAUSE_HINTS))

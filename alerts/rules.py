@@ -470,6 +470,44 @@ def alert_rules(cfg: RulesConfig) -> list[Rule]:
             },
         },
         {
+            "alert": "FabricJitterHigh",
+            # the node's series (no peer label): every GPU-job connection of the node
+            "expr": (
+                f'gpufeed_fabric_rtt_jitter_seconds{{{s}, peer=""}} > {cfg.fabric_jitter_seconds:g}'
+            ),
+            "for": cfg.fabric_jitter_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "The round-trip time of GPU jobs' connections varies widely (fabric jitter).",
+                "description": (
+                    "The TCP connections of GPU jobs on {{ $labels.instance }} have had a "
+                    "round-trip variation of {{ $value | humanizeDuration }} for "
+                    f"{cfg.fabric_jitter_for}: collectives wait for the slowest packet. Check "
+                    "the Node dashboard's fabric panel for the peer with the most jitter."
+                ),
+            },
+        },
+        {
+            "alert": "SchedulerBacklogWithIdleGpus",
+            "expr": (
+                "max by (reason) (\n"
+                f"  gpufeed_scheduler_backlog_idle_gpus{{{cfg.scheduler_selector}}}\n"
+                ") > 0"
+            ),
+            "for": cfg.scheduler_backlog_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "GPUs stay free while GPU jobs wait in the queue.",
+                "description": (
+                    "{{ $value }} GPUs have been free while eligible GPU jobs pend for "
+                    f"{cfg.scheduler_backlog_for}, reason {{{{ $labels.reason }}}} "
+                    "(fragmentation: no node has enough free GPUs for a pending request; "
+                    "stall: a pending job would fit and still waits). See the Fleet "
+                    "dashboard's queue panel."
+                ),
+            },
+        },
+        {
             "alert": "GpufeedAgentDown",
             "expr": f"up{{{s}}} == 0",
             "for": cfg.agent_down_for,

@@ -5,6 +5,7 @@ from dashboards.presets import (
     GPU_HOURS_PER_HOUR,
     PER_SECOND,
     RATIO,
+    SECONDS,
     build_dashboard,
     heatmap,
     instance_variable,
@@ -130,6 +131,58 @@ dashboard = build_dashboard(
                     description="0 when the fleet service is caught up; grows while the "
                     "TSDB is slow or down (the missed cycles run afterwards).",
                     red_above=300,
+                ),
+            ],
+        ),
+        (
+            "Queue beside idle GPUs (gpufeed scheduler)",
+            [
+                timeseries(
+                    "GPU queue beside idle GPUs",
+                    [
+                        target("sum(gpufeed_scheduler_pending_gpus)", "GPUs asked by pending jobs"),
+                        target(
+                            f"count(gpufeed_gpu_utilization_ratio{{{NODES}}} < 0.05) or vector(0)",
+                            "idle GPUs (utilization < 5%)",
+                        ),
+                        target(
+                            'max(gpufeed_scheduler_gpus{state="free"})', "free GPUs (scheduler)"
+                        ),
+                        target(
+                            "max by (reason) (gpufeed_scheduler_backlog_idle_gpus)",
+                            "free while jobs pend: {{reason}}",
+                        ),
+                    ],
+                    PER_SECOND,
+                    description="GPUs the pending GPU jobs ask for, beside the GPUs that sit "
+                    "idle: free GPUs while jobs pend are fragmentation (no node has enough "
+                    "for a request) or a stall (a job would fit and waits); see "
+                    "docs/scheduler.md.",
+                ),
+                table(
+                    "Pending GPU jobs by reason now",
+                    [
+                        target(
+                            "sum by (queue, reason) (gpufeed_scheduler_pending_jobs)",
+                            instant=True,
+                            table=True,
+                        )
+                    ],
+                    PER_SECOND,
+                    sort_by="Value",
+                ),
+                stat(
+                    "Longest wait of a pending GPU job",
+                    [target("max(gpufeed_scheduler_pending_oldest_wait_seconds)")],
+                    SECONDS,
+                    red_above=3600,
+                ),
+                timeseries(
+                    "Scheduler cycle time",
+                    [target("max by (cycle) (gpufeed_scheduler_cycle_seconds)", "{{cycle}}")],
+                    SECONDS,
+                    description="The scheduler's last scheduling cycle (Slurm sdiag; "
+                    "Kubernetes reports none here).",
                 ),
             ],
         ),

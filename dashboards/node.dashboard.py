@@ -248,6 +248,19 @@ dashboard = build_dashboard(
                     description="RoCE ECN marks and CNPs, InfiniBand transmit discards: with "
                     "transmit-wait, what decides a network window's congestion reason.",
                 ),
+                timeseries(
+                    "Fabric round trips (GPU jobs' TCP connections)",
+                    [
+                        target(f"gpufeed_fabric_rtt_seconds{{{NODE}}}", "RTT {{peer}}"),
+                        target(f"gpufeed_fabric_rtt_jitter_seconds{{{NODE}}}", "jitter {{peer}}"),
+                    ],
+                    SECONDS,
+                    description="Smoothed round-trip time and its variation (jitter) of the "
+                    "TCP connections of the processes holding GPUs, from the kernel's socket "
+                    "diagnostics (no probe traffic); per peer node and, without a peer, for "
+                    "the whole node. A network window names them when they rose; "
+                    "FabricJitterHigh fires on the node's jitter.",
+                ),
             ],
         ),
         (

@@ -86,6 +86,11 @@ class Context:
     # it over the window ("link_downed +3, symbol_error +1200 on mlx5_0/1")
     NETWORK_REASON: Final = "network_reason"
     NETWORK_COUNTERS: Final = "network_counters"
+    # round trips of the job's TCP connections over a network window (engine/backlog.py)
+    FABRIC_LATENCY: Final = "fabric_latency"
+    # an idle GPU while GPU jobs pend: fragmentation or stall, and the queue (backlog.py)
+    SCHEDULER_BACKLOG: Final = "scheduler_backlog"
+    SCHEDULER_QUEUE: Final = "scheduler_queue"
     THROTTLE_REASONS: Final = "throttle_reasons"
     THROTTLED_PEERS: Final = "throttled_peers"
     XIDS: Final = "xids"

@@ -67,6 +67,22 @@ GPU_FIELDS = {
     "gpufeed_gpu_sm_active_ratio": "sm_active",
 }
 
+# Fabric RTT of the jobs' TCP connections, per peer ("" for the node as a whole)
+FABRIC_FIELDS = {
+    "gpufeed_fabric_rtt_seconds": "rtt",
+    "gpufeed_fabric_rtt_jitter_seconds": "jitter",
+}
+# The cluster's scheduler (gpufeed scheduler): one exporter per cluster, so these series are
+# not any node's. The TSDB feeds read them once, without the node selector, and hand the
+# same columns to every node (feeds/promql.py); the key is the family's short name and its
+# labels: "backlog:<reason>", "pending:<queue>:<reason>", "free", "node_free_max".
+CLUSTER_METRICS: tuple[str, ...] = (
+    "gpufeed_scheduler_backlog_idle_gpus",
+    "gpufeed_scheduler_pending_jobs",
+    "gpufeed_scheduler_gpus",
+    "gpufeed_scheduler_node_free_gpus_max",
+)
+
 JOB_CPU_FIELDS = {
     "gpufeed_job_cpu_periods_total": "periods",
     "gpufeed_job_cpu_throttled_periods_total": "throttled_periods",
@@ -108,9 +124,10 @@ USED_METRICS: tuple[str, ...] = (
     *JOB_CPU_FIELDS,
     *JOB_CACHE_FIELDS,
     *JOB_CACHE_TIER_FIELDS,
+    *FABRIC_FIELDS,
 )
 # Read from trace files only: the recorder's count of samples it had to leave out.
-USED_METRIC_SET = frozenset((*USED_METRICS, DROPPED_SAMPLES))
+USED_METRIC_SET = frozenset((*USED_METRICS, *CLUSTER_METRICS, DROPPED_SAMPLES))
 
 
 @dataclass(slots=True)
@@ -163,6 +180,10 @@ class NodeSeries:
     first_seen: dict[tuple[str, str], float] = field(default_factory=dict)
     # family -> samples the recorder left out of the trace (absent in a complete trace)
     dropped: dict[str, Series] = field(default_factory=dict)
+    # peer ("" for the node) -> "rtt" / "jitter" -> seconds (FABRIC_FIELDS)
+    fabric: dict[str, dict[str, Series]] = field(default_factory=dict)
+    # the cluster's scheduler (CLUSTER_METRICS), shared by every node of a TSDB feed
+    cluster: dict[str, Series] = field(default_factory=dict)
 
     def gpu(self, index: str) -> GpuColumns:
         g = self.gpus.get(index)
@@ -223,6 +244,12 @@ class NodeSeries:
             return _slot(self.psi_full, get("resource", ""))
         if name == DROPPED_SAMPLES:
             return _slot(self.dropped, get("family", ""))
+        f = FABRIC_FIELDS.get(name)
+        if f is not None:
+            peer = self.fabric.setdefault(get("peer", ""), {})
+            return _slot(peer, f)
+        if name in CLUSTER_METRICS:
+            return _slot(self.cluster, cluster_key(name, labels))
         job_id = get("job_id", "")
         if name == "gpufeed_job_info":
             key = (job_id, get("gpu", ""))
@@ -270,6 +297,9 @@ class NodeSeries:
         for m in (*self.storage.values(), *self.network.values()):
             out += m.values()
         out += [*self.cpu.values(), *self.psi_some.values(), *self.psi_full.values()]
+        for m in self.fabric.values():
+            out += m.values()
+        out += self.cluster.values()
         out += self.job_info.values()
         for j in self.jobs.values():
             out += [*j.phases.values(), *j.tier_read.values(), *j.tier_written.values()]
@@ -277,6 +307,17 @@ class NodeSeries:
             out += [*j.cpu.values(), *j.cache.values(), *j.cache_tier.values()]
             out += [s for s in (j.steps, j.checkpoint_bytes) if s is not None]
         return out
+
+
+def cluster_key(name: str, labels: Mapping[str, str]) -> str:
+    get = labels.get
+    if name == "gpufeed_scheduler_backlog_idle_gpus":
+        return f"backlog:{get('reason', '')}"
+    if name == "gpufeed_scheduler_pending_jobs":
+        return f"pending:{get('queue', '')}:{get('reason', '')}"
+    if name == "gpufeed_scheduler_gpus":
+        return get("state", "")
+    return "node_free_max"
 
 
 def _slot(m: dict[K, Series], key: K) -> Series:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gpufeed.correlator.engine.backlog import fabric_latency, scheduler_backlog
 from gpufeed.correlator.engine.causes import Cause
 from gpufeed.correlator.engine.names import ACCOMPANYING
 from gpufeed.correlator.engine.names import Context as Ctx
@@ -165,6 +166,13 @@ def segment_window(
             moved = deciding_counters(node, nr, seg.start, end, device)
             if moved:
                 ctx[Ctx.NETWORK_COUNTERS] = moved
+            latency = fabric_latency(node, seg.start, end)
+            if latency:
+                ctx[Ctx.FABRIC_LATENCY] = latency
+    if cause is Cause.IDLE and node is not None:
+        backlog = scheduler_backlog(node, seg.start, end)
+        if backlog is not None:
+            ctx[Ctx.SCHEDULER_BACKLOG], ctx[Ctx.SCHEDULER_QUEUE] = backlog
     summary = summarize(cause, u.gpu, seg.job_id, ev, ctx)
     evidence: tuple[tuple[str, float | str], ...] = (*ev.items(), *ctx.items())
     return Window(

@@ -164,6 +164,13 @@ def summarize(
         moved = context.get(Ctx.NETWORK_COUNTERS)
         if moved:
             phrases.insert(0, moved)
+        latency = context.get(Ctx.FABRIC_LATENCY)
+        if latency:
+            phrases.insert(1 if moved else 0, latency)
+    backlog = context.get(Ctx.SCHEDULER_BACKLOG)
+    if cause is Cause.IDLE and backlog:
+        line += f" while GPU jobs wait ({backlog})"
+        phrases.insert(0, context.get(Ctx.SCHEDULER_QUEUE, ""))
     if phrases:
         line += ": " + ", ".join(phrases[:limit])
     return line

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gpufeed.correlator.engine.node import USED_METRICS, NodeSeries
+from gpufeed.correlator.engine.node import CLUSTER_METRICS, USED_METRICS, NodeSeries, cluster_key
+from gpufeed.correlator.engine.series import Series
 
 MAX_POINTS = 10_000
 INSTANCE_BATCH = 16
@@ -212,6 +213,26 @@ def route_result(nodes: dict[str, NodeSeries], metric: str, result: list[dict[st
     return points
 
 
+def share_cluster(
+    nodes: dict[str, NodeSeries], answers: Sequence[tuple[str, list[dict[str, Any]]]]
+) -> int:
+    """Routes the cluster scheduler's series (CLUSTER_METRICS, asked without the node
+    selector) into one set of columns that every node of `nodes` shares; returns the points."""
+    shared: dict[str, Series] = next((n.cluster for n in nodes.values() if n.cluster), {})
+    points = 0
+    for metric, result in answers:
+        for item in result:
+            labels = {k: str(v) for k, v in item.get("metric", {}).items()}
+            values = item.get("values", [])
+            points += len(values)
+            series = shared.setdefault(cluster_key(metric, labels), Series())
+            ts = array("d", (float(t) for t, _ in values))
+            series.extend_sorted(ts, array("d", (float(v) for _, v in values)))
+    for node in nodes.values():
+        node.cluster = shared
+    return points
+
+
 def fetch_chunk(
     pool: ThreadPoolExecutor,
     base: str,
@@ -232,10 +253,16 @@ def fetch_chunk(
     ]
     s, e = span
     tasks = [(m, sel) for m in USED_METRICS for sel in sels]
+    tasks += [(m, inner) for m in CLUSTER_METRICS]  # the cluster's, not any node's
     answers = pool.map(lambda t: (t[0], _query(base, t[0], t[1], s, e, step, retry)), tasks)
     points = 0
+    cluster: list[tuple[str, list[dict[str, Any]]]] = []
     for metric, result in answers:
-        points += route_result(nodes, metric, result)
+        if metric in CLUSTER_METRICS:
+            cluster.append((metric, result))
+        else:
+            points += route_result(nodes, metric, result)
+    points += share_cluster(nodes, cluster)
     return len(tasks), points
 
 
