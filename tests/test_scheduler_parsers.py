@@ -26,7 +26,9 @@ from gpufeed.scheduler.slurm import (
     gpus_in_tres,
     parse_sdiag,
     parse_sinfo_json,
+    parse_sinfo_text,
     parse_squeue_json,
+    parse_squeue_text,
 )
 
 FIX = Path(__file__).parent / "fixtures" / "scheduler"
@@ -84,6 +86,25 @@ def test_recorded_sinfo_and_sdiag_of_a_real_slurm() -> None:
     assert nodes == (NodeGpus("gn1", 4, 3, True), NodeGpus("gn2", 4, 2, True))
     (main,) = parse_sdiag((SLURM / "sdiag.txt").read_text())
     assert (main.cycle, main.last_seconds, main.mean_seconds) == ("main", 93e-6, 274e-6)
+
+
+def test_recorded_format_string_answers_of_a_real_slurm() -> None:
+    """The fallback for a Slurm without JSON: `squeue -O`/`sinfo -O` (slurm.SQUEUE_FORMAT,
+    SINFO_FORMAT) recorded from the same real Slurm (timestamps in its local time, UTC)."""
+    now = float((SLURM / "captured_format_at").read_text())
+    jobs = parse_squeue_text((SLURM / "squeue-format.txt").read_text(), now)
+    assert [(j.job_id, j.reason, j.nodes, j.gpus_per_node, j.gpus_total) for j in jobs] == [
+        ("3", "Resources", 1, 3, 3),
+        ("4", "Priority", 2, 2, 4),
+        ("5", "Priority", 1, 0, 2),
+    ]
+    assert jobs[0].queue == "gpu"
+    nodes = parse_sinfo_text((SLURM / "sinfo-format.txt").read_text())
+    assert nodes == (NodeGpus("gn1", 4, 3, True), NodeGpus("gn2", 4, 2, True))
+    drained = parse_sinfo_text("gn3|gpu:8|gpu:0|idle+drain|\ngn4|gpu:8|gpu:0|idle*|\n")
+    assert [n.schedulable for n in drained] == [False, False]
+    with pytest.raises(SlurmError, match="line 1 has 3 fields"):
+        parse_squeue_text("1|gpu|x\n", now)
 
 
 def test_newer_slurm_json_shapes() -> None:

@@ -4,6 +4,8 @@ exporter says about the queue, the free GPUs and why they stay idle."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpufeed.model import iter_samples
+from gpufeed.scheduler.backlog import SchedulerReading
 from gpufeed.scheduler.collector import scheduler_families
 from gpufeed.scheduler.slurm import SlurmReader
 from slurm_cluster import SlurmCluster, slurm_cluster
@@ -46,7 +49,7 @@ def exported(cluster: SlurmCluster) -> dict[tuple[str, tuple[tuple[str, str], ..
     return out
 
 
-def test_fragmentation_then_stall_on_a_real_slurm(cluster: SlurmCluster) -> None:
+def test_fragmentation_then_stall_on_a_real_slurm(cluster: SlurmCluster, tmp_path: Path) -> None:
     # gn1 holds 3 of its 4 GPUs, gn2 2 of 4: 3 free in all, at most 2 on one node
     cluster.wait_state(cluster.sbatch("-N1", "-w", "gn1", "--gres=gpu:3", "-J", "run3"), "RUNNING")
     cluster.wait_state(cluster.sbatch("-N1", "-w", "gn2", "--gres=gpu:2", "-J", "run2"), "RUNNING")
@@ -82,6 +85,29 @@ def test_fragmentation_then_stall_on_a_real_slurm(cluster: SlurmCluster) -> None
     }
     assert samples[("gpufeed_scheduler_backlog_idle_gpus", (("reason", "stall"),))] == 3
     assert not [k for k in samples if k[1] == (("reason", "fragmentation"),)]
+
+    # A Slurm without JSON output (before 21.08): squeue and sinfo refuse --json, and the
+    # reader falls back to format strings, which read the same queue and nodes
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for tool in ("squeue", "sinfo"):
+        real = shutil.which(tool)
+        (fake / tool).write_text(
+            "#!/bin/sh\n"
+            f'case " $* " in *" --json "*) echo "{tool}: unrecognized option \'--json\'" >&2;'
+            f' exit 1;; esac\nexec {real} "$@"\n'
+        )
+        (fake / tool).chmod(0o755)
+    os.symlink(shutil.which("sdiag") or "sdiag", fake / "sdiag")
+    text = SlurmReader(bin_dir=str(fake), env=cluster.env).read(time.time())
+
+    def same(r: SchedulerReading) -> object:
+        jobs = sorted(
+            (j.job_id, j.reason, j.nodes, j.gpus_per_node, j.gpus_total) for j in r.pending
+        )
+        return jobs, r.nodes
+
+    assert same(text) == same(reading)
 
 
 def test_a_scheduler_that_does_not_answer_is_down_not_empty(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from gpufeed.scheduler.backlog import CycleTime, NodeGpus, PendingJob, SchedulerReading
@@ -123,6 +124,64 @@ def parse_squeue_json(text: str, now_seconds: float) -> tuple[PendingJob, ...]:
     return tuple(out)
 
 
+# The format-string fallback for a Slurm without JSON output (before 21.08, or built
+# without the openapi plugins): `|`-terminated fields, in this order.
+SQUEUE_FORMAT = (
+    "JobID:|,Partition:|,Reason:|,EligibleTime:|,SubmitTime:|,NumNodes:|,"
+    "tres-per-node:|,tres-per-job:|,tres-per-task:|,NumTasks:|"
+)
+SINFO_FORMAT = "NodeList:|,Gres:|,GresUsed:|,StateLong:|"
+
+
+def _slurm_time(text: str) -> float | None:
+    """Slurm's text timestamps are the controller's local time ("2026-12-01T01:15:57")."""
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return None  # "N/A", "Unknown"
+
+
+def parse_squeue_text(text: str, now_seconds: float) -> tuple[PendingJob, ...]:
+    """Pending jobs that ask for GPUs, from `squeue -h -t PD -O SQUEUE_FORMAT`."""
+    out: list[PendingJob] = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        f = line.split("|")
+        if len(f) < 10:
+            raise SlurmError(f"squeue -O: line {n} has {len(f)} fields, not 10: {line!r}")
+        job_id, queue, reason, eligible, submit, nodes_, per_node, per_job, per_task, tasks = f[:10]
+        nodes = int(nodes_) if nodes_.isdigit() else 1
+        pn, pj, pt = gpus_in_tres(per_node), gpus_in_tres(per_job), gpus_in_tres(per_task)
+        total = pn * nodes or pj or pt * (int(tasks) if tasks.isdigit() else 1)
+        if total <= 0:
+            continue
+        since = _slurm_time(eligible) or _slurm_time(submit) or now_seconds
+        out.append(
+            PendingJob(job_id, queue, reason, max(now_seconds - since, 0.0), nodes, pn, total)
+        )
+    return tuple(out)
+
+
+def parse_sinfo_text(text: str) -> tuple[NodeGpus, ...]:
+    """Every node with GPUs, from `sinfo -h -N -O SINFO_FORMAT`."""
+    seen: dict[str, NodeGpus] = {}
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        f = line.split("|")
+        if len(f) < 4:
+            raise SlurmError(f"sinfo -O: line {n} has {len(f)} fields, not 4: {line!r}")
+        name, gres, used, state = f[:4]
+        total = gpus_in_gres(gres)
+        if total > 0:
+            # "mixed", "idle+drain", "down*": the words, without Slurm's markers
+            states = {s.upper() for s in re.split(r"[+*~#!%$@^-]+", state) if s}
+            unusable = bool(states & UNSCHEDULABLE) or state.endswith("*")
+            seen[name] = NodeGpus(name, total, gpus_in_gres(used), not unusable)
+    return tuple(seen[k] for k in sorted(seen))
+
+
 def parse_sinfo_json(text: str) -> tuple[NodeGpus, ...]:
     """Every node with GPUs, from `sinfo --json` (a node listed once per partition is kept
     once). Raises SlurmError on output that is not sinfo's JSON."""
@@ -190,6 +249,13 @@ def parse_sdiag(text: str) -> tuple[CycleTime, ...]:
     return tuple(out)
 
 
+def _no_json(message: str) -> bool:
+    """Whether a failed `--json` call means this Slurm has no JSON output (an option it
+    does not know, or the openapi/serializer plugins missing), not a controller problem."""
+    m = message.lower()
+    return "unrecognized option" in m or "data_parser" in m or "serializer" in m
+
+
 def _micros(text: str | None) -> float | None:
     if text is None or not text.isdigit():
         return None
@@ -224,8 +290,15 @@ class SlurmReader:
     env: Mapping[str, str] | None = None
 
     def read(self, now_seconds: float) -> SchedulerReading:
-        pending = parse_squeue_json(self._run(["squeue", "--json"]), now_seconds)
-        nodes = parse_sinfo_json(self._run(["sinfo", "--json"]))
+        try:
+            pending = parse_squeue_json(self._run(["squeue", "--json"]), now_seconds)
+            nodes = parse_sinfo_json(self._run(["sinfo", "--json"]))
+        except SlurmError as e:
+            if not _no_json(str(e)):
+                raise
+            fmt = self._run(["squeue", "-h", "-t", "PD", "-O", SQUEUE_FORMAT])
+            pending = parse_squeue_text(fmt, now_seconds)
+            nodes = parse_sinfo_text(self._run(["sinfo", "-h", "-N", "-O", SINFO_FORMAT]))
         cycles = parse_sdiag(self._run(["sdiag"]))
         return SchedulerReading("slurm", pending, nodes, cycles)
 
