@@ -113,9 +113,9 @@ def test_fragmentation_then_stall_on_a_real_slurm(cluster: SlurmCluster, tmp_pat
 def test_a_scheduler_that_does_not_answer_is_down_not_empty(tmp_path: Path) -> None:
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=x\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=1\n")
-    done = scheduler_once("--slurm.conf", str(conf), "--scheduler.timeout", "2")
+    done = scheduler_once("--slurm.conf", str(conf), "--scheduler.timeout", "1")
     assert done.returncode == 1
     assert 'gpufeed_scheduler_up{scheduler="slurm"} 0' in done.stdout
     assert "gpufeed_scheduler_pending_jobs{" not in done.stdout
-    # one line that names the command, after the 2 s timeout rather than Slurm's own retries
-    assert done.stderr.strip() == "gpufeed scheduler: squeue --json: no answer in 2 s"
+    # one line that names the command, after the 1 s timeout rather than Slurm's own retries
+    assert done.stderr.strip() == "gpufeed scheduler: squeue --json: no answer in 1 s"
