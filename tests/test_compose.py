@@ -64,6 +64,8 @@ ROUTES = {
     ("StorageTierFillingUp", None): "storage-owners",
     ("StorageTierPathMissing", None): "storage-owners",
     ("FabricCongested", None): "network-team",
+    ("FabricJitterHigh", None): "network-team",
+    ("SchedulerBacklogWithIdleGpus", None): "oncall",
     ("GpuUtilizationLow", "data_loading"): "storage-owners",
     ("GpuUtilizationLow", "checkpointing"): "storage-owners",
     ("GpuUtilizationLow", "network"): "network-team",
