@@ -195,3 +195,28 @@ def test_sub_cause_scoring_counts_time_per_reason() -> None:
     assert per["congestion"]["precision"] == 0.0  # no congestion in the truth: not averaged
     assert res["macro_f1"] == pytest.approx((1.0 + 2 / 3) / 2)
     assert res["confusion"] == {"link_errors->congestion": 50}
+
+
+@pytest.mark.parametrize(
+    ("collective_wait", "data_wait", "cpu_counts"),
+    [
+        (0.9, 0.02, False),  # waits for peers, not for input: the host's CPUs are not why
+        (0.9, 0.4, True),  # waits for input too: the CPUs may well be why
+        (0.3, 0.02, True),  # mostly not in collectives: the host's readings stand
+        (0.9, None, True),  # no phase report from the job: nothing to go by
+    ],
+)
+def test_host_cpu_does_not_explain_a_job_that_waits_for_peers(
+    collective_wait: float, data_wait: float | None, cpu_counts: bool
+) -> None:
+    from gpufeed.correlator.engine.features import Evidence, _not_waiting_for_input
+
+    ev = Evidence(
+        {F.CPU_BUSY_RATIO: 1.0, F.CPU_PRESSURE_RATIO: 0.99, F.JOB_CPU_THROTTLED_RATIO: 0.8}
+    )
+    if data_wait is not None:
+        ev.features[F.SDK_DATA_WAIT_SHARE] = data_wait
+    _not_waiting_for_input(ev, collective_wait)
+    assert (ev.features[F.CPU_BUSY_RATIO] == 1.0) is cpu_counts
+    assert (ev.features[F.CPU_PRESSURE_RATIO] == 0.99) is cpu_counts
+    assert ev.features[F.JOB_CPU_THROTTLED_RATIO] == 0.8  # the job's own quota always counts

@@ -35,6 +35,8 @@ COLLECTIVE_WAIT_RISE = 0.15  # collective wait counts this far above its healthy
 # ranks waiting in collectives at least this share of the time (the straggler rule's weak
 # point) while the link is busy: they wait for their own link
 COLLECTIVE_WAIT_FOR_LINK = 0.25
+COLLECTIVE_WAIT_CLEAR = 0.55  # the straggler rule's strong point: the ranks wait for others
+INPUT_WAIT_NONE = 0.1  # the job's data-wait share below this: it does not wait for input
 # A job's page-cache hit ratio is told when it falls this far below its healthy median, or
 # when reclaim evicted at least CACHE_EVICTED_MIN of its open files on the data tier.
 CACHE_HIT_DROP = 0.25
@@ -140,8 +142,22 @@ def job_features(b: Baselines, view: NodeView, job_id: str, ev: Evidence) -> Non
             util = ev.features.get(F.NETWORK_UTILIZATION_RATIO)
             if util is not None and cw >= COLLECTIVE_WAIT_FOR_LINK:
                 ev.features[F.NETWORK_BUSY_IN_COLLECTIVES_RATIO] = util
+            _not_waiting_for_input(ev, cw)
         if jv.cpu_throttled_ratio is not None:
             ev.features[F.JOB_CPU_THROTTLED_RATIO] = jv.cpu_throttled_ratio
+
+
+def _not_waiting_for_input(ev: Evidence, collective_wait: float) -> None:
+    """The job says where its time goes: ranks that wait in collectives most of the time
+    (the straggler rule's strong point) while the job hardly waits for input are held by a
+    peer or their link, not by this host's busy CPUs (another tenant's load, or on a shared
+    host another node's): the host's CPU readings count as not raised. The job's own CPU
+    quota throttling still counts (it slows the rank's own compute)."""
+    dw = ev.features.get(F.SDK_DATA_WAIT_SHARE)
+    if collective_wait >= COLLECTIVE_WAIT_CLEAR and dw is not None and dw < INPUT_WAIT_NONE:
+        for name in (F.CPU_BUSY_RATIO, F.CPU_PRESSURE_RATIO):
+            if name in ev.features:
+                ev.features[name] = 0.0
 
 
 def _tier_candidates(b: Baselines, view: NodeView, job_id: str, jv: JobView | None) -> list[str]:
