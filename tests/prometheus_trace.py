@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gpufeed.correlator import analyze_cmd
 from host_needs import missing
-from procports import owned_server
+from procports import owned_server, stop, wait_listening
 
 
 def run_analyze(*argv: str) -> int:
@@ -24,9 +24,11 @@ def run_analyze(*argv: str) -> int:
 
 
 @contextmanager
-def prometheus_serving(trace: Path, workdir: Path) -> Iterator[str]:
+def prometheus_serving(trace: Path, workdir: Path, web_config: Path | None = None) -> Iterator[str]:
     """Debian's Prometheus on an ephemeral port with `trace` (OpenMetrics) imported as
-    blocks by promtool; yields its URL."""
+    blocks by promtool; yields its URL. With `web_config` (`--web.config.file`: TLS, basic
+    auth) the URL is https and only its port is awaited: the caller, which holds the
+    credentials, waits for it to be ready."""
     if not shutil.which("prometheus") or not shutil.which("promtool"):
         missing("Debian's prometheus package is not installed (make promtool)")
     data = workdir / "data"
@@ -45,5 +47,13 @@ def prometheus_serving(trace: Path, workdir: Path) -> Iterator[str]:
         "--storage.tsdb.retention.time=100y",  # the trace lies in the past
         "--web.listen-address=127.0.0.1:0",
     ]
-    with owned_server(args, "/-/ready") as (_, url):
-        yield url
+    if web_config is None:
+        with owned_server(args, "/-/ready") as (_, url):
+            yield url
+        return
+    args.append(f"--web.config.file={web_config}")
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield f"https://127.0.0.1:{wait_listening(proc)}"
+    finally:
+        stop(proc)

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from alerts import config as alerts_config
+from gpufeed.cli import build_parser
 from stack_support import (
     REPO_ROOT,
     alertmanager_config_for_test,
@@ -141,7 +142,7 @@ def test_critical_alerts_have_receivers_and_groups_of_their_own() -> None:
 def test_compose_services_are_wired_together() -> None:
     compose = load(COMPOSE / "docker-compose.yml")
     services = compose["services"]
-    assert set(services) == {"agent", "prometheus", "alertmanager", "grafana"}
+    assert set(services) == {"agent", "fleet", "prometheus", "alertmanager", "grafana"}
 
     agent = services["agent"]
     assert agent["command"][:2] == ["agent", "--simulate"]
@@ -151,6 +152,13 @@ def test_compose_services_are_wired_together() -> None:
     prom = load(PROMETHEUS_YML)
     scrape = {c["job_name"]: c for c in prom["scrape_configs"]}
     assert scrape["gpufeed"]["static_configs"][0]["targets"] == [f"agent:{AGENT_PORT}"]
+    # the fleet service reads this Prometheus and is scraped by it as the rules' fleet job
+    fleet = build_parser().parse_args(services["fleet"]["command"])
+    assert fleet.command == "fleet" and fleet.url == "http://prometheus:9090"
+    fleet_port = fleet.listen.rpartition(":")[2]
+    assert scrape["gpufeed-fleet"]["static_configs"][0]["targets"] == [f"fleet:{fleet_port}"]
+    assert alerts_config.RulesConfig().fleet_selector == 'job="gpufeed-fleet"'
+    assert services["fleet"]["image"] == services["agent"]["image"]
     am_targets = prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"]
     assert am_targets == ["alertmanager:9093"]
 

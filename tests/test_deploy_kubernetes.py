@@ -33,9 +33,11 @@ def documents() -> list[tuple[Path, dict[str, Any]]]:
     return out
 
 
-def one(kind: str) -> dict[str, Any]:
-    found = [doc for _, doc in documents() if doc["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+def one(kind: str, name: str = "gpufeed-agent") -> dict[str, Any]:
+    found = [
+        doc for _, doc in documents() if doc["kind"] == kind and doc["metadata"]["name"] == name
+    ]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
     return found[0]
 
 
@@ -142,8 +144,9 @@ SERVICE_MONITOR_SCHEMA = {
 }
 
 
-def test_service_monitor_matches_its_crd_schema() -> None:
-    jsonschema.validate(one("ServiceMonitor"), SERVICE_MONITOR_SCHEMA)
+@pytest.mark.parametrize("name", ["gpufeed-agent", "gpufeed-fleet"])
+def test_service_monitor_matches_its_crd_schema(name: str) -> None:
+    jsonschema.validate(one("ServiceMonitor", name), SERVICE_MONITOR_SCHEMA)
 
 
 def test_service_monitor_schema_refuses_a_misspelt_field() -> None:
@@ -185,21 +188,27 @@ def test_agent_flags_and_config_are_accepted_by_the_agent(tmp_path: Path) -> Non
     assert str(Path(args.sdk_socket).parent) in mounts
 
 
-def test_service_and_service_monitor_select_the_agent_pods() -> None:
-    daemonset, service, monitor = one("DaemonSet"), one("Service"), one("ServiceMonitor")
-    pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
-    assert service["spec"]["selector"].items() <= pod_labels.items()
-    assert service["metadata"]["namespace"] == daemonset["metadata"]["namespace"]
-    container_ports = {p["name"] for p in agent_container()["ports"]}
+def scraped_port(
+    service: dict[str, Any], monitor: dict[str, Any], container: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The Service's port the ServiceMonitor scrapes (checked to reach the container's
+    port, in the Service's namespace), and the endpoint's relabelings by target label."""
     (svc_port,) = service["spec"]["ports"]
-    assert svc_port["targetPort"] in container_ports
-
+    assert svc_port["targetPort"] in {p["name"] for p in container["ports"]}
     sm = monitor["spec"]
     assert sm["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert service["metadata"]["namespace"] in sm["namespaceSelector"]["matchNames"]
     (endpoint,) = sm["endpoints"]
     assert endpoint["port"] == svc_port["name"]
-    relabel = {r["targetLabel"]: r for r in endpoint["relabelings"]}
+    return svc_port, {r["targetLabel"]: r for r in endpoint["relabelings"]}
+
+
+def test_service_and_service_monitor_select_the_agent_pods() -> None:
+    daemonset, service, monitor = one("DaemonSet"), one("Service"), one("ServiceMonitor")
+    pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["metadata"]["namespace"] == daemonset["metadata"]["namespace"]
+    svc_port, relabel = scraped_port(service, monitor, agent_container())
     # The alert rules' default selector, and the instance the DaemonSet gives the agent.
     assert relabel["job"]["replacement"] == "gpufeed"
     assert relabel["instance"]["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]
@@ -267,3 +276,47 @@ def test_scheduler_exporter_reads_pods_and_nodes_and_nothing_else() -> None:
     port = int(args.listen.rpartition(":")[2])
     assert deployment["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(port)
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
+
+
+def fleet_container() -> dict[str, Any]:
+    (container,) = one("StatefulSet", "gpufeed-fleet")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_fleet_runs_two_replicas_each_with_its_own_windows_log() -> None:
+    """Two replicas (they agree without a leader), each resuming from its own durable log:
+    a StatefulSet whose volume claim template holds the log's directory."""
+    sts = one("StatefulSet", "gpufeed-fleet")
+    assert sts["spec"]["replicas"] == 2
+    fleet = fleet_container()
+    args = build_parser().parse_args(fleet["args"])
+    assert args.command == "fleet"
+    assert args.url.startswith("http")
+    mounts = {m["mountPath"]: m["name"] for m in fleet["volumeMounts"]}
+    claims = {c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]}
+    assert mounts[str(Path(args.windows_log).parent)] in claims
+    pod = sts["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert fleet["securityContext"]["readOnlyRootFilesystem"] is True
+    assert fleet["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    port = {p["name"]: p["containerPort"] for p in fleet["ports"]}["metrics"]
+    assert args.listen == f":{port}"
+    for probe in ("livenessProbe", "readinessProbe"):
+        # not /healthz: it is 503 while the TSDB is down, and a restart would not help
+        assert fleet[probe]["httpGet"] == {"path": "/metrics", "port": port}
+
+
+def test_fleet_is_scraped_as_the_job_the_alert_rules_read() -> None:
+    from alerts.config import RulesConfig
+
+    sts = one("StatefulSet", "gpufeed-fleet")
+    service, monitor = one("Service", "gpufeed-fleet"), one("ServiceMonitor", "gpufeed-fleet")
+    assert sts["spec"]["serviceName"] == service["metadata"]["name"]
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    _, relabel = scraped_port(service, monitor, fleet_container())
+    job = relabel["job"]["replacement"]
+    assert RulesConfig().fleet_selector == f'job="{job}"'
+    # each replica its own instance: two series per job, which the rules' `max by` folds
+    assert relabel["instance"]["sourceLabels"] == ["__meta_kubernetes_pod_name"]

@@ -20,6 +20,7 @@ from procports import wait_listening
 from stack_support import REPO_ROOT
 
 UNIT = REPO_ROOT / "deploy" / "systemd" / "gpufeed-agent.service"
+FLEET_UNIT = REPO_ROOT / "deploy" / "systemd" / "gpufeed-fleet.service"
 EXEC_START = "/usr/local/bin/gpufeed agent --config /etc/gpufeed/agent.yaml"
 
 
@@ -38,12 +39,13 @@ def directives(text: str) -> dict[str, list[str]]:
     return out
 
 
-def test_unit_verifies_with_systemd_analyze(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shipped", [UNIT, FLEET_UNIT], ids=lambda p: p.stem)
+def test_unit_verifies_with_systemd_analyze(tmp_path: Path, shipped: Path) -> None:
     # verify checks that ExecStart's binary exists: point it at this checkout's entry point.
     gpufeed = Path(sys.executable).with_name("gpufeed")
     assert gpufeed.is_file(), f"{gpufeed} missing: the package is not installed in this venv"
-    unit = tmp_path / UNIT.name
-    unit.write_text(UNIT.read_text().replace("/usr/local/bin/gpufeed", str(gpufeed)))
+    unit = tmp_path / shipped.name
+    unit.write_text(shipped.read_text().replace("/usr/local/bin/gpufeed", str(gpufeed)))
     result = subprocess.run(
         [systemd_analyze(), "verify", str(unit)], capture_output=True, text=True, timeout=60
     )
@@ -52,9 +54,13 @@ def test_unit_verifies_with_systemd_analyze(tmp_path: Path) -> None:
     assert str(unit) not in result.stderr, result.stderr
 
 
-def test_unit_exposure_is_at_most_3() -> None:
+@pytest.mark.parametrize(
+    ("shipped", "most"), [(UNIT, 3.0), (FLEET_UNIT, 1.5)], ids=["agent", "fleet"]
+)
+def test_unit_exposure_is_at_most_3(shipped: Path, most: float) -> None:
+    """The agent reads the host (3.0 at most); the fleet service only talks HTTP (1.5)."""
     result = subprocess.run(
-        [systemd_analyze(), "security", "--offline=yes", "--no-pager", str(UNIT)],
+        [systemd_analyze(), "security", "--offline=yes", "--no-pager", str(shipped)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -62,7 +68,21 @@ def test_unit_exposure_is_at_most_3() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout)
     assert match, result.stdout
-    assert float(match.group(1)) <= 3.0, result.stdout
+    assert float(match.group(1)) <= most, result.stdout
+
+
+def test_fleet_unit_runs_the_fleet_service_with_its_log_in_its_state_directory() -> None:
+    from gpufeed.cli import build_parser
+
+    d = directives(FLEET_UNIT.read_text())
+    (exec_start,) = d["ExecStart"]
+    binary, *argv = exec_start.split()
+    assert binary == "/usr/local/bin/gpufeed"
+    args = build_parser().parse_args(argv)
+    assert args.command == "fleet"
+    (state,) = d["StateDirectory"]
+    assert Path(args.windows_log).parent == Path("/var/lib") / state
+    assert d["DynamicUser"] == ["yes"] and d["Restart"] == ["always"]
 
 
 def test_unit_runs_the_agent_as_a_watched_notify_service() -> None:
@@ -92,8 +112,9 @@ def test_install_steps_match_the_unit() -> None:
 
 
 def test_docs_name_the_unit_the_repository_ships() -> None:
-    """`systemctl status gpufeed` finds nothing: the unit is gpufeed-agent."""
-    unit = UNIT.stem
+    """`systemctl status gpufeed` finds nothing: the units are gpufeed-agent and
+    gpufeed-fleet."""
+    units = {UNIT.stem, FLEET_UNIT.stem}
     pattern = re.compile(r"(?:systemctl|journalctl)[^`\n]*?\s(gpufeed[\w.-]*)")
     wrong = []
     for page in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]:
@@ -101,7 +122,7 @@ def test_docs_name_the_unit_the_repository_ships() -> None:
             wrong += [
                 f"{page.name}:{n}: {m.group(0)}"
                 for m in pattern.finditer(line)
-                if m.group(1).removesuffix(".service") != unit
+                if m.group(1).removesuffix(".service") not in units
             ]
     assert wrong == []
 

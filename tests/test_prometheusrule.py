@@ -133,10 +133,17 @@ def test_it_lives_with_the_agent_and_selects_the_service_monitors_job() -> None:
     (daemonset,) = kubernetes_objects("DaemonSet")
     assert rule["metadata"]["namespace"] == daemonset["metadata"]["namespace"]
     assert rule["metadata"]["labels"] == RulesConfig().prometheus_rule_labels
-    job = re.fullmatch(r'job="([^"]+)"', RulesConfig().selector)
-    assert job, "the default selector is a job matcher"
+    # the agents' series are read with `selector`, the fleet service's with `fleet_selector`
+    want = {}
+    for name, selector in (
+        ("gpufeed-agent", RulesConfig().selector),
+        ("gpufeed-fleet", RulesConfig().fleet_selector),
+    ):
+        job = re.fullmatch(r'job="([^"]+)"', selector)
+        assert job, "the default selectors are job matchers"
+        want[name] = job.group(1)
     monitors = kubernetes_objects("ServiceMonitor")
-    assert monitors, "deploy/kubernetes has no ServiceMonitor to scrape the agents"
+    assert {m["metadata"]["name"] for m in monitors} == set(want), "a ServiceMonitor each"
     for monitor in monitors:
         for endpoint in monitor["spec"]["endpoints"]:
             jobs = [
@@ -144,7 +151,8 @@ def test_it_lives_with_the_agent_and_selects_the_service_monitors_job() -> None:
                 for r in endpoint.get("relabelings", [])
                 if r.get("targetLabel") == "job" and r.get("action", "replace") == "replace"
             ]
-            assert jobs == [job.group(1)], f"{monitor['metadata']['name']}: job relabeling {jobs}"
+            name = monitor["metadata"]["name"]
+            assert jobs == [want[name]], f"{name}: job relabeling {jobs}"
 
 
 def test_a_site_config_sets_namespace_and_labels(tmp_path: Path) -> None:

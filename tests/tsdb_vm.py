@@ -5,6 +5,7 @@ import, plus `-search.latencyOffset=0s` so that what was just imported is answer
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from procports import stop, wait_listening, wait_ready
@@ -12,8 +13,9 @@ from victoria import binary
 
 
 class RestartableVictoria:
-    def __init__(self, data: Path) -> None:
+    def __init__(self, data: Path, extra_args: Sequence[str] = ()) -> None:
         self.data = data
+        self.extra_args = list(extra_args)  # e.g. -httpAuth.username=... (a server that asks)
         self.port = 0  # ephemeral at the first start, the same one after
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -30,6 +32,7 @@ class RestartableVictoria:
             "-search.disableCache",
             "-retentionPeriod=100y",
             "-loggerLevel=ERROR",
+            *self.extra_args,
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.port = wait_listening(self.proc)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -51,13 +51,13 @@ def victoria(storage: Path, log: Path | None = None) -> Iterator[str]:
         yield url
 
 
-def _post(url: str, body: bytes) -> None:
-    req = urllib.request.Request(url, data=body, method="POST")
+def _post(url: str, body: bytes, headers: Mapping[str, str] | None = None) -> None:
+    req = urllib.request.Request(url, data=body, method="POST", headers=dict(headers or {}))
     with urllib.request.urlopen(req, timeout=300) as r:
         r.read()
 
 
-def _post_chunks(url: str, lines: Iterable[str]) -> int:
+def _post_chunks(url: str, lines: Iterable[str], headers: Mapping[str, str] | None = None) -> int:
     buf: list[str] = []
     size = 0
     n = 0
@@ -66,15 +66,16 @@ def _post_chunks(url: str, lines: Iterable[str]) -> int:
         size += len(line)
         n += 1
         if size >= BODY_BYTES:
-            _post(url, "".join(buf).encode())
+            _post(url, "".join(buf).encode(), headers)
             buf, size = [], 0
     if buf:
-        _post(url, "".join(buf).encode())
+        _post(url, "".join(buf).encode(), headers)
     return n
 
 
-def import_trace(base: str, trace: Path) -> int:
-    """Posts every sample of a trace file; returns how many."""
+def import_trace(base: str, trace: Path, headers: Mapping[str, str] | None = None) -> int:
+    """Posts every sample of a trace file (with `headers`: a server that asks for
+    credentials); returns how many."""
 
     def lines() -> Iterator[str]:
         with trace.open(encoding="utf-8") as f:
@@ -84,8 +85,8 @@ def import_trace(base: str, trace: Path) -> int:
                 head, ts = line.rsplit(" ", 1)
                 yield f"{head} {round(float(ts) * 1000)}\n"
 
-    n = _post_chunks(base + "/api/v1/import/prometheus", lines())
-    flush(base)
+    n = _post_chunks(base + "/api/v1/import/prometheus", lines(), headers)
+    flush(base, headers)
     return n
 
 
@@ -96,8 +97,9 @@ def import_lines(base: str, lines: Iterable[str]) -> int:
     return n
 
 
-def flush(base: str) -> None:
-    with urllib.request.urlopen(base + "/internal/force_flush", timeout=120) as r:
+def flush(base: str, headers: Mapping[str, str] | None = None) -> None:
+    req = urllib.request.Request(base + "/internal/force_flush", headers=dict(headers or {}))
+    with urllib.request.urlopen(req, timeout=120) as r:
         r.read()
 
 

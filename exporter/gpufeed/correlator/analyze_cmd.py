@@ -12,6 +12,7 @@ from typing import Any
 from gpufeed import vocabulary
 from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.correlator.engine.node import NodeSeries
+from gpufeed.correlator.feeds import access
 from gpufeed.correlator.feeds.promql import DEFAULT_RETRY
 from gpufeed.correlator.feeds.stream import DEFAULT_BATCH_INSTANCES, DEFAULT_CHUNK_SECONDS
 
@@ -35,6 +36,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--prometheus", metavar="URL", help="Prometheus/VictoriaMetrics/Thanos/Mimir base URL"
     )
+    access.add_flags(p.add_argument)
     p.add_argument("--start", help="range start: unix seconds or RFC 3339 (with --prometheus)")
     p.add_argument("--end", help="range end: unix seconds or RFC 3339 (with --prometheus)")
     p.add_argument(
@@ -213,8 +215,13 @@ def _stream(args: argparse.Namespace, params: WindowParams) -> int:
         print(f"gpufeed analyze: {e}", file=sys.stderr)
         return 2
     try:
+        url = access.server_url(args.prometheus, args)
+    except access.AccessError as e:
+        print(f"gpufeed analyze: {e}", file=sys.stderr)
+        return 2
+    try:
         cfg = StreamConfig(
-            url=args.prometheus,
+            url=url,
             start_seconds=parse_time(args.start),
             end_seconds=parse_time(args.end),
             step_seconds=args.step,

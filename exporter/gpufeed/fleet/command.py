@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
 import signal
 import sys
 import threading
 from typing import Any
 
 from gpufeed import vocabulary
+from gpufeed.correlator.feeds import access
 
 DESCRIPTION = """\
 The live, job-level view of a fleet, from the Prometheus-compatible TSDB the agents are
@@ -39,19 +39,7 @@ def register(subparsers: Any) -> None:
     )
     a = p.add_argument
     a("--prometheus.url", dest="url", required=True, metavar="URL", help="query API base URL")
-    a(
-        "--prometheus.header",
-        dest="headers",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a header for every query (repeatable): X-Scope-OrgID=TENANT for Mimir/Cortex; "
-        "VictoriaMetrics cluster takes the tenant in the URL (.../select/ACCOUNT/prometheus)",
-    )
-    a("--prometheus.user", dest="user", default="", help="basic auth user name")
-    a("--prometheus.password-file", dest="password_file", default="", help="basic auth password")
-    a("--prometheus.bearer-token-file", dest="token_file", default="", help="bearer token")
-    a("--prometheus.ca-file", dest="ca_file", default="", help="CA bundle for an https URL")
+    access.add_flags(a)
     a("--match", default="", help="extra selector for every query, e.g. '{cluster=\"a\"}'")
     a(
         "--fleet.interval",
@@ -106,11 +94,12 @@ def register(subparsers: Any) -> None:
         "nothing is logged or served",
     )
     a(
-        "--fleet.jobs",
-        dest="jobs",
-        type=int,
-        default=min(2, os.cpu_count() or 1),
-        help="worker processes for a cycle's batches of nodes (default: up to 2)",
+        "--fleet.until",
+        dest="until",
+        default="",
+        metavar="TIME",
+        help="run the cycles up to the one whose boundary is TIME, then exit (a backfill: "
+        "with --fleet.start, one line per cycle on stderr)",
     )
     a("--output", "-o", metavar="FILE", help="with --fleet.once: write here, not to stdout")
     a("--ledger.price", dest="price", type=float, help="price per GPU-hour (for the money)")
@@ -139,7 +128,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpufeed.correlator.engine.engine import WindowParams
-    from gpufeed.correlator.feeds.access import AccessError, build_server_url
+    from gpufeed.correlator.feeds.access import AccessError
     from gpufeed.correlator.feeds.promql import parse_time
     from gpufeed.correlator.outputs.windowlog import WindowLogInUse
     from gpufeed.fleet.metrics import Price
@@ -155,23 +144,15 @@ def run(args: argparse.Namespace) -> int:
     problem = timing.problem()
     if problem:
         return fail(problem)
-    if args.jobs < 1:
-        return fail("--fleet.jobs must be at least 1")
     if args.price is not None and not (math.isfinite(args.price) and args.price >= 0):
         return fail("--ledger.price must be zero or a positive number")
     host, _, port = args.listen.rpartition(":")
     if not port.isdigit():
         return fail(f"--web.listen-address {args.listen!r} must be HOST:PORT")
     try:
-        url = build_server_url(
-            args.url,
-            args.headers,
-            basic_auth_user=args.user,
-            basic_auth_password_file=args.password_file,
-            bearer_token_file=args.token_file,
-            ca_file=args.ca_file,
-        )
+        url = access.server_url(args.url, args)
         start = parse_time(args.start) if args.start else None
+        until = parse_time(args.until) if args.until else None
     except (AccessError, ValueError) as e:
         return fail(str(e))
     if args.once:
@@ -184,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         windows_log=args.windows_log,
         price=None if args.price is None else Price(args.price, args.currency),
         start_seconds=start,
-        jobs=args.jobs,
+        until_seconds=until,
     )
     try:
         service = FleetService(settings)
@@ -193,6 +174,9 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         return fail(f"--fleet.windows-log {args.windows_log}: {e.strerror or e}", 1)
     try:
+        if until is not None:
+            service.run()  # the backfill: no HTTP face, exits after the cycle at `until`
+            return 1 if service.healthy() else 0
         return asyncio.run(_serve(service, host or "0.0.0.0", int(port)))
     finally:
         service.close()
@@ -204,7 +188,8 @@ def _once(
     from gpufeed import strictjson
     from gpufeed.correlator.engine.engine import WindowParams
     from gpufeed.correlator.feeds.promql import PromError, parse_time
-    from gpufeed.fleet.cycle import evaluate
+    from gpufeed.fleet.carry import FleetEngines
+    from gpufeed.fleet.cycle import QUERY_RETRY, evaluate
 
     try:
         boundary = parse_time(when)
@@ -214,18 +199,12 @@ def _once(
     if boundary % timing.interval_seconds:
         print("gpufeed fleet: --fleet.once must be a multiple of the interval", file=sys.stderr)
         return 2
-    from gpufeed.fleet.service import worker_pool
-
     params = WindowParams(threshold, args.min_window, args.merge_gap)
-    pool = worker_pool(args.jobs)
     try:
-        result = evaluate(url, boundary, timing, params, match, pool)
+        result = evaluate(FleetEngines(url, timing, params, match, QUERY_RETRY), boundary)
     except (PromError, ValueError) as e:
         print(f"gpufeed fleet: {e}", file=sys.stderr)
         return 1
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
     out = [w.to_json() for w in result.range_closed]
     out += [{**w.to_json(), "open": True} for w in result.open]
     text = "".join(strictjson.dumps(d) + "\n" for d in out)

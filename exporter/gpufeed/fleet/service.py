@@ -3,20 +3,19 @@ render /metrics; a failed cycle (TSDB slow or down) is retried, never skipped.""
 
 from __future__ import annotations
 
-import multiprocessing
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.correlator.engine.window import Window
+from gpufeed.correlator.feeds.promql import PromError
 from gpufeed.correlator.outputs.windowlog import WindowLog, read_log
-from gpufeed.fleet.cycle import CycleResult, evaluate
+from gpufeed.fleet.carry import FleetEngines
+from gpufeed.fleet.cycle import QUERY_RETRY, CycleResult, evaluate
 from gpufeed.fleet.metrics import Price, Progress, render
 from gpufeed.fleet.state import FleetState, load_state, save_state, state_path
 from gpufeed.fleet.timing import CycleTiming
@@ -41,7 +40,7 @@ class FleetSettings:
     windows_log: str
     price: Price | None = None
     start_seconds: float | None = None  # first run without a cursor: backfill from here
-    jobs: int = 1  # worker processes for a cycle's batches
+    until_seconds: float | None = None  # stop after the cycle at this boundary (a backfill)
 
 
 class FleetService:
@@ -61,7 +60,9 @@ class FleetService:
         self._duration: float | None = None
         self._error = ""
         self.generation = 0  # /api/windows re-renders when this changes
-        self._pool = worker_pool(settings.jobs)
+        self.engines = FleetEngines(
+            settings.url, settings.timing, settings.params, settings.match, QUERY_RETRY
+        )
         self.page = self._render(0.0)
 
     # ---- what the HTTP side reads ------------------------------------------------------------
@@ -85,18 +86,34 @@ class FleetService:
             now = self._clock()
             due = self.s.timing.due(now)
             nxt = self._next_boundary(due)
+            if self.s.until_seconds is not None and nxt > self.s.until_seconds:
+                return  # the backfill is done
             if nxt > due:
                 self._publish(0.0)
                 self._stop.wait(max(0.05, nxt + self.s.timing.settle_seconds - self._clock()))
                 continue
             try:
-                self.run_cycle(nxt)
+                cpu = time.process_time()
+                result = self.run_cycle(nxt)
+                cpu = time.process_time() - cpu
                 backoff = RETRY_SECONDS[0]
                 self._error = ""
+                if self.s.until_seconds is not None:  # a backfill says how it goes
+                    print(
+                        f"gpufeed fleet: cycle {nxt:.0f}: {len(result.closed)} windows closed, "
+                        f"{result.queries} queries, {result.points} points, "
+                        f"{self._duration or 0.0:.2f} s ({cpu:.2f} s of CPU)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                # the next epoch's engines, off the cycle's path (see fleet/carry.py)
+                self.engines.warm_up()
             except Exception as e:  # the service outlives any one cycle
                 self._failed += 1
-                if isinstance(e, BrokenProcessPool):  # a worker died (killed, out of memory)
-                    self._pool = worker_pool(self.s.jobs)
+                if not isinstance(e, PromError):
+                    # not the TSDB: the engines may be half-way through a step; rebuild
+                    # them (a TSDB failure leaves them at their last whole chunk)
+                    self.engines.reset()
                 msg = f"gpufeed fleet: cycle {nxt:.0f} failed, retrying: {e}"
                 if msg != self._error:  # one line per new problem, not one per retry
                     print(msg, file=sys.stderr, flush=True)
@@ -117,8 +134,7 @@ class FleetService:
         """Evaluates one cycle and makes it durable: its windows in the log (those the log
         does not hold yet: a cycle redone after a kill), then the state with the cursor."""
         began = time.monotonic()
-        s = self.s
-        result = evaluate(s.url, boundary, s.timing, s.params, s.match, self._pool)
+        result = evaluate(self.engines, boundary)
         lo, _ = self.s.timing.report_slice(boundary)
         have = {window_key(w) for w in self._recent if w.end_seconds > lo}
         new = [w for w in result.closed if window_key(w) not in have]
@@ -149,17 +165,4 @@ class FleetService:
         return render(self.state, self._last, progress, self.s.price)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
         self.log.close()
-
-
-def worker_pool(jobs: int) -> ProcessPoolExecutor | None:
-    """Workers for a cycle's batches, kept for the service's life. `forkserver`, not
-    `fork`: the service has threads (the HTTP loop), and a forked child could inherit a
-    lock one of them held."""
-    if jobs <= 1:
-        return None
-    return ProcessPoolExecutor(
-        max_workers=jobs, mp_context=multiprocessing.get_context("forkserver")
-    )

@@ -2,7 +2,9 @@
 
 A cycle is named by its boundary `T`, a multiple of the interval in unix seconds (wall
 clock, not the replica's start time). It runs once the TSDB has had `settle_seconds` to
-ingest the scrapes up to `T`, analyses `[T - lookback, T]`, and *reports* only the slice
+ingest the scrapes up to `T`, analyses `[A, T]` where the anchor `A` is the newest multiple
+of the lookback at or before `T - lookback` (so one to two lookbacks of data; every cycle
+with the same anchor continues the same engines, see fleet/carry.py), and *reports* only the slice
 `(T - interval - delay, T - delay]`: windows that closed in it and the ledger of its GPU
 time. `delay` is how long the engine needs after a window's end to be sure it ended (the
 merge gap of good samples, or a hole long enough to close it), so a window is final, and
@@ -59,8 +61,16 @@ class CycleTiming:
         i = self.interval_seconds
         return math.ceil((t_seconds + self.delay_seconds + i) / i) * i
 
+    def anchors(self, boundary: float) -> tuple[float, float]:
+        """(A, A + lookback): the start of the range the cycle at `boundary` analyses, and
+        the start of the next one, whose engines must already run (from their own start,
+        at or before `boundary`) when the cycles move to it."""
+        lb = self.lookback_seconds
+        a = math.floor(boundary / lb) * lb - lb
+        return a, a + lb
+
     def query_range(self, boundary: float) -> tuple[float, float]:
-        return boundary - self.lookback_seconds, boundary
+        return self.anchors(boundary)[0], boundary
 
     def report_slice(self, boundary: float) -> tuple[float, float]:
         """(lo, hi]: what the cycle at `boundary` reports."""

@@ -38,10 +38,13 @@ class Series:
 
     def extend_sorted(self, ts: array[float], vs: array[float]) -> None:
         """Adds parsed columns; sorts and de-duplicates if they are not strictly increasing."""
+        # the columns are strictly increasing already: only the new points and the one
+        # before them need checking (a fleet cycle adds a few points to long columns)
+        first = max(len(self.ts) - 1, 0)
         self.ts.extend(ts)
         self.vs.extend(vs)
         t = self.ts
-        if not all(map(lt, t, islice(t, 1, None))):
+        if not all(map(lt, islice(t, first, None), islice(t, first + 1, None))):
             merged = dict(zip(t, self.vs, strict=True))  # later duplicates win
             keys = sorted(merged)
             self.ts = array("d", keys)

@@ -9,9 +9,11 @@ in `ps`), once at start.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 
 class AccessError(ValueError):
@@ -86,3 +88,33 @@ def build_server_url(
         pair = f"{basic_auth_user}:{password}".encode()
         headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
     return ServerUrl(url, headers, ca_file)
+
+
+def add_flags(add: Callable[..., Any]) -> None:
+    """The flags saying how to reach the server, for every command that queries it
+    (`gpufeed fleet`, `gpufeed analyze --prometheus`); `add` is a parser's add_argument."""
+    add(
+        "--prometheus.header",
+        dest="headers",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a header for every query (repeatable): X-Scope-OrgID=TENANT for Mimir/Cortex; "
+        "VictoriaMetrics cluster takes the tenant in the URL (.../select/ACCOUNT/prometheus)",
+    )
+    add("--prometheus.user", dest="user", default="", help="basic auth user name")
+    add("--prometheus.password-file", dest="password_file", default="", help="basic auth password")
+    add("--prometheus.bearer-token-file", dest="token_file", default="", help="bearer token")
+    add("--prometheus.ca-file", dest="ca_file", default="", help="CA bundle for an https URL")
+
+
+def server_url(url: str, args: argparse.Namespace) -> ServerUrl:
+    """The ServerUrl of `url` with what `add_flags`' flags say; raises AccessError."""
+    return build_server_url(
+        url,
+        args.headers,
+        basic_auth_user=args.user,
+        basic_auth_password_file=args.password_file,
+        bearer_token_file=args.token_file,
+        ca_file=args.ca_file,
+    )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -35,6 +36,10 @@ TIMEOUT_SECONDS = 60.0
 # Answers worth asking again: the server is overloaded, restarting or behind a proxy that
 # lost it. Anything else (a bad query, 4xx) fails the same way every time.
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+REFUSED = (
+    "(the server refused the credentials or the tenant: check --prometheus.user and "
+    "--prometheus.password-file, --prometheus.bearer-token-file, --prometheus.header)"
+)
 
 
 class PromError(RuntimeError):
@@ -114,11 +119,16 @@ def _get_once(base: str, path: str, params: list[tuple[str, str]], timeout: floa
         detail = ""
         with contextlib.suppress(ValueError, OSError):
             detail = json.loads(e.read()).get("error", "")
+        if e.code in (401, 403):  # asked again, the same credentials fail the same way
+            detail = f"{detail} {REFUSED}".strip()
         kind = _Transient if e.code in RETRY_STATUSES else PromError
         raise kind(f"{path}: HTTP {e.code} {detail}".strip()) from None
     except ValueError as e:  # not JSON: a proxy's error page, a truncated body
         raise _Transient(f"{base}{path}: {e}") from None
     except (urllib.error.URLError, OSError) as e:
+        if isinstance(getattr(e, "reason", e), ssl.SSLCertVerificationError):
+            # the server's certificate is not trusted (--prometheus.ca-file): that stays so
+            raise PromError(f"{base}{path}: {e}") from None
         raise _Transient(f"{base}{path}: {e}") from None
     if body.get("status") != "success":
         raise PromError(f"{path}: {body.get('error', 'query failed')}")
@@ -189,6 +199,14 @@ def _query(
     data = _get(base, "/api/v1/query_range", params, retry)
     result: list[dict[str, Any]] = data.get("result", [])
     return result
+
+
+def query_every_instance(
+    base: str, metric: str, match: str, s: float, e: float, step: float, retry: Retry
+) -> list[dict[str, Any]]:
+    """`metric` of every instance `match` selects over [s, e], in one query: the answer
+    names the instances (the fleet's cycles fetch a few steps of the whole fleet at once)."""
+    return _query(base, metric, _matchers(match), s, e, step, retry)
 
 
 def route_result(nodes: dict[str, NodeSeries], metric: str, result: list[dict[str, Any]]) -> int:

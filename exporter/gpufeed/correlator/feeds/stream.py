@@ -86,8 +86,8 @@ def plan(cfg: StreamConfig) -> list[Batch]:
     return pack_batches(shard_groups(groups, cfg.shard, cfg.shards), cfg.batch_instances)
 
 
-class _NodeRun:
-    """One node's engine, carried across chunks."""
+class NodeRun:
+    """One node's engine, carried across chunks (and, in `gpufeed fleet`, across cycles)."""
 
     __slots__ = ("corr", "done_until", "node")
 
@@ -96,10 +96,12 @@ class _NodeRun:
         self.corr: NodeCorrelator | None = None
         self.done_until = -float("inf")
 
-    def advance(self, params: WindowParams, last_chunk: bool) -> None:
+    def advance(
+        self, params: WindowParams, last_chunk: bool, wait_samples: int = INTERVAL_SAMPLES
+    ) -> None:
         node = self.node
         if self.corr is None:
-            if not last_chunk and _interval_samples(node) < INTERVAL_SAMPLES:
+            if not last_chunk and _interval_samples(node) < wait_samples:
                 return  # too few samples yet to know the interval: wait for the next chunk
             self.corr = NodeCorrelator(node, Timing(estimate_interval(node)), params)
         corr = self.corr
@@ -158,7 +160,7 @@ def analyze_batch(cfg: StreamConfig, batch: Batch, cost: list[int] | None = None
     `cost`, when given, receives [queries, points] of the fetches."""
     queries = points = 0
     nodes: dict[str, NodeSeries] = {}
-    runs: dict[str, _NodeRun] = {}
+    runs: dict[str, NodeRun] = {}
     spans = list(
         promql.chunks(cfg.start_seconds, cfg.end_seconds, cfg.step_seconds, cfg.chunk_points)
     )
@@ -172,7 +174,7 @@ def analyze_batch(cfg: StreamConfig, batch: Batch, cost: list[int] | None = None
             for inst in sorted(nodes):
                 run = runs.get(inst)
                 if run is None:
-                    run = runs[inst] = _NodeRun(nodes[inst])
+                    run = runs[inst] = NodeRun(nodes[inst])
                 run.advance(cfg.params, last)
     out = [w for r in runs.values() if r.corr is not None for w in r.corr.windows]
     # the job level: a batch holds the instances of whole jobs (see correlator/job/)

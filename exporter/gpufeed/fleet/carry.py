@@ -1,0 +1,193 @@
+"""The fleet's engines, carried from cycle to cycle: a cycle fetches and evaluates only the
+samples since the last one, not its whole range again.
+
+The cycle at boundary `T` analyses `[A, T]` (`CycleTiming.anchors`): `A`, the anchor, is a
+multiple of the lookback, the same for every replica, so consecutive cycles with one
+anchor continue one set of engines (an *epoch*: per node its columns and `NodeRun`, as the
+streamed analysis carries them from chunk to chunk). The next epoch's engines start at
+their own anchor, `A + lookback`, before the cycles move to them, so a replica always runs
+two: every interval steps every node twice over the new instants, but only the reporting
+epoch's steps are on the cycle's path (the other is stepped once the cycle's results are
+durable, in the time the service waits for the next boundary). A new replica (or one after a
+restart, or after an engine failed) builds both from their anchors: its first cycle reads
+up to twice the lookback.
+
+Fetching: one range query per used metric over the new instants, for every instance at
+once (no instance list: the answers name them), in chunks of at most `CHUNK_STEPS`
+instants; a chunk is routed into the columns only when every answer of it has arrived, so
+a failed query leaves every epoch consistent at its last chunk, and the retried cycle goes
+on from there. The result equals `gpufeed analyze --prometheus --start A --end T` with the
+windows still open at `T` left open (tested against VictoriaMetrics and Prometheus).
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from bisect import bisect_right
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufeed.correlator.engine.engine import WindowParams
+from gpufeed.correlator.engine.node import USED_METRICS, NodeSeries
+from gpufeed.correlator.engine.series import Series
+from gpufeed.correlator.engine.window import Window
+from gpufeed.correlator.feeds import promql
+from gpufeed.correlator.feeds.stream import NodeRun
+from gpufeed.fleet.timing import CycleTiming
+
+LabelKey = str
+Parsed = tuple[LabelKey, dict[str, Any], "array[float]", "array[float]"]
+Chunk = tuple[float, list[tuple[str, list[Parsed]]]]  # (its last instant, parsed answers)
+
+CHUNK_STEPS = 10  # instants per query: bounds an answer (the whole fleet) in a cold start
+# A node's engine starts once it has this many utilization samples: its sampling interval
+# is estimated from them (on the query grid, the step)
+FIRST_SAMPLES = 3
+
+
+@dataclass(slots=True)
+class Epoch:
+    """Every node's columns and engine from one anchor on; `done_seconds` is the last
+    instant fetched, routed and stepped."""
+
+    anchor_seconds: float
+    done_seconds: float
+    nodes: dict[str, NodeSeries] = field(default_factory=dict)
+    runs: dict[str, NodeRun] = field(default_factory=dict)
+    # (metric, labels as answered) -> its column, or None for a series the engine does
+    # not read: routing a label set is done once per epoch, not once per cycle
+    columns: dict[tuple[str, LabelKey], Series | None] = field(default_factory=dict)
+
+    def route(self, metric: str, items: list[Parsed]) -> None:
+        done = self.done_seconds
+        cols = self.columns
+        for key, labels, ts, vs in items:
+            i = bisect_right(ts, done)
+            if i >= len(ts):
+                continue
+            ck = (metric, key)
+            if ck in cols:
+                series = cols[ck]
+            else:  # first sight of this series: find (or make) its column once
+                inst = str(labels["instance"])
+                node = self.nodes.get(inst)
+                if node is None:
+                    node = self.nodes[inst] = NodeSeries(inst)
+                    self.runs[inst] = NodeRun(node)
+                rest = {k: str(v) for k, v in labels.items() if k not in ("instance", "__name__")}
+                series = cols[ck] = node.route(metric, rest)
+            if series is not None:
+                series.extend_sorted(ts[i:] if i else ts, vs[i:] if i else vs)
+
+    def advance(self, until: float, params: WindowParams) -> None:
+        for inst in sorted(self.runs):
+            self.runs[inst].advance(params, False, FIRST_SAMPLES)
+        self.done_seconds = until
+
+    def windows(self) -> tuple[list[Window], list[Window]]:
+        """(closed, open) windows since the anchor, node by node."""
+        closed: list[Window] = []
+        open_: list[Window] = []
+        for inst in sorted(self.runs):
+            corr = self.runs[inst].corr
+            if corr is not None:
+                closed.extend(corr.windows)
+                open_.extend(corr.open_windows())
+        return closed, open_
+
+
+def _parse(result: list[dict[str, Any]]) -> tuple[list[Parsed], int]:
+    """An answer's series as (label key, labels as answered, timestamps, values), parsed
+    once for every epoch; series without an instance are not a node's. The key, one
+    interned string per label set, is what the epochs' column caches hold: the answer's
+    label dictionaries are dropped with the chunk."""
+    out: list[Parsed] = []
+    points = 0
+    for item in result:
+        metric = item.get("metric", {})
+        if not metric.get("instance"):
+            continue
+        values = item.get("values", [])
+        points += len(values)
+        ts = array("d", [p[0] for p in values])  # numbers in the answer already
+        vs = array("d", [float(p[1]) for p in values])
+        key = sys.intern("\x00".join(f"{k}\x01{v}" for k, v in metric.items()))
+        out.append((key, metric, ts, vs))
+    return out, points
+
+
+class FleetEngines:
+    """The epochs a replica carries, advanced to each cycle's boundary. The reporting epoch
+    is advanced in the cycle; the next one (warming up, reported from only when the cycles
+    reach its anchor) gets the same chunks afterwards, in `warm_up`, which the service
+    calls once the cycle's results are durable: a cycle waits for one engine per node."""
+
+    def __init__(
+        self, base: str, timing: CycleTiming, params: WindowParams, match: str, retry: promql.Retry
+    ) -> None:
+        self.base = base
+        self.timing = timing
+        self.params = params
+        self.match = match
+        self.retry = retry
+        self.epochs: dict[float, Epoch] = {}
+        self._pending: list[Chunk] = []  # fetched chunks the warm-up epoch has not had
+
+    def reset(self) -> None:
+        self.epochs = {}
+        self._pending = []
+
+    def advance(self, boundary: float) -> tuple[Epoch, int, int]:
+        """The epoch the cycle at `boundary` reports from, stepped through `boundary`; with
+        the (queries, points) that cost."""
+        step = self.timing.step_seconds
+        if any(e.done_seconds > boundary for e in self.epochs.values()):
+            self.reset()  # asked for an earlier cycle: start over
+        self.warm_up()  # what the last cycle left for later, first: chunks stay in order
+        anchors = self.timing.anchors(boundary)
+        self.epochs = {
+            a: self.epochs.get(a) or Epoch(a, a - step) for a in anchors if a <= boundary
+        }
+        report = self.epochs[anchors[0]]
+        queries = points = 0
+        frm = min(e.done_seconds for e in self.epochs.values()) + step
+        with ThreadPoolExecutor(max_workers=promql.THREADS) as pool:
+            for s, e in promql.chunks(frm, boundary, step, CHUNK_STEPS):
+                q, p, chunk = self._fetch(pool, s, e)
+                queries, points = queries + q, points + p
+                _apply(report, chunk, self.params)
+                if any(ep is not report and ep.done_seconds < e for ep in self.epochs.values()):
+                    self._pending.append(chunk)
+        return report, queries, points
+
+    def warm_up(self) -> None:
+        """Gives the warm-up epoch the chunks it has not had yet."""
+        pending, self._pending = self._pending, []
+        for chunk in pending:
+            for ep in self.epochs.values():
+                _apply(ep, chunk, self.params)
+
+    def _fetch(self, pool: ThreadPoolExecutor, s: float, e: float) -> tuple[int, int, Chunk]:
+        step = self.timing.step_seconds
+        base, match, retry = self.base, self.match, self.retry
+
+        def ask(metric: str) -> tuple[list[Parsed], int]:
+            # parsed where it arrives: the answer's JSON is freed at once
+            return _parse(promql.query_every_instance(base, metric, match, s, e, step, retry))
+
+        # every answer first: a failure routes nothing, and the epochs stay at their last chunk
+        answers = list(pool.map(ask, USED_METRICS))
+        parsed = [(m, items) for m, (items, _) in zip(USED_METRICS, answers, strict=True)]
+        return len(USED_METRICS), sum(n for _, n in answers), (e, parsed)
+
+
+def _apply(epoch: Epoch, chunk: Chunk, params: WindowParams) -> None:
+    """Routes a chunk into an epoch that has not had it, and steps its engines through it."""
+    end, parsed = chunk
+    if epoch.done_seconds >= end:
+        return
+    for metric, items in parsed:
+        epoch.route(metric, items)
+    epoch.advance(end, params)
