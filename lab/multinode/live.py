@@ -44,8 +44,6 @@ FLEET_ARGS = (
     "120",
     "--fleet.settle",
     "2",
-    "--fleet.jobs",
-    "1",
 )
 POLL_SECONDS = 1.0
 _POLLER = """
