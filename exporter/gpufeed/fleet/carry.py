@@ -153,13 +153,20 @@ class FleetEngines:
         report = self.epochs[anchors[0]]
         queries = points = 0
         frm = min(e.done_seconds for e in self.epochs.values()) + step
+        spans = list(promql.chunks(frm, boundary, step, CHUNK_STEPS))
+        # a steady cycle (one chunk) leaves the warm-up epoch for later; a cold one, which
+        # is slow anyway, feeds it at once rather than hold its chunks
+        defer = len(spans) == 1
         with ThreadPoolExecutor(max_workers=promql.THREADS) as pool:
-            for s, e in promql.chunks(frm, boundary, step, CHUNK_STEPS):
+            for s, e in spans:
                 q, p, chunk = self._fetch(pool, s, e)
                 queries, points = queries + q, points + p
                 _apply(report, chunk, self.params)
-                if any(ep is not report and ep.done_seconds < e for ep in self.epochs.values()):
+                behind = [ep for ep in self.epochs.values() if ep.done_seconds < e]
+                if behind and defer:
                     self._pending.append(chunk)
+                for ep in behind if not defer else ():
+                    _apply(ep, chunk, self.params)
         return report, queries, points
 
     def warm_up(self) -> None:

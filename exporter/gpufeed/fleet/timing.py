@@ -69,9 +69,6 @@ class CycleTiming:
         a = math.floor(boundary / lb) * lb - lb
         return a, a + lb
 
-    def query_range(self, boundary: float) -> tuple[float, float]:
-        return self.anchors(boundary)[0], boundary
-
     def report_slice(self, boundary: float) -> tuple[float, float]:
         """(lo, hi]: what the cycle at `boundary` reports."""
         hi = boundary - self.delay_seconds
