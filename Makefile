@@ -44,7 +44,9 @@ run: runtime
 # systemd for systemd-analyze (the unit's verify and security checks), python3-seccomp (the
 # agent run under the unit's system-call filter), openssl for the certificates of the
 # TLS tests, victoria-metrics (the streamed `analyze --prometheus` test and benchmark),
-# and slurmctld, slurmd, slurm-client (the real Slurm of tests/test_scheduler_slurm.py).
+# slurmctld, slurmd, slurm-client (the real Slurm of tests/test_scheduler_slurm.py), and
+# nginx-light (the tenant gateway of tests/test_fleet_servers.py, started by the test with
+# its own config; on a host without a policy-rc.d the package also starts its default site).
 # DPkg::Lock::Timeout: two fresh `make test` runs on one host wait for each other's
 # apt-get instead of failing on the dpkg lock.
 promtool:
@@ -60,6 +62,7 @@ promtool:
 	command -v slurmctld >/dev/null 2>&1 || missing="$$missing slurmctld"; \
 	command -v slurmd >/dev/null 2>&1 || missing="$$missing slurmd"; \
 	command -v squeue >/dev/null 2>&1 || missing="$$missing slurm-client"; \
+	command -v nginx >/dev/null 2>&1 || missing="$$missing nginx-light"; \
 	/usr/bin/python3 -c 'import seccomp' >/dev/null 2>&1 || missing="$$missing python3-seccomp"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \

@@ -1,20 +1,26 @@
 """`gpufeed fleet` and `gpufeed analyze --prometheus` against real servers that require what
 the access flags give: Debian's Prometheus behind `--web.config.file` (TLS with our own CA,
-basic auth with a bcrypt hash), and VictoriaMetrics with `-httpAuth.*`. The fleet's windows
-from Prometheus are the offline analysis's (the parity test so far ran on VictoriaMetrics
-only); wrong credentials give one clear line, lose no window, and the service catches up
-once they are right."""
+basic auth with a bcrypt hash), VictoriaMetrics with `-httpAuth.*`, and a tenant gateway
+routing by `X-Scope-OrgID` (Debian's nginx, configured as the gateways in front of Mimir
+and Cortex are: a tenant's queries go to its store, a request without a known tenant is
+refused with 401). The fleet's windows from Prometheus are the offline analysis's (the
+parity test so far ran on VictoriaMetrics only); wrong credentials give one clear line,
+lose no window, and the service catches up once they are right."""
 
 from __future__ import annotations
 
 import base64
 import math
+import os
+import shutil
+import socket
 import ssl
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import bcrypt
@@ -28,7 +34,8 @@ from gpufeed.correlator.outputs.output import render
 from gpufeed.correlator.outputs.windowlog import read_log
 from gpufeed.fleet.service import FleetService, FleetSettings
 from gpufeed.fleet.timing import CycleTiming
-from procports import stop
+from host_needs import missing
+from procports import stop, wait_ready
 from prometheus_trace import prometheus_serving, run_analyze
 from tls_helpers import make_pki
 from tsdb_vm import RestartableVictoria, shift_trace
@@ -230,5 +237,101 @@ def test_victoriametrics_with_http_auth_refuses_wrong_credentials_in_one_line(
         svc.close()
     finally:
         vm.stop()
+    got = [w.to_json() for w in sorted(read_log(str(log)), key=_key)]
+    assert got == _offline(trace, last, tmp_path)
+
+
+@contextmanager
+def tenant_gateway(tenants: Mapping[str, str], workdir: Path) -> Iterator[str]:
+    """nginx routing each `X-Scope-OrgID` in `tenants` to its base URL, 401 for any other
+    request; yields its URL. nginx cannot listen on port 0, so the test binds the ephemeral
+    port and hands nginx the socket (nginx takes inherited sockets from $NGINX, as in its
+    binary upgrade): no port is guessed."""
+    exe = shutil.which("nginx")
+    if exe is None:
+        missing("nginx is not installed (Debian package nginx-light; make promtool)")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    routes = "".join(
+        f"    {name} {url.removeprefix('http://')};\n" for name, url in tenants.items()
+    )
+    temp = "".join(f"  {k}_temp_path {workdir}/{k};\n" for k in ("client_body", "proxy"))
+    temp += "".join(f"  {k}_temp_path {workdir}/{k};\n" for k in ("fastcgi", "uwsgi", "scgi"))
+    conf = workdir / "nginx.conf"
+    conf.write_text(
+        f"daemon off;\nerror_log stderr error;\npid {workdir}/nginx.pid;\nevents {{}}\n"
+        f"http {{\n  access_log off;\n{temp}"
+        f'  map $http_x_scope_orgid $tenant {{\n    default "";\n{routes}  }}\n'
+        f"  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n"
+        f'      if ($tenant = "") {{ return 401 "no org id\\n"; }}\n'
+        f"      proxy_pass http://$tenant;\n    }}\n  }}\n}}\n"
+    )
+    fd = sock.fileno()
+    proc = subprocess.Popen(
+        [exe, "-c", str(conf), "-p", str(workdir)],
+        pass_fds=[fd],
+        env={**os.environ, "NGINX": f"{fd};"},
+        stderr=subprocess.DEVNULL,
+    )
+    sock.close()  # nginx holds it now
+    try:
+        url = f"http://127.0.0.1:{port}"
+        first = next(iter(tenants.values()))
+        wait_ready(first + "/health", proc)  # the store behind it answers
+        yield url
+    finally:
+        stop(proc)
+
+
+def test_a_tenant_header_selects_the_tenants_data_and_none_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two stores behind a gateway that routes by X-Scope-OrgID: `--prometheus.header
+    X-Scope-OrgID=team-a` gives team a's windows (the fleet's cycles and analyze alike),
+    team b's header team b's, no header one line (HTTP 401) and nothing written."""
+    trace, first, last = _trace(ago_minutes=5)
+    other = trace.replace('instance="node-t:9400"', 'instance="node-b:9400"')
+    stores = {}
+    vms = []
+    try:
+        for name, text in (("team-a", trace), ("team-b", other)):
+            path = tmp_path / f"{name}.om"
+            path.write_text(text)
+            vm = RestartableVictoria(tmp_path / f"vm-{name}")
+            vms.append(vm)
+            vm.start()
+            import_trace(vm.url, path)
+            stores[name] = vm.url
+        (tmp_path / "nginx").mkdir()
+        with tenant_gateway(stores, tmp_path / "nginx") as url:
+            out = tmp_path / "w.jsonl"
+            common = ["--prometheus", url, "--start", f"{first:.0f}", "--end", f"{last:.0f}"]
+            common += ["--step", f"{STEP:g}", "-o", str(out)]
+            assert run_analyze(*common) == 1
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and "HTTP 401" in err[0], err
+            assert not out.exists()
+            for name, text in (("team-a", trace), ("team-b", other)):
+                assert run_analyze(*common, f"--prometheus.header=X-Scope-OrgID={name}") == 0
+                assert sorted(out.read_text().splitlines()) == sorted(
+                    render(analyze_text(text, tmp_path), "jsonl").splitlines()
+                ), name
+            # the fleet service with team a's header: team a's windows, none of team b's
+            timing = _timing()
+            log = tmp_path / "fleet.jsonl"
+            tenant = build_server_url(url, ["X-Scope-OrgID=team-a"])
+            svc = FleetService(
+                FleetSettings(tenant, "", timing, WindowParams(), str(log), None, first)
+            )
+            b = timing.first_after(first)
+            while b <= timing.due(time.time()):
+                svc.run_cycle(b)
+                b += INTERVAL
+            svc.close()
+    finally:
+        for vm in vms:
+            vm.stop()
     got = [w.to_json() for w in sorted(read_log(str(log)), key=_key)]
     assert got == _offline(trace, last, tmp_path)
