@@ -163,10 +163,11 @@ class FleetEngines:
                 queries, points = queries + q, points + p
                 _apply(report, chunk, self.params)
                 behind = [ep for ep in self.epochs.values() if ep.done_seconds < e]
-                if behind and defer:
+                if defer and behind:
                     self._pending.append(chunk)
-                for ep in behind if not defer else ():
-                    _apply(ep, chunk, self.params)
+                elif not defer:
+                    for ep in behind:
+                        _apply(ep, chunk, self.params)
         return report, queries, points
 
     def warm_up(self) -> None:
