@@ -13,7 +13,8 @@ restart, or after an engine failed) builds both from their anchors: its first cy
 up to twice the lookback.
 
 Fetching: one range query per used metric over the new instants, for every instance at
-once (no instance list: the answers name them), in chunks of at most `CHUNK_STEPS`
+once (no instance list: the answers name them), plus the cluster scheduler's families
+(shared by every node, as the offline feed shares them), in chunks of at most `CHUNK_STEPS`
 instants; a chunk is routed into the columns only when every answer of it has arrived, so
 a failed query leaves every epoch consistent at its last chunk, and the retried cycle goes
 on from there. The result equals `gpufeed analyze --prometheus --start A --end T` with the
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufeed.correlator.engine.engine import WindowParams
-from gpufeed.correlator.engine.node import USED_METRICS, NodeSeries
+from gpufeed.correlator.engine.node import CLUSTER_METRICS, USED_METRICS, NodeSeries, cluster_key
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.feeds import promql
@@ -59,13 +60,21 @@ class Epoch:
     # (metric, labels as answered) -> its column, or None for a series the engine does
     # not read: routing a label set is done once per epoch, not once per cycle
     columns: dict[tuple[str, LabelKey], Series | None] = field(default_factory=dict)
+    # the cluster scheduler's series (CLUSTER_METRICS), shared by every node, as the
+    # offline PromQL feed shares them (feeds/promql.py)
+    cluster: dict[str, Series] = field(default_factory=dict)
 
     def route(self, metric: str, items: list[Parsed]) -> None:
         done = self.done_seconds
         cols = self.columns
+        shared = metric in CLUSTER_METRICS
         for key, labels, ts, vs in items:
             i = bisect_right(ts, done)
             if i >= len(ts):
+                continue
+            if shared:
+                ckey = cluster_key(metric, {k: str(v) for k, v in labels.items()})
+                self.cluster.setdefault(ckey, Series()).extend_sorted(ts[i:], vs[i:])
                 continue
             ck = (metric, key)
             if ck in cols:
@@ -75,6 +84,7 @@ class Epoch:
                 node = self.nodes.get(inst)
                 if node is None:
                     node = self.nodes[inst] = NodeSeries(inst)
+                    node.cluster = self.cluster
                     self.runs[inst] = NodeRun(node)
                 rest = {k: str(v) for k, v in labels.items() if k not in ("instance", "__name__")}
                 series = cols[ck] = node.route(metric, rest)
@@ -98,16 +108,16 @@ class Epoch:
         return closed, open_
 
 
-def _parse(result: list[dict[str, Any]]) -> tuple[list[Parsed], int]:
+def _parse(result: list[dict[str, Any]], nodes: bool = True) -> tuple[list[Parsed], int]:
     """An answer's series as (label key, labels as answered, timestamps, values), parsed
-    once for every epoch; series without an instance are not a node's. The key, one
-    interned string per label set, is what the epochs' column caches hold: the answer's
-    label dictionaries are dropped with the chunk."""
+    once for every epoch; series without an instance are not a node's (`nodes`: the
+    cluster's series are nobody's). The key, one interned string per label set, is what
+    the epochs' column caches hold: the answer's label dictionaries go with the chunk."""
     out: list[Parsed] = []
     points = 0
     for item in result:
         metric = item.get("metric", {})
-        if not metric.get("instance"):
+        if nodes and not metric.get("instance"):
             continue
         values = item.get("values", [])
         points += len(values)
@@ -183,12 +193,14 @@ class FleetEngines:
 
         def ask(metric: str) -> tuple[list[Parsed], int]:
             # parsed where it arrives: the answer's JSON is freed at once
-            return _parse(promql.query_every_instance(base, metric, match, s, e, step, retry))
+            answer = promql.query_every_instance(base, metric, match, s, e, step, retry)
+            return _parse(answer, nodes=metric not in CLUSTER_METRICS)
 
         # every answer first: a failure routes nothing, and the epochs stay at their last chunk
-        answers = list(pool.map(ask, USED_METRICS))
-        parsed = [(m, items) for m, (items, _) in zip(USED_METRICS, answers, strict=True)]
-        return len(USED_METRICS), sum(n for _, n in answers), (e, parsed)
+        metrics = (*USED_METRICS, *CLUSTER_METRICS)
+        answers = list(pool.map(ask, metrics))
+        parsed = [(m, items) for m, (items, _) in zip(metrics, answers, strict=True)]
+        return len(metrics), sum(n for _, n in answers), (e, parsed)
 
 
 def _apply(epoch: Epoch, chunk: Chunk, params: WindowParams) -> None:
