@@ -13,7 +13,8 @@ are torch.save to a file on a tier. Before the first step it may read `--weights
 start-up load of a model) with O_DIRECT.
 
 --mode plain imports nothing of gpufeed: it is run unmodified under `gpufeed run`.
---mode sdk reports through gpufeed's SDK (Job.track, Job.checkpoint), the other variant.
+--mode sdk reports through gpufeed's SDK (Job.track, Job.checkpoint; Job.add_io for the
+reads of an s3:// dataset), the other variant.
 
 It measures itself, independently of gpufeed: one JSON line per step in --steps-log
 (`t` unix end, `s` the step's seconds, `c` compute: loop body and device wait, `w` data
@@ -101,15 +102,21 @@ class DirectFiles(Dataset[tuple[torch.Tensor, int]]):
 class S3Objects(Dataset[tuple[torch.Tensor, int]]):
     """One object per sample from an S3 bucket (`--data s3://BUCKET/PREFIX`, at
     `--s3-endpoint`): the same decode work as DirectFiles. Each process (input workers are
-    forked) makes its own boto3 client on first use: clients are not fork-safe."""
+    forked) makes its own boto3 client on first use: clients are not fork-safe.
 
-    def __init__(self, url: str, endpoint: str, units: int) -> None:
+    With `report` (--mode sdk, no `gpufeed run` to see boto3) each read is reported with the
+    SDK's Job.add_io, from a Job of the worker's own: the object's bytes and the time from
+    the request to the body's last byte."""
+
+    def __init__(self, url: str, endpoint: str, units: int, report: bool = False) -> None:
         import boto3  # only in this mode: the file mode needs nothing beyond torch
 
         self.bucket, _, prefix = url[len("s3://") :].partition("/")
         self.endpoint = endpoint or None
         self.units = units
+        self.report = report
         self._client: Any = None
+        self._job: Any = None
         self._pid = 0
         pages = boto3.client("s3", endpoint_url=self.endpoint).get_paginator("list_objects_v2")
         self.keys = sorted(
@@ -127,7 +134,21 @@ class S3Objects(Dataset[tuple[torch.Tensor, int]]):
 
             self._client = boto3.client("s3", endpoint_url=self.endpoint)
             self._pid = os.getpid()
-        body = self._client.get_object(Bucket=self.bucket, Key=self.keys[i])["Body"].read()
+            if self.report:
+                import gpufeed
+
+                self._job = gpufeed.Job("lab-train")
+        t0 = time.perf_counter()
+        try:
+            body = self._client.get_object(Bucket=self.bucket, Key=self.keys[i])["Body"].read()
+        except Exception:
+            if self._job is not None:
+                where = f"s3://{self.bucket}/{self.keys[i]}"
+                self._job.add_io(where, "read", 0, time.perf_counter() - t0, errors=1)
+            raise
+        if self._job is not None:
+            where = f"s3://{self.bucket}/{self.keys[i]}"
+            self._job.add_io(where, "read", len(body), time.perf_counter() - t0)
         x = torch.frombuffer(bytearray(body), dtype=torch.uint8).float()
         for _ in range(self.units):
             work_unit()
@@ -236,7 +257,7 @@ def main() -> int:
     units = calibrate(args.preprocess_ms)
     data: Dataset[tuple[torch.Tensor, int]]
     if args.data.startswith("s3://"):
-        data = S3Objects(args.data, args.s3_endpoint, units)
+        data = S3Objects(args.data, args.s3_endpoint, units, report=args.mode == "sdk")
     else:
         data = DirectFiles(sorted(os.path.join(args.data, f) for f in os.listdir(args.data)), units)
     loader = DataLoader(
