@@ -42,7 +42,8 @@ run: runtime
 # node_exporter (the benchmark's reference), e2fsprogs for the loop-mounted tiers, iproute2
 # (ip netns, tc) for the multi-node lab,
 # systemd for systemd-analyze (the unit's verify and security checks), python3-seccomp (the
-# agent run under the unit's system-call filter), openssl for the certificates of the
+# agent run under the unit's system-call filter), python3-fusepy (lab/capacity_fs.py: a
+# lab tier's shared read capacity), openssl for the certificates of the
 # TLS tests, victoria-metrics (the streamed `analyze --prometheus` test and benchmark),
 # slurmctld, slurmd, slurm-client (the real Slurm of tests/test_scheduler_slurm.py), and
 # nginx-light (the tenant gateway of tests/test_fleet_servers.py, started by the test with
@@ -64,6 +65,7 @@ promtool:
 	command -v squeue >/dev/null 2>&1 || missing="$$missing slurm-client"; \
 	command -v nginx >/dev/null 2>&1 || missing="$$missing nginx-light"; \
 	/usr/bin/python3 -c 'import seccomp' >/dev/null 2>&1 || missing="$$missing python3-seccomp"; \
+	/usr/bin/python3 -c 'import fusepy' >/dev/null 2>&1 || missing="$$missing python3-fusepy"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get -o DPkg::Lock::Timeout=600 update -qq && \

@@ -30,18 +30,40 @@ def sh(*cmd: str) -> str:
     return out.stdout.strip()
 
 
+# The Python that runs lab/capacity_fs.py: the system's, with Debian's python3-fusepy.
+CAPACITY_PYTHON = "/usr/bin/python3"
+CAPACITY_FS = Path(__file__).resolve().parent / "capacity_fs.py"
+
+
+def capacity_problem() -> str | None:
+    """Why a tier with a read capacity cannot be made here, or None."""
+    if not Path("/dev/fuse").exists():
+        return "a tier with a read capacity needs FUSE (/dev/fuse)"
+    probe = [CAPACITY_PYTHON, "-c", "import fusepy"]
+    if subprocess.run(probe, capture_output=True).returncode != 0:
+        return f"a tier with a read capacity needs python3-fusepy (Debian) for {CAPACITY_PYTHON}"
+    return None
+
+
 @dataclass
 class LoopTier:
     """An ext4 filesystem on a loop device over a sparse image in the run directory, the
-    loop device reading its image with direct I/O (the workload reads with O_DIRECT too)."""
+    loop device reading its image with direct I/O (the workload reads with O_DIRECT too).
+
+    With `read_capacity_bytes_per_s`, the image is served through lab/capacity_fs.py: one
+    read capacity that every reader of the tier shares, like one disk (the host disk
+    behind a plain image has so much that a competing reader does not slow the job)."""
 
     name: str
     base: Path
     size_mib: int
+    read_capacity_bytes_per_s: int = 0  # 0: the host disk's own
     image: Path = field(init=False)
     mnt: Path = field(init=False)
     loop: str = ""
     mounted: bool = False
+    capacity_mnt: Path | None = None
+    capacity_proc: subprocess.Popen[bytes] | None = None
 
     def __post_init__(self) -> None:
         self.image = self.base / f"{self.name}.img"
@@ -49,14 +71,35 @@ class LoopTier:
 
     def open(self) -> LoopTier:
         self.mnt.mkdir()
+        if self.read_capacity_bytes_per_s:
+            src = self.base / f"{self.name}.src"
+            src.mkdir()
+            self.image = src / self.image.name
         with open(self.image, "wb") as f:
             f.truncate(self.size_mib << 20)
         sh("mkfs.ext4", "-q", "-F", "-E", "nodiscard", str(self.image))
+        backing = self._serve_with_capacity() if self.read_capacity_bytes_per_s else self.image
         # direct I/O to the image too: the host's page cache must not hide a fault either
-        self.loop = sh("losetup", "--find", "--show", "--direct-io=on", str(self.image))
+        self.loop = sh("losetup", "--find", "--show", "--direct-io=on", str(backing))
         sh("mount", "-o", "noatime", self.loop, str(self.mnt))
         self.mounted = True
         return self
+
+    def _serve_with_capacity(self) -> Path:
+        """Mounts the image's directory through capacity_fs; the image's path there."""
+        problem = capacity_problem()
+        if problem:
+            raise RuntimeError(problem)
+        d = self.capacity_mnt = self.base / f"{self.name}.dev"
+        d.mkdir()
+        argv = [CAPACITY_PYTHON, str(CAPACITY_FS), str(self.image.parent), str(d)]
+        self.capacity_proc = subprocess.Popen([*argv, str(self.read_capacity_bytes_per_s)])
+        deadline = time.monotonic() + 15.0
+        while not os.path.ismount(d):
+            if self.capacity_proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"capacity_fs did not mount {d}")
+            time.sleep(0.05)
+        return d / self.image.name
 
     @property
     def dev(self) -> str:
@@ -76,6 +119,29 @@ class LoopTier:
         if self.loop:
             subprocess.run(["losetup", "-d", self.loop], capture_output=True)
             self.loop = ""
+        if self.capacity_mnt is not None:
+            for _ in range(20):  # the loop device lets go of the image just after -d
+                if not os.path.ismount(self.capacity_mnt):
+                    break
+                if (
+                    subprocess.run(
+                        ["umount", str(self.capacity_mnt)], capture_output=True
+                    ).returncode
+                    == 0
+                ):
+                    break
+                time.sleep(0.25)
+            else:
+                subprocess.run(["umount", "-l", str(self.capacity_mnt)], capture_output=True)
+            self.capacity_mnt = None
+        if self.capacity_proc is not None:
+            self.capacity_proc.terminate()
+            try:
+                self.capacity_proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.capacity_proc.kill()
+                self.capacity_proc.wait()
+            self.capacity_proc = None
 
 
 def cgroup_mode() -> str:
@@ -148,6 +214,22 @@ class JobCgroup:
         writes = " && ".join(f"echo $$ > {p}" for p in self.procs_files())
         return ["sh", "-c", f'{writes} && exec "$@"', "sh", *argv]
 
+    def neighbour_argv(self, argv: list[str], cpu_shares: int = 1024) -> list[str]:
+        """argv run in a cgroup beside the job's, under this run's top cgroup in the CPU
+        hierarchy: another tenant of the node, competing with the job for the host's CPUs
+        as another job does (a process in another session of the root cgroup would not
+        slow it: autogroup). `cpu_shares` (v1 units, 1024 the default; v2 cpu.weight
+        scaled from it): a low value is batch work that keeps the CPUs busy but yields."""
+        d = self.tops[-1] / "neighbour"
+        if not d.exists():
+            d.mkdir()
+            self.made.append(d)
+        if self.mode == "v1":
+            (d / "cpu.shares").write_text(str(cpu_shares))
+        else:
+            (d / "cpu.weight").write_text(str(max(1, min(10000, cpu_shares * 100 // 1024))))
+        return ["sh", "-c", f'echo $$ > {d / "cgroup.procs"} && exec "$@"', "sh", *argv]
+
     def add(self, pid: int) -> None:
         for p in self.procs_files():
             p.write_text(str(pid))
@@ -182,6 +264,11 @@ class JobCgroup:
     def close(self) -> None:
         """Ends whatever is still inside (only processes this run put there), then removes
         the directories, deepest first."""
+        for d in self.made:
+            with contextlib.suppress(OSError):
+                for x in (d / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(x), signal.SIGKILL)
         for pid in self.pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

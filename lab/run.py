@@ -139,7 +139,7 @@ def run_one(
                 cleanup.callback(store.close)
                 store.open()
                 continue
-            t = LoopTier(spec.name, run_dir, spec.size_mib)
+            t = LoopTier(spec.name, run_dir, spec.size_mib, spec.read_capacity_bytes_per_s)
             cleanup.callback(t.close)
             tiers[spec.name] = t.open()
         w = s.workload

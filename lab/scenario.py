@@ -59,6 +59,9 @@ class Workload:
 class TierSpec:
     name: str
     size_mib: int
+    # > 0: the tier's device reads at most this many bytes per second for all its readers
+    # together (lab/capacity_fs.py); 0: the host disk's own capacity
+    read_capacity_bytes_per_s: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,8 +267,12 @@ def _tiers(r: _Reader, raw: object) -> tuple[TierSpec, ...]:
             r.only(s, set(), f"tiers.{name}")
             out.append(TierSpec(name, 0))
             continue
-        r.only(s, {"size_mib"}, f"tiers.{name}")
-        out.append(TierSpec(name, int(r.number(s, "size_mib", f"tiers.{name}", positive=True))))
+        r.only(s, {"size_mib", "read_capacity_bytes_per_s"}, f"tiers.{name}")
+        size = int(r.number(s, "size_mib", f"tiers.{name}", positive=True))
+        cap = 0
+        if "read_capacity_bytes_per_s" in s:
+            cap = int(r.number(s, "read_capacity_bytes_per_s", f"tiers.{name}", positive=True))
+        out.append(TierSpec(name, size, cap))
     return tuple(out)
 
 

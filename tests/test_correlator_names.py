@@ -34,6 +34,8 @@ from gpufeed.vocabulary import Cause
 # job_cpu_throttled_ratio needs a job under a cgroup CPU quota, which the bench's jobs are
 # not (tests/test_correlator_evidence.py plays one). data_tier_throttled_ratio needs an
 # object-storage tier (tests/test_object_storage.py plays a throttling one).
+# not (tests/test_correlator_evidence.py plays one); job_cpu_wait_ratio needs a job's
+# threads' run-queue wait, which the simulator does not write (the same test plays one).
 # Their names are still checked against the rules and the summary above.
 NOT_IN_BENCH = {
     Feature.GPU_MEMORY_IDLE,
@@ -42,6 +44,7 @@ NOT_IN_BENCH = {
     Feature.SM_ACTIVE_DROP_RATIO,
     Feature.JOB_CPU_THROTTLED_RATIO,
     Feature.DATA_TIER_THROTTLED_RATIO,
+    Feature.JOB_CPU_WAIT_RATIO,
 }
 
 

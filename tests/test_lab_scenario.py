@@ -56,6 +56,12 @@ def test_a_scenario_parses_into_its_parts() -> None:
     )
     (e,) = s.expect
     assert e.cause is Cause.DATA_LOADING and e.evidence == (("tier", "hot"),)
+    assert s.tier("hot").read_capacity_bytes_per_s == 0  # the host disk's own
+
+
+def test_a_tier_with_a_read_capacity() -> None:
+    raw = {**GOOD, "tiers": {"hot": {"size_mib": 64, "read_capacity_bytes_per_s": 2e6}}}
+    assert sc.parse(raw).tier("hot").read_capacity_bytes_per_s == 2_000_000
 
 
 @pytest.mark.parametrize(
@@ -65,6 +71,10 @@ def test_a_scenario_parses_into_its_parts() -> None:
         ({"workload": {"data_tier": "cold"}}, "workload.data_tier: tier 'cold'"),
         ({"workload": {"lancher": "run"}}, "unknown key(s) lancher"),
         ({"tiers": {"tepid": {"size_mib": 1}}}, "tiers.tepid: must be one of"),
+        (
+            {"tiers": {"hot": {"size_mib": 9, "read_capacity_bytes_per_s": 0}}},
+            "tiers.hot.read_capacity_bytes_per_s: must be > 0",
+        ),
         ({"expect": [{"start_s": 10, "stop_s": 5, "cause": "idle"}]}, "needs start_s < stop_s"),
         (
             {"expect": [{"start_s": 1, "stop_s": 5, "cause": "slow"}]},

@@ -822,6 +822,36 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "job_cpu",
     ),
     MetricSpec(
+        "gpufeed_job_cpu_waiting_seconds_total",
+        "counter",
+        "Time the job's threads were runnable but waited for a CPU, summed over its threads "
+        "(schedstat run-queue wait)",
+        ("job_id",),
+        "seconds",
+        "jobs",
+        "job_cpu",
+    ),
+    MetricSpec(
+        "gpufeed_job_cpu_running_seconds_total",
+        "counter",
+        "Time the job's threads ran on a CPU, summed over its threads (schedstat): what "
+        "their run-queue wait is a share of",
+        ("job_id",),
+        "seconds",
+        "jobs",
+        "job_cpu",
+    ),
+    MetricSpec(
+        "gpufeed_job_cpu_pressure_waiting_seconds_total",
+        "counter",
+        "Time in which at least one of the job's tasks waited for a CPU (cgroup v2 "
+        "cpu.pressure some total); absent on cgroup v1",
+        ("job_id",),
+        "seconds",
+        "jobs",
+        "job_cpu",
+    ),
+    MetricSpec(
         "gpufeed_sdk_messages_received_total",
         "counter",
         "SDK datagrams the agent received (accepted or not)",

@@ -4,7 +4,9 @@
 co-scheduled task, an over-threaded library): they compete with the DataLoader workers for
 the job's share. Hogs in another Unix session do not slow the job at all where the kernel
 groups CPU time per session (autogroup, on by default): the lab checked that, so it puts
-them where they bite. `cpu_quota`: the job's cgroup limited to `cpus` CPUs (a Kubernetes
+them where they bite. `cgroup: neighbour` starts them in a cgroup beside the job's instead
+(another tenant's job): a host that other work saturates; `cpu_shares` (v1 units, default
+1024) below the job's makes that work yield to the job (batch work on idle CPUs). `cpu_quota`: the job's cgroup limited to `cpus` CPUs (a Kubernetes
 limit, a Slurm cgroup). Stop kills the hogs / lifts the quota."""
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ class CpuHogs:
     def __init__(self, fault: Fault, ctx: FaultContext) -> None:
         self.ctx = ctx
         self.n = int(fault.param("hogs", 4))
+        self.where = str(fault.param("cgroup", "job"))
+        self.shares = int(fault.param("cpu_shares", 1024))  # a neighbour cgroup's weight
+        if self.where not in ("job", "neighbour"):
+            raise ValueError(f"cpu_hog cgroup must be job or neighbour, got {self.where!r}")
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def prepare(self) -> None:
@@ -32,7 +38,12 @@ class CpuHogs:
 
     def start(self) -> None:
         for _ in range(self.n):
-            argv = self.ctx.cgroup.enter_argv([*self.ctx.nice, sys.executable, "-c", HOG])
+            hog = [*self.ctx.nice, sys.executable, "-c", HOG]
+            cg = self.ctx.cgroup
+            if self.where == "job":
+                argv = cg.enter_argv(hog)
+            else:
+                argv = cg.neighbour_argv(hog, self.shares)
             self.procs.append(subprocess.Popen(argv, start_new_session=True))
 
     def stop(self) -> None:

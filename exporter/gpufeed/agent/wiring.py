@@ -168,7 +168,7 @@ COLLECTORS: tuple[CollectorSpec, ...] = (
     ),
     CollectorSpec(
         "job_cpu",
-        "per-job CPU time and CPU-quota throttling (cgroup cpu.stat)",
+        "per-job CPU time, CPU-quota throttling (cgroup cpu.stat), run-queue wait (schedstat)",
         _job_cpu,
     ),
     CollectorSpec(

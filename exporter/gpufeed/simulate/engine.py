@@ -397,8 +397,15 @@ class Engine:
             self._sdk(c, st, j, a, epochs)
         # the job's cgroup has a CPU quota that never binds here: a simulated input
         # pipeline starves on the host's CPUs (preprocessing), not on its own limit
-        c.incs[lay.jc(j, lay.j_cpu + L.J_CPU_USAGE)] += (a.cpu_user + a.cpu_system) * dt
+        used = (a.cpu_user + a.cpu_system) * dt
+        c.incs[lay.jc(j, lay.j_cpu + L.J_CPU_USAGE)] += used
         c.incs[lay.jc(j, lay.j_cpu + L.J_CPU_PERIODS)] += L.JOB_CPU_PERIODS_PER_SECOND * dt
+        # its threads wait for a CPU the share of their runnable time that the host's CPU
+        # pressure says tasks wait (saturated CPUs: most of it)
+        waiting = min(a.cpu_pressure, 0.95)
+        c.incs[lay.jc(j, lay.j_cpu + L.J_CPU_RUNNING)] += used
+        c.incs[lay.jc(j, lay.j_cpu + L.J_CPU_WAITING)] += used * waiting / (1.0 - waiting)
+        c.incs[lay.jc(j, lay.j_cpu + L.J_CPU_PRESSURE)] += a.cpu_pressure * dt
         c.cpu["user"] += a.cpu_user * (1 + noise.gauss(0, 0.03))
         c.cpu["system"] += a.cpu_system * (1 + noise.gauss(0, 0.03))
         c.cpu["iowait"] += a.cpu_iowait * (1 + noise.gauss(0, 0.05))

@@ -35,9 +35,18 @@ SIMULATED_GDS_TIER = "gpu_direct"
 # per-port counters
 P_RX, P_TX, P_WAIT = range(3)
 PORT_COUNTERS = 3
-# a job's cgroup CPU counters: usage seconds, quota periods, throttled periods, throttled s
-J_CPU_USAGE, J_CPU_PERIODS, J_CPU_THROTTLED, J_CPU_THROTTLED_S = range(4)
-JOB_CPU_COUNTERS = 4
+# a job's cgroup CPU counters: usage seconds, quota periods, throttled periods, throttled s;
+# its threads' run and run-queue wait seconds (schedstat), its cgroup's CPU pressure (v2)
+(
+    J_CPU_USAGE,
+    J_CPU_PERIODS,
+    J_CPU_THROTTLED,
+    J_CPU_THROTTLED_S,
+    J_CPU_RUNNING,
+    J_CPU_WAITING,
+    J_CPU_PRESSURE,
+) = range(7)
+JOB_CPU_COUNTERS = 7
 # a job's page-cache counters: bytes its reads returned, bytes storage fetched for them
 J_CACHE_REQUESTED, J_CACHE_FETCHED = range(2)
 JOB_CACHE_COUNTERS = 2
@@ -70,8 +79,8 @@ class Layout:
         self.c_host = self.c_port + self.n_ports * PORT_COUNTERS
         self.c_job = self.c_host + HOST_COUNTERS
         # per job: sdk phases, steps, checkpoint bytes, per-tier read+write, cgroup CPU
-        # (usage, quota periods, throttled periods, throttled seconds), page cache (requested,
-        # fetched), two histograms
+        # (usage, quota periods, throttled periods, throttled seconds, threads' run and
+        # wait, CPU pressure), page cache (requested, fetched), two histograms
         self.j_phase = 0
         self.j_steps = len(SDK_PHASES)
         self.j_ckpt_bytes = self.j_steps + 1

@@ -312,6 +312,9 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
             ("gpufeed_job_cpu_periods_total", L.J_CPU_PERIODS),
             ("gpufeed_job_cpu_throttled_periods_total", L.J_CPU_THROTTLED),
             ("gpufeed_job_cpu_throttled_seconds_total", L.J_CPU_THROTTLED_S),
+            ("gpufeed_job_cpu_running_seconds_total", L.J_CPU_RUNNING),
+            ("gpufeed_job_cpu_waiting_seconds_total", L.J_CPU_WAITING),
+            ("gpufeed_job_cpu_pressure_waiting_seconds_total", L.J_CPU_PRESSURE),
         ):
             add(fam, "counter", jl, COUNTER, lay.jc(j, cpu + i), gate=JOB_PRESENT, gi=j)
     return _by_family(out)

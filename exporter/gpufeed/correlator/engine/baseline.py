@@ -49,6 +49,14 @@ class Kind:
     SM_ACTIVE: Final = "smact"  # (kind, gpu): SM activity of a busy GPU (GPM)
     # A job's page-cache hit ratio: (kind, job_id); forgotten like JOB_READ.
     JOB_CACHE_HIT: Final = "jcache"
+    # The share of a tier's reads that are not a job's: (kind, job_id, tier); forgotten
+    # like JOB_READ.
+    FOREIGN_READ: Final = "jfrd"
+    # The share of the time a job's threads waited for a CPU: (kind, job_id); forgotten
+    # like JOB_READ.
+    JOB_CPU_WAIT: Final = "jcpuw"
+    # How much CPU a job's threads want (run + run-queue wait, s/s): (kind, job_id).
+    JOB_CPU_RUNNABLE: Final = "jcpur"
 
 
 class Baselines:

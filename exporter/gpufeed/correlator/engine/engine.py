@@ -451,6 +451,9 @@ class NodeCorrelator:
         for job_id in ended:
             self.baselines.forget_prefix((Kind.JOB_READ, job_id))
             self.baselines.forget_prefix((Kind.COLLECTIVE_WAIT, job_id))
+            self.baselines.forget_prefix((Kind.JOB_CPU_WAIT, job_id))
+            self.baselines.forget_prefix((Kind.JOB_CPU_RUNNABLE, job_id))
+            self.baselines.forget_prefix((Kind.FOREIGN_READ, job_id))
             self.baselines.forget_prefix((Kind.CPU_JOB_WAIT, job_id))
             self.baselines.forget_prefix((Kind.JOB_CACHE_HIT, job_id))
             self.units.pop("job:" + job_id, None)

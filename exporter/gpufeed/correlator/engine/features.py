@@ -14,7 +14,7 @@ from gpufeed import vocabulary
 from gpufeed.correlator.engine.baseline import Baselines, Kind
 from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.names import Feature as F
-from gpufeed.correlator.engine.rules import DATA_TIER_RULES
+from gpufeed.correlator.engine.rules import DATA_TIER_RULES, JOB_CPU_RULES
 from gpufeed.correlator.engine.view import JobView, NodeView
 from gpufeed.vocabulary import UNATTRIBUTED_TIER
 
@@ -31,6 +31,11 @@ TRAFFIC_PORT_SHARE = 0.1
 CONGESTION_FLOOR_PACKETS = 100.0  # per second: a quieter healthy baseline counts as this
 CONGESTION_MIN_PACKETS = 500.0  # per second: fewer congestion packets than this are noise
 WRITE_FLOOR_BYTES = 2e7
+# A job whose threads want less CPU than this (seconds per second, run + wait) has no
+# wait share worth reading.
+MIN_RUNNABLE_CPU = 0.05
+FOREIGN_READ_RISE = 0.3  # others' share of a tier's reads counts this far above usual
+DATA_WAIT_SHARE = 0.3  # the job's input wait share from which it counts as waiting for data
 COLLECTIVE_WAIT_RISE = 0.15  # collective wait counts this far above its healthy median
 # ranks waiting in collectives at least this share of the time (the straggler rule's weak
 # point) while the link is busy: they wait for their own link
@@ -41,6 +46,9 @@ INPUT_WAIT_NONE = 0.1  # the job's data-wait share below this: it does not wait 
 # when reclaim evicted at least CACHE_EVICTED_MIN of its open files on the data tier.
 CACHE_HIT_DROP = 0.25
 CACHE_EVICTED_MIN = 0.1
+# The job's CPU wait share counts this far above its healthy median: on a host that other
+# work keeps busy its threads wait for a CPU in healthy time too (0.3-0.5 seen in the lab).
+JOB_CPU_WAIT_RISE = 0.2
 
 
 @dataclass(slots=True)
@@ -77,8 +85,11 @@ def observe_healthy(b: Baselines, view: NodeView) -> None:
     for job_id, jv in view.jobs.items():
         for tier, r in jv.tier_read_bytes_per_second.items():
             b.observe((Kind.JOB_READ, job_id, tier), r)
+            b.observe((Kind.FOREIGN_READ, job_id, tier), _foreign_share(view, tier, r))
         b.observe((Kind.COLLECTIVE_WAIT, job_id), jv.collective_wait_ratio)
         b.observe((Kind.JOB_CACHE_HIT, job_id), jv.cache_hit_ratio)
+        b.observe((Kind.JOB_CPU_WAIT, job_id), job_cpu_wait_ratio(b, job_id, jv))
+        b.observe((Kind.JOB_CPU_RUNNABLE, job_id), jv.cpu_runnable_per_second)
 
 
 def _rise(value: float | None, base: float | None, min_rise: float) -> float | None:
@@ -126,6 +137,8 @@ def job_features(b: Baselines, view: NodeView, job_id: str, ev: Evidence) -> Non
     """Node- and job-level features (the same for every GPU of the job at this instant)."""
     jv = view.jobs.get(job_id) if job_id else None
     _data_tier_features(b, view, _tier_candidates(b, view, job_id, jv), ev)
+    if jv is not None:
+        _foreign_read_features(b, view, job_id, jv, ev)
     _checkpoint_features(b, view, jv, ev)
     _host_features(b, view, ev)
     _network_features(b, view, ev)
@@ -145,6 +158,64 @@ def job_features(b: Baselines, view: NodeView, job_id: str, ev: Evidence) -> Non
             _not_waiting_for_input(ev, cw)
         if jv.cpu_throttled_ratio is not None:
             ev.features[F.JOB_CPU_THROTTLED_RATIO] = jv.cpu_throttled_ratio
+        _cpu_wait_features(b, job_id, jv, ev)
+        _input_wait_is_cpu(ev, b.median((Kind.JOB_CPU_WAIT, job_id)) is not None)
+
+
+def job_cpu_wait_ratio(b: Baselines, job_id: str, jv: JobView) -> float | None:
+    """The share of the time the job's threads waited for a CPU: on cgroup v2 its cgroup's
+    CPU pressure (wall time with one of its tasks waiting); else their run-queue wait over
+    the CPU time they want, taken as at least their healthy median. Threads that sleep on
+    I/O and wake briefly wait for a CPU at most wakeups on a loaded host: over their own
+    runnable time alone a tier read limit looked like CPU starvation (the lab's short
+    throttle scenario came out preprocessing); over the CPU time the job usually wants, a
+    short wait on a short wakeup is small, and starved workers, runnable all the time,
+    are not."""
+    if jv.cpu_pressure_ratio is not None:
+        return jv.cpu_pressure_ratio
+    waiting, runnable = jv.cpu_waiting_per_second, jv.cpu_runnable_per_second
+    if waiting is None or runnable is None:
+        return None
+    wants = max(runnable, b.median((Kind.JOB_CPU_RUNNABLE, job_id)) or 0.0)
+    if wants < MIN_RUNNABLE_CPU:
+        return None  # a few context switches would swing the share
+    return min(max(waiting / wants, 0.0), 1.0)
+
+
+def _cpu_wait_features(b: Baselines, job_id: str, jv: JobView, ev: Evidence) -> None:
+    """The job's threads waiting for a CPU, above their healthy share; not counted while
+    the job says it does not wait for input (its stall is not in its input pipeline)."""
+    ratio = job_cpu_wait_ratio(b, job_id, jv)
+    w = _rise(ratio, b.median((Kind.JOB_CPU_WAIT, job_id)), JOB_CPU_WAIT_RISE)
+    if w is None:
+        return
+    dw = ev.features.get(F.SDK_DATA_WAIT_SHARE)
+    ev.features[F.JOB_CPU_WAIT_RATIO] = w if dw is None or dw >= DATA_WAIT_SHARE else 0.0
+
+
+def _input_wait_is_cpu(ev: Evidence, wait_is_relative: bool) -> None:
+    """Host-wide I/O pressure while the job waits for input says "storage" only where the
+    job has no reason of its own: when its own threads starve for CPU (its quota throttles
+    them, or they wait in the run queue far more than usual) its input wait is that, and
+    the node's I/O pressure is other work's (lab scenario cpu-quota-heavy: a 0.05 CPU quota
+    was named data_loading for the whole fault while another tenant's reads raised PSI io).
+    The run-queue wait counts here only against a healthy median (`wait_is_relative`): on a
+    host other work saturates the job's threads wait most of the time anyway, and before
+    two minutes of healthy history (the lab's short throttle scenario) a tier read limit
+    looked like that. The tier's own signals (latency, busy time, queue) still decide."""
+    f = ev.features
+    if F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT not in f:
+        return
+    starved = max(
+        (
+            r.strength(f[r.feature])
+            for r in JOB_CPU_RULES
+            if r.feature in f and (wait_is_relative or r.feature != F.JOB_CPU_WAIT_RATIO)
+        ),
+        default=0.0,
+    )
+    if starved >= 0.5:
+        f[F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT] = 0.0
 
 
 def _not_waiting_for_input(ev: Evidence, collective_wait: float) -> None:
@@ -217,6 +288,31 @@ def _cache_features(b: Baselines, job_id: str, jv: JobView, ev: Evidence) -> Non
     dropped = base is not None and base - hit >= CACHE_HIT_DROP
     if dropped or F.JOB_CACHE_EVICTED_RATIO in ev.features:
         ev.features[F.JOB_CACHE_HIT_RATIO] = hit
+
+
+def _foreign_share(view: NodeView, tier: str, job_rate: float) -> float | None:
+    """The share of `tier`'s reads that are not the job's; None where it reads too little."""
+    tv = view.tiers.get(tier)
+    rate = tv.read_bytes_per_second if tv is not None else None
+    if rate is None or rate < MIN_TIER_READ_BYTES:
+        return None
+    return min(max(1.0 - job_rate / rate, 0.0), 1.0)
+
+
+def _foreign_read_features(
+    b: Baselines, view: NodeView, job_id: str, jv: JobView, ev: Evidence
+) -> None:
+    """Another reader on the job's data tier: the tier reads much more than the job does
+    (the job's own per-tier reads, cgroup accounting), above the usual share of others."""
+    tier = ev.context.get(Ctx.DATA_TIER)
+    job_rate = jv.tier_read_bytes_per_second.get(tier or "")
+    if tier is None or job_rate is None:
+        return
+    share = _foreign_share(view, tier, job_rate)
+    base = b.median((Kind.FOREIGN_READ, job_id, tier))
+    x = _rise(share, base, FOREIGN_READ_RISE)
+    if x is not None:
+        ev.features[F.DATA_TIER_FOREIGN_READ_SHARE] = x
 
 
 def _checkpoint_features(b: Baselines, view: NodeView, jv: JobView | None, ev: Evidence) -> None:
@@ -354,4 +450,4 @@ def _sdk_features(jv: JobView, ev: Evidence) -> None:
             f[name] = jv.shares[phase]
     dw, psi = f.get(F.SDK_DATA_WAIT_SHARE), f.get(F.IO_PRESSURE_RATIO)
     if dw is not None and psi is not None:
-        f[F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT] = psi if dw >= 0.3 else 0.0
+        f[F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT] = psi if dw >= DATA_WAIT_SHARE else 0.0

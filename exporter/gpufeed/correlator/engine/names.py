@@ -43,6 +43,9 @@ class Feature:
     # an object-storage tier refusing requests as too many (503 SlowDown, 429): the job's
     # client backs off and retries, so the time shows as data wait, not as request latency
     DATA_TIER_THROTTLED_RATIO: Final = "data_tier_throttled_ratio"
+    # the share of the data tier's reads that are not the job's (another tenant reading
+    # the same device), counted only above its healthy median
+    DATA_TIER_FOREIGN_READ_SHARE: Final = "data_tier_foreign_read_share"
     IO_PRESSURE_RATIO: Final = "io_pressure_ratio"
     IOWAIT_RATIO: Final = "iowait_ratio"
     SDK_DATA_WAIT_SHARE: Final = "sdk_data_wait_share"
@@ -55,6 +58,9 @@ class Feature:
     CPU_BUSY_RATIO: Final = "cpu_busy_ratio"
     CPU_PRESSURE_RATIO: Final = "cpu_pressure_ratio"
     JOB_CPU_THROTTLED_RATIO: Final = "job_cpu_throttled_ratio"  # cgroup cpu.stat periods
+    # the share of their runnable time the job's threads waited for a CPU (schedstat; v2:
+    # the job cgroup's cpu.pressure), counted only above its healthy median
+    JOB_CPU_WAIT_RATIO: Final = "job_cpu_wait_ratio"
     HOST_CPU_IDLE_RATIO: Final = "host_cpu_idle_ratio"  # describes, decides nothing
     # network
     NETWORK_UTILIZATION_RATIO: Final = "network_utilization_ratio"
@@ -129,6 +135,10 @@ def _values(namespace: type) -> frozenset[str]:
 FEATURES: Final[frozenset[str]] = _values(Feature)
 CONTEXT_KEYS: Final[frozenset[str]] = _values(Context)
 DESCRIPTIVE_FEATURES: Final[frozenset[str]] = frozenset(f for f, _ in ACCOMPANYING)
+# The job's own CPU starvation: its quota throttling it, its threads waiting for a CPU.
+JOB_CPU_FEATURES: Final[frozenset[str]] = frozenset(
+    (Feature.JOB_CPU_THROTTLED_RATIO, Feature.JOB_CPU_WAIT_RATIO)
+)
 # The data tier's own features: the ones that pick which tier feeds a job (features.py).
 DATA_TIER_FEATURES: Final[frozenset[str]] = frozenset(
     f for f in FEATURES if f.startswith("data_tier_")

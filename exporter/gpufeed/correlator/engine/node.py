@@ -86,6 +86,9 @@ CLUSTER_METRICS: tuple[str, ...] = (
 JOB_CPU_FIELDS = {
     "gpufeed_job_cpu_periods_total": "periods",
     "gpufeed_job_cpu_throttled_periods_total": "throttled_periods",
+    "gpufeed_job_cpu_waiting_seconds_total": "waiting",
+    "gpufeed_job_cpu_running_seconds_total": "running",
+    "gpufeed_job_cpu_pressure_waiting_seconds_total": "pressure",
 }
 
 # The job's page-cache counters (job_cache collector) and, per tier, its open files' residency.
@@ -151,7 +154,8 @@ class JobColumns:
     rank_phases: dict[tuple[str, str], Series] = field(default_factory=dict)
     rank_info: dict[str, Series] = field(default_factory=dict)
     rank_uuid: dict[str, str] = field(default_factory=dict)  # rank -> its GPU, where known
-    # cgroup CPU-quota periods (JOB_CPU_FIELDS; present only where a quota is set)
+    # cgroup CPU-quota periods (present only where a quota is set), the threads' run-queue
+    # wait and run time, v2 cgroup CPU pressure (JOB_CPU_FIELDS)
     cpu: dict[str, Series] = field(default_factory=dict)
     # page cache: JOB_CACHE_FIELDS -> series; (tier, JOB_CACHE_TIER_FIELDS) -> series
     cache: dict[str, Series] = field(default_factory=dict)

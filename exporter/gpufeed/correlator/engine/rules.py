@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufeed.correlator.engine.causes import Cause
-from gpufeed.correlator.engine.names import DATA_TIER_FEATURES
+from gpufeed.correlator.engine.names import DATA_TIER_FEATURES, JOB_CPU_FEATURES
 from gpufeed.correlator.engine.names import Feature as F
 
 DECIDE_SCORE = 0.5
@@ -78,6 +78,8 @@ RULES: tuple[Rule, ...] = (
     Rule(C.DATA_LOADING, F.DATA_TIER_QUEUE_X_BASELINE, 3.0, 8.0, 0.8),
     Rule(C.DATA_LOADING, F.DATA_TIER_THROTTLED_RATIO, 0.05, 0.3, 0.85),
     Rule(C.DATA_LOADING, F.DATA_TIER_READ_PEAK_RATIO, 0.85, 0.97, 0.4, primary=False),
+    # most of the tier's reads are someone else's: another tenant contends for the device
+    Rule(C.DATA_LOADING, F.DATA_TIER_FOREIGN_READ_SHARE, 0.5, 0.9, 0.3, primary=False),
     Rule(C.DATA_LOADING, F.IO_PRESSURE_RATIO, 0.08, 0.35, 0.6, primary=False),
     Rule(C.DATA_LOADING, F.IOWAIT_RATIO, 0.05, 0.2, 0.4, primary=False),
     Rule(C.DATA_LOADING, F.SDK_DATA_WAIT_SHARE, 0.2, 0.5, 0.6, primary=False),
@@ -90,6 +92,9 @@ RULES: tuple[Rule, ...] = (
     # ... or the job's own CPU quota (a Kubernetes limit, a cgroup cpu.max) throttles it
     # while the host has CPUs to spare: the share of quota periods it was throttled in
     Rule(C.PREPROCESSING, F.JOB_CPU_THROTTLED_RATIO, 0.1, 0.4, 0.85),
+    # ... or the job's own threads wait for a CPU (a host other work saturates, where host
+    # busy time and PSI hardly rise above their already high healthy level)
+    Rule(C.PREPROCESSING, F.JOB_CPU_WAIT_RATIO, 0.35, 0.65, 0.85),
     Rule(C.PREPROCESSING, F.SDK_DATA_WAIT_SHARE, 0.2, 0.5, 0.6, primary=False),
     # the fabric saturated (near link speed) or congested (transmit-wait up, throughput down)
     Rule(C.NETWORK, F.NETWORK_UTILIZATION_RATIO, 0.8, 0.93, 0.85),
@@ -146,6 +151,9 @@ RULES_BY_CAUSE: dict[Cause, tuple[Rule, ...]] = {
 }
 DATA_TIER_RULES = tuple(
     r for r in RULES_BY_CAUSE[C.DATA_LOADING] if r.primary and r.feature in DATA_TIER_FEATURES
+)
+JOB_CPU_RULES = tuple(
+    r for r in RULES_BY_CAUSE[C.PREPROCESSING] if r.primary and r.feature in JOB_CPU_FEATURES
 )
 
 

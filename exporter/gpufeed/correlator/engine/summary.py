@@ -49,10 +49,15 @@ def _rate(x: float) -> str:
 
 def _headline(cause: Cause, evidence: Mapping[str, float], ctx: Mapping[str, str]) -> str:
     """The cause's headline, naming what the evidence pins down: the data tier a stalled
-    job reads from; a CPU stall that is the job's own CPU quota (the host has CPUs to
-    spare) is not "the CPUs are saturated"."""
+    job reads from (and that others read it too); a CPU stall that is the job's own CPU
+    quota (the host has CPUs to spare) is not "the CPUs are saturated"."""
     if cause is Cause.DATA_LOADING and ctx.get(Ctx.DATA_TIER):
-        return f"waits for data from the {ctx[Ctx.DATA_TIER]} tier"
+        # contention is what an SRE acts on first (find the other reader), and its phrase
+        # (a supporting feature) would often fall behind the three strongest
+        shared = (
+            ", shared with another reader" if F.DATA_TIER_FOREIGN_READ_SHARE in evidence else ""
+        )
+        return f"waits for data from the {ctx[Ctx.DATA_TIER]} tier{shared}"
     if cause is Cause.UNKNOWN and F.SM_ACTIVE_DROP_RATIO in evidence:
         return (
             "reads busy but its SMs are not working; no signal on this node says what it waits for"
@@ -82,6 +87,7 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
         F.DATA_TIER_QUEUE_X_BASELINE: f"{tier} tier queue depth {_x(v)} normal",
         F.DATA_TIER_READ_PEAK_RATIO: f"{tier} tier reads at {_pct(v)} of their peak",
         F.DATA_TIER_THROTTLED_RATIO: f"{tier} tier throttled {_pct(v)} of its requests",
+        F.DATA_TIER_FOREIGN_READ_SHARE: f"{_pct(v)} of the {tier} tier's reads are not the job's",
         F.IO_PRESSURE_RATIO: f"I/O pressure {_pct(v)}",
         F.IOWAIT_RATIO: f"iowait {_pct(v)}",
         F.SDK_DATA_WAIT_SHARE: f"job waits for input {_pct(v)} of the time",
@@ -98,6 +104,7 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
         F.JOB_CPU_THROTTLED_RATIO: (
             f"the job's CPU quota throttled it {_pct(v)} of periods (cgroup cpu.stat)"
         ),
+        F.JOB_CPU_WAIT_RATIO: f"the job's threads waited for a CPU {_pct(v)} of the time",
         F.HOST_CPU_IDLE_RATIO: f"host {_pct(v)} idle",
         F.WRITE_BURST_X_BASELINE: _write_burst(v, ctx.get(Ctx.CHECKPOINT_TIER, "?")),
         F.JOB_CHECKPOINT_WRITE_BYTES_PER_SECOND: f"checkpoint writes {_rate(v)}",

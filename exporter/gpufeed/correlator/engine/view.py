@@ -105,6 +105,11 @@ class JobView:
     cache_hit_ratio: float | None = None
     # tier -> share of its open files there that memory reclaim evicted from the page cache
     cache_evicted_ratio: dict[str, float] = field(default_factory=dict)
+    # its threads' run-queue wait and runnable time (run + wait), seconds per second
+    # (schedstat), and on cgroup v2 its cgroup's CPU pressure (share of wall time)
+    cpu_waiting_per_second: float | None = None
+    cpu_runnable_per_second: float | None = None
+    cpu_pressure_ratio: float | None = None
 
 
 @dataclass(slots=True)
@@ -224,6 +229,12 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
         throttled = rate(j.cpu.get("throttled_periods"))
         if periods is not None and throttled is not None and periods > 0:
             jv.cpu_throttled_ratio = min(throttled / periods, 1.0)
+        pressure = rate(j.cpu.get("pressure"))
+        jv.cpu_pressure_ratio = None if pressure is None else min(pressure, 1.0)
+        waiting, running = rate(j.cpu.get("waiting")), rate(j.cpu.get("running"))
+        if waiting is not None and running is not None:
+            jv.cpu_waiting_per_second = waiting
+            jv.cpu_runnable_per_second = waiting + running
         for tier, s in j.tier_written.items():
             r = rate(s)
             if r is not None:
