@@ -186,7 +186,11 @@ def _cpu_wait_features(b: Baselines, job_id: str, jv: JobView, ev: Evidence) -> 
     """The job's threads waiting for a CPU, above their healthy share; not counted while
     the job says it does not wait for input (its stall is not in its input pipeline)."""
     ratio = job_cpu_wait_ratio(b, job_id, jv)
-    w = _rise(ratio, b.median((Kind.JOB_CPU_WAIT, job_id)), JOB_CPU_WAIT_RISE)
+    base = b.median((Kind.JOB_CPU_WAIT, job_id))
+    # a share that is near 1 in healthy time (a host at load 20: 0.87 in the lab) cannot
+    # rise by JOB_CPU_WAIT_RISE: there half of its headroom is the rise that counts
+    rise = JOB_CPU_WAIT_RISE if base is None else min(JOB_CPU_WAIT_RISE, (1.0 - base) / 2)
+    w = _rise(ratio, base, rise)
     if w is None:
         return
     dw = ev.features.get(F.SDK_DATA_WAIT_SHARE)
