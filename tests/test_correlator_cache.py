@@ -48,7 +48,12 @@ def residency(evicted: float) -> list[tuple[str, float | None]]:
     ]
 
 
-def run(tmp_path: object, fault_hit: float, fault_evicted: float) -> tuple[str, dict[str, str]]:
+def run(
+    tmp_path: object,
+    fault_hit: float,
+    fault_evicted: float,
+    extra: tuple[tuple[str, float], ...] = (),
+) -> tuple[str, dict[str, str]]:
     c = Counters()
 
     def gen(t: float) -> Iterable[tuple[str, float | None]]:
@@ -66,6 +71,7 @@ def run(tmp_path: object, fault_hit: float, fault_evicted: float) -> tuple[str, 
             gauges = residency(0.0)
         yield from c.advance(s, {**job, **host})
         yield from gauges
+        yield from extra
 
     trace: Callable[[float], Iterable[tuple[str, float | None]]] = gen
     w = only_window(analyze_text(trace_text(trace, 1500), tmp_path))

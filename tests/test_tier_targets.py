@@ -3,6 +3,7 @@ by the storage collector as gauges the Storage dashboard and StorageTierMissesTa
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,10 @@ import pytest
 from gpufeed.collectors.base import CollectorContext
 from gpufeed.collectors.storage import StorageCollector
 from gpufeed.config import ConfigError, TierTarget, parse_config
+from gpufeed.correlator.engine.names import Feature as F
 from gpufeed.hostpaths import HostPaths
 from gpufeed.model import iter_samples
+from test_correlator_cache import INST, run
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TIERS = "tiers:\n  gpu_direct: [/mnt/gds]\n  hot: [/mnt/hot]\n"
@@ -55,3 +58,19 @@ def test_storage_collector_exports_the_targets() -> None:
     assert got[("gpufeed_storage_tier_target_read_latency_seconds", (("tier", "hot"),))] == 0.002
     # no throughput target stated: absent, not zero
     assert not [k for k in got if k[0] == "gpufeed_storage_tier_target_read_bytes_per_second"]
+
+
+def test_a_data_stall_says_how_far_the_tier_is_over_its_target(tmp_path: Path) -> None:
+    """The hot tier's reads take 4 ms in the stall (0.4 ms healthy) against a 0.5 ms target:
+    the evidence says 8x its target beside the latency against its usual level."""
+    target = (f'gpufeed_storage_tier_target_read_latency_seconds{{tier="hot",{INST}}}', 0.0005)
+    summary, ev = run(tmp_path, fault_hit=0.95, fault_evicted=0.0, extra=(target,))
+    assert abs(float(ev[F.TIER_READ_LATENCY_X_TARGET]) - 8.0) < 0.5, ev
+    # the window's mean (its first minutes still carry healthy reads): 7.5x-8x
+    assert re.search(r"hot tier read latency [78]\.\dx its target", summary), summary
+
+
+def test_a_tier_within_its_target_says_nothing_of_it(tmp_path: Path) -> None:
+    target = (f'gpufeed_storage_tier_target_read_latency_seconds{{tier="hot",{INST}}}', 0.01)
+    summary, ev = run(tmp_path, fault_hit=0.95, fault_evicted=0.0, extra=(target,))
+    assert F.TIER_READ_LATENCY_X_TARGET not in ev and "target" not in summary, summary

@@ -276,6 +276,10 @@ def _data_tier_features(b: Baselines, view: NodeView, cands: list[str], ev: Evid
     if best is not None:
         ev.features.update(best[3])
         ev.context[Ctx.DATA_TIER] = best[2]
+        tv = view.tiers[best[2]]
+        lat, target = tv.read_latency_seconds, tv.read_latency_target_seconds
+        if lat is not None and target and lat > target:
+            ev.features[F.TIER_READ_LATENCY_X_TARGET] = lat / target
 
 
 def _cache_features(b: Baselines, job_id: str, jv: JobView, ev: Evidence) -> None:

@@ -54,6 +54,8 @@ class Feature:
     # and the share of its open files on the data tier that reclaim evicted (describe only)
     JOB_CACHE_HIT_RATIO: Final = "job_cache_hit_ratio"
     JOB_CACHE_EVICTED_RATIO: Final = "job_cache_evicted_ratio"
+    # the data tier's read latency over its configured target (tier_targets; describe only)
+    TIER_READ_LATENCY_X_TARGET: Final = "tier_read_latency_x_target"
     # preprocessing
     CPU_BUSY_RATIO: Final = "cpu_busy_ratio"
     CPU_PRESSURE_RATIO: Final = "cpu_pressure_ratio"
@@ -112,9 +114,14 @@ ACCOMPANYING: Final[tuple[tuple[str, str], ...]] = (
     # "re-reads stopped hitting the page cache": why the data tier is loaded, wherever the
     # storage side of a data stall decides it (not the job's own wait share: that one also
     # decides preprocessing)
+    # ... and how far the data tier's latency is over the target its owners set for it
     *(
         (cache, lead)
-        for cache in (Feature.JOB_CACHE_HIT_RATIO, Feature.JOB_CACHE_EVICTED_RATIO)
+        for cache in (
+            Feature.JOB_CACHE_HIT_RATIO,
+            Feature.JOB_CACHE_EVICTED_RATIO,
+            Feature.TIER_READ_LATENCY_X_TARGET,
+        )
         for lead in (
             Feature.DATA_TIER_READ_LATENCY_X_BASELINE,
             Feature.DATA_TIER_BUSY_RATIO,

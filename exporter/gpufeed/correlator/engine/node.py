@@ -101,6 +101,9 @@ JOB_CACHE_TIER_FIELDS = {
     "gpufeed_job_cache_evicted_bytes": "evicted",
 }
 
+# A tier's read latency target from the agent's config (tier_targets).
+TIER_LATENCY_TARGET = "gpufeed_storage_tier_target_read_latency_seconds"
+
 # Every metric name the correlator reads (the range-query loader asks for exactly these).
 USED_METRICS: tuple[str, ...] = (
     *GPU_FIELDS,
@@ -128,6 +131,7 @@ USED_METRICS: tuple[str, ...] = (
     *JOB_CACHE_FIELDS,
     *JOB_CACHE_TIER_FIELDS,
     *FABRIC_FIELDS,
+    TIER_LATENCY_TARGET,
 )
 # Read from trace files only: the recorder's count of samples it had to leave out.
 USED_METRIC_SET = frozenset((*USED_METRICS, *CLUSTER_METRICS, DROPPED_SAMPLES))
@@ -188,6 +192,8 @@ class NodeSeries:
     fabric: dict[str, dict[str, Series]] = field(default_factory=dict)
     # the cluster's scheduler (CLUSTER_METRICS), shared by every node of a TSDB feed
     cluster: dict[str, Series] = field(default_factory=dict)
+    # tier -> its read latency target (TIER_LATENCY_TARGET), where the config states one
+    tier_latency_targets: dict[str, Series] = field(default_factory=dict)
 
     def gpu(self, index: str) -> GpuColumns:
         g = self.gpus.get(index)
@@ -218,6 +224,8 @@ class NodeSeries:
             if name == "gpufeed_gpu_clock_event_active":
                 return _slot(g.clock_events, get("reason", ""))
             return _slot(g.xids, get("xid", ""))
+        if name == TIER_LATENCY_TARGET:
+            return _slot(self.tier_latency_targets, get("tier", ""))
         f = STORAGE_FIELDS.get(name)
         if f is not None:
             return _slot(_slot_map(self.storage, (get("tier", ""), get("mountpoint", ""))), f)
@@ -310,6 +318,7 @@ class NodeSeries:
             out += [*j.rank_phases.values(), *j.rank_info.values()]
             out += [*j.cpu.values(), *j.cache.values(), *j.cache_tier.values()]
             out += [s for s in (j.steps, j.checkpoint_bytes) if s is not None]
+        out += self.tier_latency_targets.values()
         return out
 
 

@@ -92,6 +92,7 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
         F.IOWAIT_RATIO: f"iowait {_pct(v)}",
         F.SDK_DATA_WAIT_SHARE: f"job waits for input {_pct(v)} of the time",
         F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT: f"I/O pressure {_pct(v)} while the job waits for input",
+        F.TIER_READ_LATENCY_X_TARGET: f"{tier} tier read latency {_x(v)} its target",
         F.JOB_CACHE_HIT_RATIO: (
             f"its re-reads stopped hitting the page cache ({_pct(v)} of its reads served from it)"
         ),

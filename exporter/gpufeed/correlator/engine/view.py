@@ -76,6 +76,7 @@ class TierView:
     # object-storage tiers: requests refused as too many, of all requests (None: no
     # object-storage requests in the rate window, or a mount)
     throttled_ratio: float | None = None
+    read_latency_target_seconds: float | None = None  # from the config, where stated
 
 
 @dataclass(slots=True)
@@ -171,6 +172,9 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
         view.tiers[tier] = TierView(
             rb, wb, ops, lat, wlat, None if busy is None else min(busy, 1.0), qd
         )
+    for tier, target in node.tier_latency_targets.items():
+        if tier in view.tiers:
+            view.tiers[tier].read_latency_target_seconds = target.value_at(t, tm.stale_seconds)
     for (tier, mp), f in node.storage.items():
         if mp != OBJECT_MOUNTPOINT or tier not in view.tiers:
             continue
