@@ -103,7 +103,8 @@ def _run_md(r: RunResult, sc: ScenarioScore, png: str) -> list[str]:
         "",
         f"{r.scenario.description}. Targets {'MET' if sc.passed() else 'MISSED'}; healthy time "
         f"inside a window {_pct(sc.healthy_in_window)} of {sc.healthy_s:.0f} s; "
-        f"workload exit {r.workload_rc}; windows of other units {r.other_windows}.",
+        f"workload exit {r.workload_rc}; windows of other units {r.other_windows}; "
+        f"wall time {_timing(r)}.",
         "",
         f"![{r.scenario.name} {r.launcher}]({png})",
         "",
@@ -134,7 +135,37 @@ def _run_md(r: RunResult, sc: ScenarioScore, png: str) -> list[str]:
     return [*lines, ""]
 
 
-def write_report(results: Sequence[RunResult], out: Path) -> Path:
+def _timing(r: RunResult) -> str:
+    t = r.timing
+    return (
+        f"{t.total_s:.0f} s (setup {t.setup_s:.0f} s, scenario and tail {t.scenario_s:.0f} s, "
+        f"teardown {t.teardown_s:.0f} s)"
+    )
+
+
+def _time_md(results: Sequence[RunResult], wall_s: float | None) -> list[str]:
+    """The lab's time budget, per run and in all: what a new scenario costs stays visible."""
+    lines = [
+        "## Time",
+        "",
+        "Runs of one scenario under both launchers run at the same time (lab.run), so the "
+        "total is less than the sum.",
+        "",
+        "| run | setup | scenario + tail | teardown | total |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        t = r.timing
+        lines.append(
+            f"| {r.scenario.name} ({r.launcher}) | {t.setup_s:.0f} s | {t.scenario_s:.0f} s | "
+            f"{t.teardown_s:.0f} s | {t.total_s:.0f} s |"
+        )
+    if wall_s is not None:
+        lines.append(f"| **all (wall clock)** | | | | **{wall_s:.0f} s** |")
+    return [*lines, ""]
+
+
+def write_report(results: Sequence[RunResult], out: Path, wall_s: float | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
     md = [
@@ -155,9 +186,12 @@ def write_report(results: Sequence[RunResult], out: Path) -> Path:
         except ImportError as exc:  # the report still says everything in words
             png = f"(no picture: {exc})"
         (r.out_dir / "score.json").write_text(json.dumps(sc.to_json(), indent=1))
-        runs.append({"launcher": r.launcher, "job_id": r.job_id, **sc.to_json()})
+        t = r.timing
+        timing = {"setup_s": t.setup_s, "scenario_s": t.scenario_s, "teardown_s": t.teardown_s}
+        runs.append({"launcher": r.launcher, "job_id": r.job_id, "timing": timing, **sc.to_json()})
         md += _run_md(r, sc, png)
-    (out / "report.json").write_text(json.dumps({"runs": runs}, indent=1))
+    md += _time_md(results, wall_s)
+    (out / "report.json").write_text(json.dumps({"runs": runs, "wall_s": wall_s}, indent=1))
     path = out / "report.md"
     path.write_text("\n".join(md))
     return path

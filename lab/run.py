@@ -1,6 +1,7 @@
 """Runs lab scenarios against the real agent and scores what it said.
 
-    python -m lab.run [--suite lab|short] [--launcher run|sdk|both] [--out DIR] [NAME ...]
+    python -m lab.run [--suite lab|short] [--launcher run|sdk|both] [--one-at-a-time]
+                      [--out DIR] [NAME ...]
 
 Per scenario and launcher: loop-mounted tiers, a Slurm-shaped job cgroup, the real agent
 (live correlator, real collectors, its windows log; port 0), the training program
@@ -9,6 +10,15 @@ the faults on their schedule. The runner polls /api/windows every 2 s (when the 
 first SAID each cause), and at the end reads the windows log, scores it (lab.score) and
 writes OUT/<scenario>-<launcher>/ (score.json, the raw windows and steps) and, for all
 runs, OUT/report.json and OUT/report.md with a timeline PNG per run (lab.report).
+
+`--launcher both` runs a scenario's two launchers AT THE SAME TIME (one thread each, their
+workloads started together), which halves `make lab`: each run has its own tiers (loop
+devices), job cgroup, agent and SDK socket, and their schedules coincide, so one run's fault
+falls in the other's fault time of the same kind, never in its healthy time (a few seconds
+at the edges, the difference between their first steps; CPU hogs stay inside their own
+job's cgroup). `--one-at-a-time` runs them one after the other. The report gives every
+run's wall time (setup, scenario, teardown) and the total, so the lab's time budget stays
+visible as scenarios are added.
 
 Cleanup: every part is undone in reverse order on a normal end, on an exception, and on
 SIGTERM, SIGINT or SIGHUP (turned into an exception): faults stopped (throttles lifted,
@@ -32,6 +42,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,6 +72,38 @@ class LabError(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class Together:
+    """What the runs of one scenario share when they run at the same time: their
+    workloads start at once (`start`), and a signal to the runner stops all (`stop`)."""
+
+    start: threading.Barrier
+    stop: threading.Event
+
+    @classmethod
+    def alone(cls) -> Together:
+        return cls(threading.Barrier(1), threading.Event())
+
+    def check(self) -> None:
+        if self.stop.is_set():
+            raise LabError("stopped (the runner got a signal)")
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Where a run's wall time went: setting up until the workload's first step (tiers,
+    dataset, cgroup, agent, the workload's import and first batch), the scenario and its
+    tail, and undoing everything."""
+
+    setup_s: float
+    scenario_s: float
+    teardown_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.setup_s + self.scenario_s + self.teardown_s
+
+
+@dataclass(frozen=True, slots=True)
 class RunResult:
     scenario: Scenario
     launcher: str
@@ -70,6 +113,7 @@ class RunResult:
     other_windows: int  # windows for other units or jobs (none expected)
     workload_rc: int | None
     out_dir: Path
+    timing: Timing
 
 
 def host_problem() -> str | None:
@@ -119,12 +163,19 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def run_one(
-    s: Scenario, launcher: str, out_root: Path, nice: int, device: str = "stand-in"
+    s: Scenario,
+    launcher: str,
+    out_root: Path,
+    nice: int,
+    device: str = "stand-in",
+    together: Together | None = None,
 ) -> RunResult:
     if s.nodes != 1 or s.workload.kind != "train":
         raise LabError(
             f"{s.name}: lab.run runs single-node train scenarios (multi-node: lab.multinode)"
         )
+    together = together or Together.alone()
+    began = time.monotonic()
     out = out_root / f"{s.name}-{launcher}"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -205,6 +256,13 @@ def run_one(
         if store is not None:
             env.update(S3_CLIENT_ENV)
         env.pop("GPUFEED_JOB_ID", None)
+        together.check()
+        # Runs of the same scenario start their workloads together, so that their fault
+        # schedules coincide; a run that failed to set up breaks the barrier and the
+        # others go on alone.
+        with contextlib.suppress(threading.BrokenBarrierError):
+            together.start.wait(timeout=600)
+        together.check()
         with open(out / "workload.log", "wb") as wlog:
             proc = subprocess.Popen(
                 cg.enter_argv([*_nice(nice), *argv]),
@@ -216,8 +274,9 @@ def run_one(
         cleanup.callback(_kill_group, proc)
         # The scenario's clock starts at the workload's first step: importing torch and
         # starting the input workers takes 5-30 s on a loaded host, and is not the fault.
-        t0 = _first_step(steps_log, proc)
-        sightings = _drive(s, agent, injectors, proc, t0)
+        t0 = _first_step(steps_log, proc, together)
+        setup_s = time.monotonic() - began
+        sightings = _drive(s, agent, injectors, proc, t0, f"[{launcher}]", together)
         rc = proc.poll()
         if rc is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -228,15 +287,20 @@ def run_one(
         raw = agent.logged_windows()
         (out / "sightings.json").write_text(json.dumps([list(x) for x in _rows(sightings)]))
         (out / "windows.jsonl").write_text("".join(json.dumps(x) + "\n" for x in raw))
+        scenario_s = time.monotonic() - began - setup_s
+    timing = Timing(setup_s, scenario_s, time.monotonic() - began - setup_s - scenario_s)
     mine = [LabWindow.from_json(x, t0) for x in raw if x.get("job_id") == job_id]
     steps = _steps(steps_log, t0)
     node = NodeRun(0, tuple(mine), steps, tuple(sightings), ran_s=min(ran_s, s.duration_s))
-    return RunResult(s, launcher, t0, job_id, node, len(raw) - len(mine), rc, out)
+    return RunResult(s, launcher, t0, job_id, node, len(raw) - len(mine), rc, out, timing)
 
 
-def _first_step(steps_log: Path, proc: subprocess.Popen[bytes], timeout_s: float = 240) -> float:
+def _first_step(
+    steps_log: Path, proc: subprocess.Popen[bytes], together: Together, timeout_s: float = 240
+) -> float:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        together.check()
         with contextlib.suppress(OSError, ValueError, IndexError):
             first = json.loads(steps_log.read_text().splitlines()[0])
             return float(first["t"])
@@ -276,6 +340,8 @@ def _drive(
     injectors: list[tuple[Any, Any]],
     proc: subprocess.Popen[bytes],
     t0: float,
+    tag: str,
+    together: Together,
 ) -> list[Sighting]:
     """Starts and stops the faults on schedule until the scenario's end, polling the
     agent's windows; stops early if the workload dies."""
@@ -286,12 +352,13 @@ def _drive(
     sightings: list[Sighting] = []
     next_poll = 0.0
     while True:
+        together.check()
         now = time.time() - t0
         while events and events[0][0] <= now:
             _, starting, i = events.pop(0)
             f, inj = injectors[i]
             (inj.start if starting else inj.stop)()
-            print(f"  {now:6.1f} s  {'start' if starting else 'stop '} {f.kind}", flush=True)
+            print(f"  {tag} {now:6.1f} s  {'start' if starting else 'stop '} {f.kind}", flush=True)
         if now >= s.duration_s + TAIL_SECONDS or proc.poll() is not None:
             return sightings
         if now >= next_poll:
@@ -332,6 +399,12 @@ def main(argv: list[str] | None = None) -> int:
             "cuda: real kernels on the GPU, the agent reading it through NVML"
         ),
     )
+    ap.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="run a scenario's launchers one after the other (default: at the same time; "
+        "always one at a time with --device cuda: two jobs on one GPU would share it)",
+    )
     args = ap.parse_args(argv)
     problem = host_problem()
     if problem:
@@ -346,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: list[RunResult] = []
     failed = 0
+    began = time.monotonic()
     with signals_raise():
         for s in chosen:
             launchers = (
@@ -355,18 +429,65 @@ def main(argv: list[str] | None = None) -> int:
                 if args.launcher == "both"
                 else [args.launcher]
             )
-            for launcher in launchers:
-                print(f"lab: {s.name} ({launcher}), {s.duration_s:g} s", flush=True)
-                try:
-                    results.append(run_one(s, launcher, args.out, args.nice, args.device))
-                except (LabError, RuntimeError, OSError, ValueError) as exc:
-                    print(f"lab: {s.name} ({launcher}) could not run: {exc}", file=sys.stderr)
+            apart = args.one_at_a_time or args.device != "stand-in"
+            groups = [[x] for x in launchers] if apart else [launchers]
+            for group in groups:
+                print(f"lab: {s.name} ({' + '.join(group)}), {s.duration_s:g} s", flush=True)
+                runs = run_together(s, group, args.out, args.nice, args.device)
+                for launcher, got in zip(group, runs, strict=True):
+                    if isinstance(got, RunResult):
+                        results.append(got)
+                        continue
+                    print(f"lab: {s.name} ({launcher}) could not run: {got}", file=sys.stderr)
                     failed += 1
-    report = write_report(results, args.out)
+    report = write_report(results, args.out, time.monotonic() - began)
     print(report.read_text() if report.exists() else "", flush=True)
     if failed:
         return 2
     return 0 if all(score(r.scenario, [r.run]).passed() for r in results) else 1
+
+
+def run_together(
+    s: Scenario, launchers: list[str], out: Path, nice: int, device: str = "stand-in"
+) -> list[RunResult | Exception]:
+    """Runs `s` once per launcher, all at the same time (one thread each); a run that could
+    not run is its exception. SIGTERM, SIGHUP and SIGINT stop every run through its cleanup
+    and are then raised on as SystemExit, after the last run has cleaned up: an exception
+    that interrupts `Thread.join` can leave the thread marked finished while it still runs,
+    and the interpreter would then exit in the middle of that run's cleanup."""
+    together = Together(threading.Barrier(len(launchers)), threading.Event())
+    got: list[RunResult | Exception] = [LabError("did not run")] * len(launchers)
+    received: list[int] = []
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        together.stop.set()
+        together.start.abort()
+
+    def one(i: int, launcher: str) -> None:
+        try:
+            got[i] = run_one(s, launcher, out, nice, device, together)
+        except Exception as exc:  # reported as "could not run"; the other runs go on
+            got[i] = exc
+        finally:
+            together.start.abort()  # a run that ends before the barrier frees the others
+
+    old = {x: signal.signal(x, stop) for x in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    try:
+        threads = [
+            threading.Thread(target=one, args=(i, x), name=f"lab-{s.name}-{x}")
+            for i, x in enumerate(launchers)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for x, h in old.items():
+            signal.signal(x, h)
+    if received:
+        raise SystemExit(128 + received[0])
+    return got
 
 
 if __name__ == "__main__":

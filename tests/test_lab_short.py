@@ -85,6 +85,8 @@ def test_short_scenario_names_the_throttled_tier_and_cleans_up(tmp_path: Path) -
 
 
 def test_a_run_stopped_mid_fault_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Both launchers at once (what `make lab` does: one thread per run), stopped by
+    SIGTERM while all six faults (three per run) are on: every part of both is undone."""
     _needs_lab()
     scen = tmp_path / "stopped.yaml"
     scen.write_text(
@@ -96,21 +98,27 @@ def test_a_run_stopped_mid_fault_leaves_nothing_behind(tmp_path: Path) -> None:
         "  - {kind: cpu_hog, start_s: 1, stop_s: 100, hogs: 2}\n"
         "  - {kind: io_contention, tier: hot, start_s: 1, stop_s: 100, threads: 2, file_mib: 4}\n"
     )
-    proc = _runner([str(scen), "--launcher", "sdk"], tmp_path / "out")
+    proc = _runner([str(scen), "--launcher", "both"], tmp_path / "out")
     assert proc.stdout is not None
     started: list[str] = []
     deadline = time.monotonic() + 240
     try:
-        while len(started) < 3 and time.monotonic() < deadline:
+        while len(started) < 6 and time.monotonic() < deadline:
             line = proc.stdout.readline()
             if not line:
                 break
             if " start " in line:
                 started.append(line.strip())
-        assert len(started) == 3, f"the faults did not start: {started}"
+        assert len(started) == 6, f"the faults did not start: {started}"
+        assert {line.split()[0] for line in started} == {"[run]", "[sdk]"}, started
         time.sleep(2)
         hogs = _cgroup_pids(proc.pid)
         assert hogs, "no process in the job's cgroup while the hogs run"
+        tops = {
+            next(x for x in f.parts if x.startswith("gpufeed-lab-"))
+            for f in _cgroup_files(proc.pid)
+        }
+        assert len(tops) == 2, f"not two runs' job cgroups at once: {tops}"
         proc.send_signal(signal.SIGTERM)
         proc.wait(90)
     finally:
@@ -132,11 +140,15 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _cgroup_pids(runner: int) -> list[int]:
-    pids: list[int] = []
+def _cgroup_files(runner: int) -> list[Path]:
     root = Path("/sys/fs/cgroup")
     found = [*root.glob(f"*/gpufeed-lab-{runner}-*/slurm/uid_0/job_*/cgroup.procs")]
     found += root.glob(f"gpufeed-lab-{runner}-*/slurmstepd.scope/job_*/cgroup.procs")
-    for procs in found:
+    return found
+
+
+def _cgroup_pids(runner: int) -> list[int]:
+    pids: list[int] = []
+    for procs in _cgroup_files(runner):
         pids += [int(x) for x in procs.read_text().split()]
     return pids

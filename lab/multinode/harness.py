@@ -105,35 +105,41 @@ def run_scenario(plan: Plan, results: Path, live_fleet: bool = False) -> dict[st
         shutil.rmtree(out)
     out.mkdir(parents=True)
     prefix = run_prefix()
-    with contextlib.ExitStack() as undo:
-        work = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
-        undo.callback(shutil.rmtree, work, True)
-        # letters and digits only: what a Slurm job directory (job_<id>) may hold
-        run = Run(plan, out, prefix, f"lab{os.getpid()}x{secrets.token_hex(3)}", undo)
-        run.live_fleet = live_fleet
-        summary: dict[str, Any] = {
-            "scenario": plan.name,
-            "prefix": prefix,
-            "harness_pid": os.getpid(),
-            "job_id": run.job_id,
-            "agent_correlator": dict(plan.agent_correlator),
-        }
-        try:
-            _setup(run, work)
-            _start_job(run)
-            _schedule(run)
-            time.sleep(TAIL_S)
-            _collect(run, summary)
-            summary["ok"] = True
-        except BaseException as exc:
-            summary["ok"] = False
-            summary["error"] = f"{type(exc).__name__}: {exc}"
-            raise
-        finally:
-            summary["events"] = run.events
-            summary["t0"] = run.t0
-            summary["nodes"] = [_node_summary(n) for n in run.nodes]
-            (out / "run.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    began = time.monotonic()
+    # letters and digits only: what a Slurm job directory (job_<id>) may hold
+    job_id = f"lab{os.getpid()}x{secrets.token_hex(3)}"
+    summary: dict[str, Any] = {
+        "scenario": plan.name,
+        "prefix": prefix,
+        "harness_pid": os.getpid(),
+        "job_id": job_id,
+        "agent_correlator": dict(plan.agent_correlator),
+    }
+    try:
+        with contextlib.ExitStack() as undo:
+            work = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
+            undo.callback(shutil.rmtree, work, True)
+            run = Run(plan, out, prefix, job_id, undo)
+            run.live_fleet = live_fleet
+            try:
+                _setup(run, work)
+                _start_job(run)
+                _schedule(run)
+                time.sleep(TAIL_S)
+                _collect(run, summary)
+                summary["ok"] = True
+            except BaseException as exc:
+                summary["ok"] = False
+                summary["error"] = f"{type(exc).__name__}: {exc}"
+                raise
+            finally:
+                summary["events"] = run.events
+                summary["t0"] = run.t0
+                summary["nodes"] = [_node_summary(n) for n in run.nodes]
+    finally:
+        # written after the cleanup, so that the wall time holds it too
+        summary["wall_s"] = round(time.monotonic() - began, 1)
+        (out / "run.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     return summary
 
 

@@ -132,10 +132,20 @@ def scenario_section(results: Path, run: dict[str, Any], scored: dict[str, Any] 
     return "\n".join(lines) + "\n"
 
 
+def time_table(runs: list[tuple[dict[str, Any], dict[str, Any] | None]], wall_s: float) -> str:
+    """Each scenario's wall time (from the harness's start to its cleanup) and the total: the
+    lab's time budget stays visible as scenarios are added."""
+    lines = ["| scenario | wall time |", "|---|---|"]
+    lines += [f"| {r['scenario']} | {r.get('wall_s', 0):.0f} s |" for r, _ in runs]
+    lines.append(f"| **all (wall clock)** | **{wall_s:.0f} s** |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(
     results: Path,
     runs: list[tuple[dict[str, Any], dict[str, Any] | None]],
     culprits: dict[str, dict[str, Any]] | None = None,
+    wall_s: float | None = None,
 ) -> str:
     head = [
         "## Multi-node on one host",
@@ -161,4 +171,6 @@ def markdown(
             f"recall {t['top1_recall']}, culprit's cause right {t['cause_right']}.",
             "",
         ]
+    if wall_s is not None:
+        sections.append("### Time\n\n" + time_table(runs, wall_s))
     return "\n".join(head) + "\n".join(sections)
