@@ -12,6 +12,7 @@ that for `unknown`). Baselines learn from healthy buckets only.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -137,26 +138,59 @@ class NodeCorrelator:
         (Kind.CPU_JOB_WAIT) is taken off: a healthy job waits some of every step (0.17 of
         it on the lab's two-node run), and taking all of it off would open windows in
         healthy time. Before that baseline exists nothing is taken off."""
+        share, u.wait_share = self._cpu_share_over(u, t, self.timing.share_window_seconds)
+        return share
+
+    def _cpu_share_over(
+        self, u: Unit, t: float, window: float
+    ) -> tuple[float | None, float | None]:
+        """(compute share, collective-wait share) of a CPU-only job over about the last
+        `window` seconds before t (one sample interval when `window` is shorter)."""
         j = self.node.jobs[u.cpu_job]
         tm = self.timing
-        window, stale, gap = tm.share_window_seconds, tm.stale_seconds, tm.gap_seconds
+        stale, gap = tm.stale_seconds, tm.gap_seconds
         rates = [s.rate_at(t, window, stale, gap) for s in j.phases.values()]
         comp = j.phases["compute"].rate_at(t, window, stale, gap)
         total = sum(r for r in rates if r is not None)
-        u.wait_share = None
         if comp is None or total <= 1e-9:
-            return None
+            return None, None
         waits = [
             r
             for (_, p), s in j.rank_phases.items()
             if p == COLLECTIVE_WAIT and (r := s.rate_at(t, window, stale, gap)) is not None
         ]
+        wait_share = None
         if waits:
-            u.wait_share = min(sum(waits) / total, 1.0)
+            wait_share = min(sum(waits) / total, 1.0)
             base = self.baselines.median((Kind.CPU_JOB_WAIT, u.cpu_job))
-            if base is not None and u.wait_share > base:
-                comp = max(comp - (u.wait_share - base) * total, 0.0)
-        return comp / total
+            if base is not None and wait_share > base:
+                comp = max(comp - (wait_share - base) * total, 0.0)
+        return comp / total, wait_share
+
+    def _edge(self, u: Unit, t: float, recovered: bool) -> float:
+        """When a CPU-only job really went below the threshold (`recovered` False: t is
+        its first low sample) or really came back above it (True: t is its first high
+        sample). Its stand-in utilization is a share over the last `share_window_seconds`,
+        which crosses the threshold seconds after the job did: measured in the fault lab,
+        every window of a CPU job began 2-3 s after its stall and ended 3-6 s after its
+        recovery, and those seconds were most of the healthy time inside a window. So the
+        edge moves back over each single sample interval that was already on the new side
+        of the threshold, at most one share window (a GPU's utilization is a gauge over
+        about the last second: its edges stay where they are)."""
+        if not u.cpu_job or u.cpu_job not in self.node.jobs:
+            return t
+        ts = self.node.jobs[u.cpu_job].phases["compute"].ts
+        thr = self.p.threshold_ratio
+        earliest = t - self.timing.share_window_seconds
+        i = bisect_right(ts, t) - 1
+        edge = t
+        while i >= 1 and ts[i - 1] >= earliest:
+            share, _ = self._cpu_share_over(u, ts[i], 0.0)  # the interval (ts[i-1], ts[i]]
+            if share is None or (share >= thr) != recovered:
+                break
+            edge = ts[i - 1]
+            i -= 1
+        return edge
 
     def _working_ratio(self, u: Unit, t: float) -> float | None:
         """SM activity (GPM, Hopper and newer) over this GPU's own healthy median. NVML
@@ -277,7 +311,7 @@ class NodeCorrelator:
         if u.high_since is None:
             u.high_since = t
         if t - u.high_since >= p.merge_gap_seconds:
-            self._close(u, u.high_since)
+            self._close(u, self._edge(u, u.high_since, recovered=True))
             self.watch.busy_at[u.gpu or u.key] = t
             if u.cols is not None:
                 job = self._classifier.gpu_jobs(t).get(u.gpu, "")
@@ -330,7 +364,7 @@ class NodeCorrelator:
         known = {k: v for k, v in tally.items() if k[0] is not Cause.UNKNOWN}
         pick = known if known and sum(known.values()) >= 0.34 * sum(tally.values()) else tally
         cause, job = max(pick.items(), key=lambda kv: kv[1])[0]
-        u.seg = Segment(u.run_start, cause, job)
+        u.seg = Segment(self._edge(u, u.run_start, recovered=False), cause, job)
         for m in u.marks:
             self._feed(u, m)
         u.marks = []
@@ -373,7 +407,11 @@ class NodeCorrelator:
             u.pending.dt = 0.0
             self._commit(u, u.pending)
             u.pending = None
-        end = u.high_since if u.high_since is not None else u.last_low_t
+        end = (
+            self._edge(u, u.high_since, recovered=True)
+            if u.high_since is not None
+            else u.last_low_t
+        )
         if u.seg is None and u.run_start is not None:
             elapsed = end - u.run_start
             if (
