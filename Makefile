@@ -82,8 +82,16 @@ typecheck: install
 unit: install
 	$(PY) -m pytest -q -m "not slow"
 
+# The suite in TEST_WORKERS processes (pytest-xdist): much of its wall time is waiting on
+# real servers, subprocesses and the lab's fixed schedules, which 2 processes overlap, one
+# per core, so that no test gets less than the core it had when the suite ran alone
+# (docs/benchmarks.md, "Test suite"). Tests that bound a latency or a CPU share (marker
+# `serial`) run afterwards, alone. --dist loadgroup: the tests of one xdist_group (two that
+# build the package in this checkout) share one process.
+TEST_WORKERS ?= 2
 test: install promtool lint typecheck
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
+	$(PY) -m pytest -q -m serial
 
 bench: install promtool
 	$(PY) -m bench.run_all
@@ -99,17 +107,28 @@ bench-correlator: install
 soak: install
 	$(PY) -m bench.soak $(ARGS)
 
-# The fault lab (docs/lab.md): the "lab" suite's scenarios (lab/scenarios/*.yaml), each under
-# `gpufeed run` and with the SDK, real faults against the real agent, then the multi-node
-# scenarios (lab-multinode, ~12 min more; ARGS go to the single-node part), then DLIO's
-# agreement with gpufeed (lab/dlio_check.py, ~3 min; its venv once: dlio-venv); root, ~25 min
-# on 2 cores. Writes lab-results/report.md (+ .json, a timeline PNG per run); exit 1 when a
-# scenario misses its targets. ARGS="single-node --launcher sdk" runs a part of it. The short
-# form runs inside `make test` (tests/test_lab_short.py).
+# The fault lab (docs/lab.md), root, two tracks at once (docs/lab.md, "Time budget"):
+# A: the "lab" suite's single-node scenarios (lab/scenarios/*.yaml; ARGS go here), each under
+#    `gpufeed run` and with the SDK AT THE SAME TIME, real faults against the real agent
+#    (single-node 630 s + s3-slow 220 s, each + 35 s tail + setup: ~16 min);
+# B: DLIO's agreement with gpufeed (lab/dlio_check.py, ~3 min; its venv once: dlio-venv),
+#    then the multi-node scenarios one at a time (~1.5 min each on 2 cores; LAB_MULTINODE_JOBS=2
+#    runs two at once, quicker but their ranks then share the CPU).
+# Each track's faults stay on its own loop devices, cgroups, processes and namespaces; they
+# share the host's CPU and the disk under the loop images. About 17 min on 2 cores. Writes
+# lab-results/report.md (+ .json, a timeline PNG per run, every run's wall time),
+# lab-results/dlio/, lab-results/multinode/; exit 1 when a scenario misses its targets.
+# ARGS="single-node --launcher sdk" runs a part of track A. The short forms run inside
+# `make test` (tests/test_lab_short.py, tests/test_lab_multinode.py).
+LAB_MULTINODE_JOBS ?= 1
 lab: install promtool dlio-venv
-	@status=0; $(PY) -m lab.run --suite lab --out lab-results $(ARGS) || status=$$?; \
-	  $(PY) -m lab.multinode.run --suite lab --live-fleet --results lab-results/multinode || status=$$?; \
-	  $(PY) -m lab.dlio_check --out lab-results --venv $(DLIO_VENV) || status=$$?; \
+	@mkdir -p lab-results; status=0; \
+	  ( s=0; $(PY) -m lab.dlio_check --out lab-results --venv $(DLIO_VENV) || s=$$?; \
+	    $(PY) -m lab.multinode.run --suite lab --live-fleet --jobs $(LAB_MULTINODE_JOBS) \
+	      --results lab-results/multinode || s=$$?; exit $$s ) > lab-results/track-b.log 2>&1 & \
+	  b=$$!; \
+	  $(PY) -m lab.run --suite lab --out lab-results $(ARGS) || status=$$?; \
+	  wait $$b || status=$$?; cat lab-results/track-b.log; \
 	  exit $$status
 
 # The fault lab's multi-node scenarios (root; docs/lab.md, "Multi-node on one host"): 2-4

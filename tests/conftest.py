@@ -96,3 +96,33 @@ def run_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     yield start
     for p in procs:
         stop(p)
+
+
+# The modules whose tests take longest (a minute or more each on 2 cores: the lab's short
+# forms, package builds, real multi-process jobs, the whole stack). Under pytest-xdist each
+# process takes the next test from the front of the queue, so these go first: one of them
+# handed out last would run on alone at the end.
+LONGEST_FIRST = (
+    "test_lab_short.py",
+    "test_packaging.py",
+    "test_rank_collectives.py",
+    "test_e2e_stack.py",
+    "test_lab_multinode.py",
+    "test_tracegen.py",
+    "test_sdk_attack.py",
+    "test_sim_pace.py",
+    "test_windowlog_chaos.py",
+    "test_run_jobs.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest first (LONGEST_FIRST, then the other `slow` tests, then the rest), each group
+    in its collection order."""
+
+    def rank(item: pytest.Item) -> int:
+        if item.path.name in LONGEST_FIRST:
+            return LONGEST_FIRST.index(item.path.name)
+        return len(LONGEST_FIRST) + (item.get_closest_marker("slow") is None)
+
+    items.sort(key=rank)

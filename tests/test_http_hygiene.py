@@ -176,6 +176,7 @@ def test_headers_error_pages_gzip_and_strict_json(tmp_path: Path) -> None:
         assert "Traceback" not in log and "alert" not in log, log
 
 
+@pytest.mark.serial  # a time bound: runs alone, after the parallel pass
 @pytest.mark.slow
 def test_polling_windows_clients_do_not_slow_metrics(tmp_path: Path) -> None:
     cfg = _agent_config(tmp_path, [_window(i) for i in range(1000)])

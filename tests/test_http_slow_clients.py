@@ -23,6 +23,7 @@ SCRAPES = 100
 SWARM = Path(__file__).parent / "helpers" / "slow_clients.py"
 
 
+@pytest.mark.serial  # a time bound: runs alone, after the parallel pass
 @pytest.mark.slow
 def test_good_client_is_served_while_slow_clients_hold_more_connections_than_fds(
     tmp_path: Path,

@@ -100,6 +100,7 @@ def serve_simulated(gpufeed: Path, tmp_path: Path) -> str:
             proc.stderr.close()
 
 
+@pytest.mark.xdist_group("builds-this-checkout")  # one at a time: same build/ dir
 @pytest.mark.slow
 def test_make_runtime_installs_runtime_dependencies_only(tmp_path: Path) -> None:
     venv = tmp_path / "run-venv"
@@ -130,6 +131,7 @@ def test_make_runtime_installs_runtime_dependencies_only(tmp_path: Path) -> None
     assert f"{venv}/bin/gpufeed agent" in dry.stdout and ".venv/bin" not in dry.stdout
 
 
+@pytest.mark.xdist_group("builds-this-checkout")  # one at a time: same build/ dir
 @pytest.mark.slow
 def test_wheel_installs_on_a_bare_venv_and_serves_metrics(tmp_path: Path) -> None:
     dist = tmp_path / "dist"

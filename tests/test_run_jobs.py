@@ -225,6 +225,7 @@ def counted_dir(tmp_path: Path) -> Iterator[Path]:
         shutil.rmtree(out, ignore_errors=True)
 
 
+@pytest.mark.serial  # a time bound: runs alone, after the parallel pass
 def test_a_short_jobs_last_writes_are_counted(
     run_agent: Any, tmp_path: Path, counted_dir: Path
 ) -> None:

@@ -78,6 +78,7 @@ def statuses(sampler: Sampler) -> dict[str, bool]:
     return {s.name: s.success for s in sampler.latest.snapshot.statuses}
 
 
+@pytest.mark.serial  # a time bound: runs alone, after the parallel pass
 def test_hung_collector_times_out_and_others_still_report() -> None:
     good, hang = Const("good", 3.0), Hanging()
     sampler = Sampler([good, hang, Raising()], interval_seconds=1.0, timeout_seconds=0.3)
@@ -169,6 +170,7 @@ def test_stop_closes_every_collector_once() -> None:
     assert not sampler.alive()
 
 
+@pytest.mark.serial  # a time bound: runs alone, after the parallel pass
 @pytest.mark.slow
 def test_scrape_answers_at_once_while_a_collector_hangs() -> None:
     import asyncio

@@ -108,6 +108,7 @@ def test_a_failed_producer_hands_on_nothing_not_the_tick_before() -> None:
         sampler.stop()
 
 
+@pytest.mark.serial  # a time bound: runs alone, after the parallel pass
 def test_a_hung_producer_leaves_the_consumer_time_to_run_without_it() -> None:
     producer, consumer = TickProducer(), TickConsumer()
     sampler = Sampler([producer, consumer], interval_seconds=1.0, timeout_seconds=0.4)

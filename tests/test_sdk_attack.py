@@ -170,6 +170,7 @@ def _scrape_latencies(url: str, seconds: float) -> list[float]:
     return sorted(out)
 
 
+@pytest.mark.serial  # a time bound: runs alone, after the parallel pass
 def test_a_flood_of_packed_datagrams_does_not_starve_scrapes(tmp_path: Path) -> None:
     """A process sending datagrams packed full of messages as fast as it can: the SDK
     thread keeps to its budget (a quarter of a core), so /metrics answers in time (before

@@ -72,6 +72,7 @@ def threads(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
+@pytest.mark.serial  # a time bound: runs alone, after the parallel pass
 @pytest.mark.slow
 @pytest.mark.root
 def test_hung_mount_is_marked_stuck_and_never_blocks_the_scrape(

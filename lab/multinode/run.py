@@ -97,12 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_report:
         return 1 if failed else 0
     culprits: dict[str, dict[str, Any]] = {}
+    scored_runs = {r["scenario"]: r for r, scored in runs if scored is not None}
     for sc in scenarios:
-        done = next((r for r, scored in runs if r["scenario"] == sc.name and scored), None)
-        if done is None:
+        ran = scored_runs.get(sc.name)
+        if ran is None:
             continue
         try:
-            culprits[sc.name] = culprit.evaluate(sc, args.results, done)
+            culprits[sc.name] = culprit.evaluate(sc, args.results, ran)
         except Exception as exc:
             print(f"lab: {sc.name}: culprit: {type(exc).__name__}: {exc}", file=sys.stderr)
             failed += 1
