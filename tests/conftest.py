@@ -126,3 +126,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return len(LONGEST_FIRST) + (item.get_closest_marker("slow") is None)
 
     items.sort(key=rank)
+
+
+def _utf8(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """What a test captured (its output, its log records) as text that UTF-8 can carry: a
+    pytest-xdist worker sends each report to the controller as UTF-8, and a lone surrogate
+    (a path read with surrogateescape, which some tests log on purpose) ended the worker
+    with an INTERNALERROR instead of a report."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    report.sections = [(_utf8(title), _utf8(body)) for title, body in report.sections]
+    if isinstance(report.longrepr, str):
+        report.longrepr = _utf8(report.longrepr)
