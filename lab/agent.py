@@ -35,26 +35,32 @@ class Agent:
         tiers: dict[str, LoopTier],
         instance: str,
         objects: dict[str, list[str]] | None = None,
+        gpu_job: str = "",
     ) -> None:
-        """`objects`: object-storage tiers (name -> s3:// entries), beside the mounts."""
+        """`objects`: object-storage tiers (name -> s3:// entries), beside the mounts.
+        `gpu_job`: the job given GPU 0, written to a mapping directory as a Slurm prolog
+        does (on a GPU host the job holds its GPU from its start, even where NVML cannot
+        list a container's processes; without a GPU it is never read)."""
         self.run_dir = run_dir
         self.socket = run_dir / "sdk.sock"
         self.windows_log = run_dir / "windows.jsonl"
         self.config = run_dir / "agent.yaml"
         self.instance = instance
-        self.config.write_text(
-            yaml.safe_dump(
-                {
-                    "interval_seconds": 1,
-                    "tiers": {
-                        **{name: str(t.mnt) for name, t in tiers.items()},
-                        **(objects or {}),
-                    },
-                    "sdk": {"socket_path": str(self.socket)},
-                    "correlator": {"windows_log": str(self.windows_log)},
-                }
-            )
-        )
+        config: dict[str, Any] = {
+            "interval_seconds": 1,
+            "tiers": {
+                **{name: str(t.mnt) for name, t in tiers.items()},
+                **(objects or {}),
+            },
+            "sdk": {"socket_path": str(self.socket)},
+            "correlator": {"windows_log": str(self.windows_log)},
+        }
+        if gpu_job:
+            mapping = run_dir / "gpu-jobs"
+            mapping.mkdir(exist_ok=True)
+            (mapping / "0").write_text(gpu_job + "\n")
+            config["jobs"] = {"mapping_dir": str(mapping)}
+        self.config.write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 

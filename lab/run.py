@@ -155,6 +155,22 @@ def _write_data(directory: Path, samples: int, sample_kib: int) -> None:
     os.sync()
 
 
+def _write_weights(path: Path, mib: int) -> None:
+    """A model's weights as torch.save writes them (random bytes: nothing compresses), then
+    dropped from the page cache, so that the workload's torch.load reads them from the tier."""
+    import torch  # only scenarios with a start-up load pay for the import
+
+    torch.save(
+        {"weights": torch.frombuffer(bytearray(os.urandom(mib << 20)), dtype=torch.uint8)}, path
+    )
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
@@ -202,8 +218,8 @@ def run_one(
         ck_tier = tiers.get(w.checkpoint.tier) or next(iter(tiers.values()))
         weights = ""
         if w.weights_tier:
-            wpath = tiers[w.weights_tier].mnt / "weights.bin"
-            wpath.write_bytes(os.urandom(w.weights_mib << 20))
+            wpath = tiers[w.weights_tier].mnt / "weights.pt"
+            _write_weights(wpath, w.weights_mib)
             weights = str(wpath)
         os.sync()
 
@@ -221,9 +237,13 @@ def run_one(
             inj.prepare()
             injectors.append((f, inj))
         os.sync()
+        for f, inj in injectors:
+            if f.start_s <= 0:  # in place before the workload starts (its start-up load)
+                inj.start()
 
         objects = {S3_TIER: [f"{data}"]} if store is not None and data.startswith("s3:") else {}
-        agent = Agent(run_dir, tiers, f"lab-{s.name}-{launcher}-{os.getpid()}", objects)
+        instance = f"lab-{s.name}-{launcher}-{os.getpid()}"
+        agent = Agent(run_dir, tiers, instance, objects, gpu_job=job_id)
         cleanup.callback(_copy, agent.run_dir / "agent.log", out / "agent.log")
         cleanup.callback(agent.stop)
         agent.start(_nice(nice), record=out / "trace.om")
@@ -238,6 +258,8 @@ def run_one(
         argv += ["--batch-size", str(w.batch_size), "--workers", str(w.num_workers)]
         argv += ["--preprocess-ms", str(w.preprocess_ms)]
         argv += ["--seconds", f"{w.end_s or s.duration_s + TAIL_SECONDS:g}"]
+        if w.end_s:  # the loop ends there; the process holds its devices to the end
+            argv += ["--hold-seconds", f"{s.duration_s + TAIL_SECONDS - w.end_s + 5:g}"]
         argv += ["--steps-log", str(steps_log), "--control", str(ctx.control)]
         if weights:
             argv += ["--weights", weights]
@@ -272,8 +294,9 @@ def run_one(
                 start_new_session=True,
             )
         cleanup.callback(_kill_group, proc)
-        # The scenario's clock starts at the workload's first step: importing torch and
-        # starting the input workers takes 5-30 s on a loaded host, and is not the fault.
+        # The scenario's clock starts at the workload's first step (importing torch and
+        # starting the input workers takes 5-30 s on a loaded host, and is not the fault),
+        # or, for a workload that loads weights first, where that load begins.
         t0 = _first_step(steps_log, proc, together)
         setup_s = time.monotonic() - began
         sightings = _drive(s, agent, injectors, proc, t0, f"[{launcher}]", together)
@@ -303,7 +326,7 @@ def _first_step(
         together.check()
         with contextlib.suppress(OSError, ValueError, IndexError):
             first = json.loads(steps_log.read_text().splitlines()[0])
-            return float(first["t"])
+            return float(first["start"] if "start" in first else first["t"])
         if proc.poll() is not None:
             raise LabError(f"the workload exited with {proc.returncode} before its first step")
         time.sleep(0.2)
@@ -346,7 +369,7 @@ def _drive(
     """Starts and stops the faults on schedule until the scenario's end, polling the
     agent's windows; stops early if the workload dies."""
     events = sorted(
-        [(f.start_s, 1, i) for i, (f, _) in enumerate(injectors)]
+        [(f.start_s, 1, i) for i, (f, _) in enumerate(injectors) if f.start_s > 0]
         + [(f.stop_s, 0, i) for i, (f, _) in enumerate(injectors)]
     )
     sightings: list[Sighting] = []

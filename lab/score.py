@@ -38,7 +38,7 @@ TARGET_HEALTHY_IN_WINDOW = 0.05
 TARGET_DETECT_SECONDS = 90.0
 # Where a window's evidence names each kind of thing an `expect` entry can ask for.
 EVIDENCE_KEYS: dict[str, tuple[str, ...]] = {
-    "tier": ("data_tier", "checkpoint_tier", "tier"),
+    "tier": ("data_tier", "checkpoint_tier", "load_tier", "tier"),
     "device": ("network_device", "device", "gpu"),
     "reason": ("reason", "throttle_reasons", "network_reason", "cpu_reason"),
 }

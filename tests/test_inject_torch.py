@@ -129,7 +129,9 @@ def test_a_job_that_cannot_be_made_never_breaks_the_program(tmp_path: Path) -> N
     )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "a.pt").stat().st_size > 0 and (tmp_path / "b.pt").stat().st_size > 0
-    assert out.stderr.count("gpufeed: checkpoints not reported") == 1
+    # told once: when torch is imported (the job registers then), not at every save
+    assert out.stderr.count("gpufeed: ") == 1
+    assert "gpufeed: job not registered" in out.stderr
 
 
 # DLIO's training loop (dlio_benchmark.main._train) in small: a DataLoader with persistent

@@ -622,6 +622,50 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         optional_labels=("name",),
     ),
     MetricSpec(
+        "gpufeed_job_processes",
+        "gauge",
+        "Processes that speak for the job now (0 once all have closed or exited, while its "
+        "series stay for the grace period); a job that holds its devices but makes no "
+        "steps is registered, not absent",
+        ("job_id", "name"),
+        "",
+        "jobs",
+        "sdk",
+        optional_labels=("name",),
+    ),
+    MetricSpec(
+        "gpufeed_job_model_load_seconds_total",
+        "counter",
+        "Time spent loading model weights (torch.load, safetensors, from_pretrained; SDK "
+        "Job.load), by the storage tier the files were read from",
+        ("job_id", "name", "tier"),
+        "seconds",
+        "jobs",
+        "sdk",
+        optional_labels=("name",),
+    ),
+    MetricSpec(
+        "gpufeed_job_model_load_bytes_total",
+        "counter",
+        "Bytes of model weights loaded (the files' sizes), by the storage tier they were read from",
+        ("job_id", "name", "tier"),
+        "bytes",
+        "jobs",
+        "sdk",
+        optional_labels=("name",),
+    ),
+    MetricSpec(
+        "gpufeed_job_model_loading_bytes",
+        "gauge",
+        "Bytes of the model loads in progress now, by the storage tier they are read from "
+        "(absent while none is)",
+        ("job_id", "name", "tier"),
+        "bytes",
+        "jobs",
+        "sdk",
+        optional_labels=("name",),
+    ),
+    MetricSpec(
         "gpufeed_job_checkpoint_seconds",
         "histogram",
         "Checkpoint save durations",

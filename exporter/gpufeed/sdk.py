@@ -6,6 +6,7 @@
         ...
     with job.phase("eval"): ...
     with job.checkpoint(path): torch.save(state, path)
+    with job.load(path): model = torch.load(path)  # model-load time, bytes, their tier
     job.epoch()
     with job.collective(): dist.all_reduce(t)   # time waiting for peers -> collective_wait
     job.close()
@@ -38,6 +39,10 @@ MAX_DATAGRAM_BYTES in all, each:
                 OBJECT_OUTCOMES), a = seconds, b = bytes, n = requests; reserved = the
                 length of the location (a tier name, or `s3://BUCKET/FOLDER/ ENDPOINT`)
                 that follows the name. Sent in datagrams of their own.
+    LOAD:       phase 0 = a model load begins, 1 = it ended; a = seconds (0 at the begin),
+                b = the file's device (st_dev; -1: not known), n = bytes (-1: not known):
+                the agent maps the device to its storage tier (added in 0.3.0; sent at
+                once, in a datagram of its own)
 A PHASE with phase = len(PHASES) is collective_wait (added in 0.3.0). RANK and
 collective_wait go in a datagram of their own, sent before the rest of a flush: an agent
 that predates them refuses that datagram only (as it refuses IO), and everything else
@@ -78,6 +83,9 @@ MAX_LOCATION_BYTES = 255
 # Distinct (location, operation, outcome) sums held between flushes; more flush at once.
 _MAX_OBJECT_KEYS = 64
 _TIER_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
+KIND_LOAD = 9
+LOAD_BEGIN = 0
+LOAD_END = 1
 PHASES = ("compute", "data_wait", "checkpoint", "communication", "startup", "eval", "other")
 COLLECTIVE_WAIT = "collective_wait"  # a per-rank phase: PHASE index len(PHASES)
 RANK_PHASES = (*PHASES, COLLECTIVE_WAIT)
@@ -103,6 +111,7 @@ _RECONNECT_SECONDS = 1.0
 # kernel) reports that much start-up, not a datagram the agent drops.
 _MAX_EVENT_SECONDS = 30 * 86400.0
 _MAX_IO_BYTES = 1 << 50  # gpufeed.jobs.wire.MAX_IO_BYTES
+_MAX_DEVICE = 1 << 52  # gpufeed.jobs.wire.MAX_DEVICE: a dev_t carried exactly in f64
 FLUSH_SECONDS = 0.1
 # RANK is sent again this often (and after every reconnect), so that an agent that lost it
 # (restarted, or forgot the job after its grace period) learns it back.
@@ -185,7 +194,10 @@ class Job:
         self._object_lock = threading.Lock()
         self._acc_object: dict[tuple[bytes, int], list[float]] = {}
         self._object_flush_at = time.perf_counter() + FLUSH_SECONDS
+        # model loads in progress, outermost first: [bytes or -1, device or -1] each
+        self._loads: list[list[int]] = []
         atexit.register(self._at_exit)
+        self._register()
 
     # -- the API ---------------------------------------------------------------------------
 
@@ -259,6 +271,32 @@ class Job:
             self._inner_seconds += own
             size = path_bytes(path) if path is not None else -1
             self._emit(KIND_CHECKPOINT, own, size)
+
+    @contextmanager
+    def load(self, path: str | None = None) -> Iterator[None]:
+        """The block loads a model's weights (torch.load, safetensors, from_pretrained): its
+        duration is model-load time; with `path` (a file, or a directory of shards) the
+        agent learns the bytes and, from the file's device, the storage tier they came
+        from. The agent hears when the load begins, so a slow one is seen while it runs.
+        A load inside another adds its bytes to the outer one and is not counted itself."""
+        stack = self._loads
+        size, device = _file_bytes_and_device(path)
+        if stack:  # inside another load: its bytes are part of the outer one
+            outer = stack[-1]
+            outer[0] = (max(outer[0], 0) + size) if size >= 0 else outer[0]
+            outer[1] = outer[1] if outer[1] >= 0 else device
+            yield
+            return
+        record = [size, device]
+        stack.append(record)
+        self._send_load(LOAD_BEGIN, 0.0, device, size)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            stack.pop()
+            seconds = min(time.perf_counter() - t0, _MAX_EVENT_SECONDS)
+            self._send_load(LOAD_END, seconds, record[1], record[0])
 
     @contextmanager
     def collective(self) -> Iterator[None]:
@@ -450,6 +488,25 @@ class Job:
         read, written = (float(min(c, _MAX_IO_BYTES)) for c in counters)
         head = HEADER.pack(MAGIC, WIRE_VERSION, KIND_IO, 0, 0, *self._lens, read, written, 0)
         return head + self._suffix
+
+    def _register(self) -> None:
+        """Tells the agent about the job as soon as the process makes its Job: a start-up
+        phase of 0 seconds. A job that loads its model for minutes before its first step is
+        then a registered job that has not stepped yet (0% busy, `startup`), not an absent
+        one. Not counted as an event: nothing the program did."""
+        head = HEADER.pack(MAGIC, WIRE_VERSION, KIND_PHASE, _STARTUP, 0, *self._lens, 0.0, 0.0, 0)
+        self._send(head + self._suffix)
+
+    def _send_load(self, stage: int, seconds: float, device: int, size: int) -> None:
+        """A load's begin or end, at once and alone: an older agent refuses the kind, and
+        only this datagram with it."""
+        head = HEADER.pack(
+            MAGIC, WIRE_VERSION, KIND_LOAD, stage, 0, *self._lens, seconds, float(device), size
+        )
+        if self._send(head + self._suffix):
+            self.events_sent += 1
+        else:
+            self.events_dropped += 1
 
     # -- batching ----------------------------------------------------------------------------
 
@@ -728,6 +785,23 @@ def process_age_seconds() -> float | None:
         return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _file_bytes_and_device(path: object) -> tuple[int, int]:
+    """(bytes, st_dev) of a model file or directory; -1 for what cannot be told."""
+    if path is None:
+        return -1, -1
+    try:
+        where = os.fspath(path)  # type: ignore[call-overload]
+        device = int(os.stat(where).st_dev)
+    except (TypeError, OSError, ValueError):
+        return -1, -1
+    if isinstance(where, bytes):
+        where = os.fsdecode(where)
+    size = path_bytes(where)
+    if device >= _MAX_DEVICE:
+        device = -1
+    return size if size <= _MAX_IO_BYTES else -1, device
 
 
 def path_bytes(path: str) -> int:

@@ -8,13 +8,20 @@ a GPU that wait stands in for the device (the host waiting on the device's kerne
 input pipeline, storage and CPUs are real and the device is the only stand-in. With
 `--device cuda` (a GPU host) the model and batches live on the GPU and the same seconds per
 step are real kernels (bf16 matrix products, calibrated at start, then synchronised), so NVML
-sees the GPU busy while it steps and idle while it waits. Checkpoints
-are torch.save to a file on a tier. Before the first step it may read `--weights` (the
-start-up load of a model) with O_DIRECT.
+sees the GPU busy while it steps and idle while it waits. Checkpoints are torch.save to a
+file on a tier.
+
+Start-up: with `--weights` (a torch.save'd file), the program first makes its CUDA context
+(on a GPU: NVML lists the process, so the job holds the GPU from then on), starts its input
+workers, and then torch.load's the weights as the last thing before its first step: the
+scenario's clock starts there (a {"start": t} line in the step log), so a slow tier is the
+only thing between that and the first step. `--hold-seconds`: after its loop the process
+stays alive that long holding its devices (the model, the weights, the CUDA context), the
+way a finished job whose allocation is not released does (`idle`).
 
 --mode plain imports nothing of gpufeed: it is run unmodified under `gpufeed run`.
---mode sdk reports through gpufeed's SDK (Job.track, Job.checkpoint; Job.add_io for the
-reads of an s3:// dataset), the other variant.
+--mode sdk reports through gpufeed's SDK (Job.track, Job.checkpoint, Job.load; Job.add_io
+for the reads of an s3:// dataset), the other variant.
 
 It measures itself, independently of gpufeed: one JSON line per step in --steps-log
 (`t` unix end, `s` the step's seconds, `c` compute: loop body and device wait, `w` data
@@ -233,8 +240,11 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--preprocess-ms", type=float, default=2.0)
-    ap.add_argument("--weights", default="")
-    ap.add_argument("--seconds", type=float, required=True, help="run this long after step 1")
+    ap.add_argument("--weights", default="", help="a torch.save'd file loaded before step 1")
+    ap.add_argument("--hold-seconds", type=float, default=0.0, help="stay alive after the loop")
+    ap.add_argument(
+        "--seconds", type=float, required=True, help="loop this long after step 1 (or the load)"
+    )
     ap.add_argument("--steps-log", required=True)
     ap.add_argument("--control", default="")
     args = ap.parse_args()
@@ -247,13 +257,9 @@ def main() -> int:
 
         job = gpufeed.Job("lab-train")
 
-    if args.weights:  # the start-up load: the model's weights from their tier
-        w = read_direct(args.weights)
-        weights = torch.frombuffer(bytearray(w), dtype=torch.uint8)
-        w.close()
-    else:
-        weights = torch.zeros(args.ckpt_mib << 20, dtype=torch.uint8)
-
+    # on a GPU the CUDA context (and with it the job's hold on the GPU) begins here
+    dev = torch.device("cuda" if args.device == "cuda" else "cpu")
+    device_work = DeviceWork(args.device, args.device_seconds)
     units = calibrate(args.preprocess_ms)
     data: Dataset[tuple[torch.Tensor, int]]
     if args.data.startswith("s3://"):
@@ -269,13 +275,24 @@ def main() -> int:
         persistent_workers=args.workers > 0,
         prefetch_factor=2 if args.workers > 0 else None,
     )
-    dev = torch.device("cuda" if args.device == "cuda" else "cpu")
     model = nn.Sequential(nn.Linear(FEATURES, 128), nn.ReLU(), nn.Linear(128, 4)).to(dev)
-    device_work = DeviceWork(args.device, args.device_seconds)
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     loss_fn = nn.CrossEntropyLoss()
     control = Control(args.control, args.ckpt_every, args.ckpt)
     log = open(args.steps_log, "a", buffering=1 << 16)  # noqa: SIM115 - flushed per second
+    first: Any = None
+    started: float | None = None  # the clock's start, where it is not the first step
+    if args.weights:
+        # the input workers start (and read their first batches) before the load, so the
+        # load is all that stands between the clock's start and the first step
+        first = iter(loader)
+        started = time.time()
+        log.write(json.dumps({"start": round(started, 3)}) + "\n")
+        log.flush()
+        with job.load(args.weights) if job is not None else contextlib.nullcontext():
+            weights = torch.load(args.weights, map_location=dev, weights_only=True)
+    else:
+        weights = torch.zeros(args.ckpt_mib << 20, dtype=torch.uint8)
     flushed = time.monotonic()
     clock = time.perf_counter
     steps = 0
@@ -283,7 +300,9 @@ def main() -> int:
     done = False
     while not done:
         t_prev = clock()
-        batches = job.track(loader) if job is not None else loader
+        source = first if first is not None else loader
+        first = None
+        batches = job.track(source) if job is not None else source
         for x, y in batches:
             t1 = clock()
             x, y = x.to(dev), y.to(dev)
@@ -293,7 +312,7 @@ def main() -> int:
             device_work.run()
             steps += 1
             if steps == 1:
-                until = time.time() + args.seconds
+                until = (started or time.time()) + args.seconds
             control.poll()
             k = 0.0
             if control.every and steps % control.every == 0:
@@ -327,6 +346,8 @@ def main() -> int:
         if job is not None:
             job.epoch()
     log.close()
+    if args.hold_seconds > 0:  # done, but the devices stay held (weights, model, context)
+        time.sleep(args.hold_seconds)
     if job is not None:
         job.close()
     return 0

@@ -6,7 +6,8 @@ the drop counters; a job with no GPU gets its series all the same.
 
 It is a `Consumer` of "gpu": the processes NVML lists on each GPU in the same tick name the
 GPU (`uuid`) of each rank in gpufeed_job_rank_info; without that reading the label is left
-out, and everything else is served as before.
+out, and everything else is served as before. And of "storage": its map of devices to tiers
+names the tier each model load read from (`unattributed` without it).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from gpufeed.storage.objects import resolve_location
 
 class SdkCollector:
     name = "sdk"
-    needs = ("gpu",)
+    needs = ("gpu", "storage")
 
     def __init__(self, context: CollectorContext, socket_path: str | None = None) -> None:
         cfg = context.config.sdk
@@ -49,7 +50,7 @@ class SdkCollector:
         for sample in data.gpu_samples:
             for proc in sample.processes:
                 gpus_of_pid.setdefault(proc.pid, set()).add(sample.identity.uuid)
-        return self.server.families(gpus_of_pid)
+        return self.server.families(gpus_of_pid, data.devices_to_tier)
 
     def close(self) -> None:
         self.server.stop()

@@ -1,9 +1,9 @@
 """An import hook that runs a patch right after a watched module finishes importing.
 
-Only `torch`, `torch.distributed.checkpoint`, `botocore.session` and the S3 connector's
-client module are watched; for every other import the hook is one dict lookup. The patch
-code itself (_gpufeed_torch, _gpufeed_botocore, _gpufeed_s3torch) is imported only when
-the module it patches is.
+Only `torch`, `torch.distributed.checkpoint`, `botocore.session`, the S3 connector's
+client module, `safetensors.torch` and `transformers.modeling_utils` are watched; for every
+other import the hook is one dict lookup. The patch code itself (_gpufeed_torch,
+_gpufeed_botocore, _gpufeed_s3torch) is imported only when the module it patches is.
 Standard library only; never raises into the importing program.
 """
 
@@ -41,6 +41,18 @@ def _patch_s3torch(module: ModuleType) -> None:
     _gpufeed_s3torch.patch_s3_client(module)
 
 
+def _patch_safetensors(module: ModuleType) -> None:
+    import _gpufeed_torch  # type: ignore[import-not-found]  # next to this file
+
+    _gpufeed_torch.patch_safetensors(module)
+
+
+def _patch_transformers(module: ModuleType) -> None:
+    import _gpufeed_torch  # type: ignore[import-not-found]  # next to this file
+
+    _gpufeed_torch.patch_transformers(module)
+
+
 WATCHED: dict[str, Callable[[ModuleType], None]] = {
     "torch": _patch_torch,
     "torch.distributed.checkpoint": _patch_dcp,
@@ -48,6 +60,8 @@ WATCHED: dict[str, Callable[[ModuleType], None]] = {
     "botocore.session": _patch_botocore,
     # the PyTorch S3 connector: its own (Rust) client, not botocore
     "s3torchconnector._s3client._s3client": _patch_s3torch,
+    "safetensors.torch": _patch_safetensors,
+    "transformers.modeling_utils": _patch_transformers,
 }
 
 

@@ -12,6 +12,11 @@
 - torch.save to a path or a real file is a checkpoint: its duration, and the bytes the file
   holds afterwards (a path) or the bytes written (a file object, by its position).
   torch.save into memory (io.BytesIO) is serialisation, not a checkpoint, and is ignored.
+- torch.load from a path or a real file is a model load (`Job.load`): its duration, the
+  file's bytes and device (the agent names the storage tier). Loading from memory is not.
+  safetensors.torch.load_file likewise, and transformers' from_pretrained (a local
+  directory: its bytes; otherwise the bytes of the loads inside it); loads nested in
+  another count once, their bytes in the outer one's.
 - torch.distributed.checkpoint.save (and save_state_dict) is a checkpoint: its duration on
   every rank, and the size of the checkpoint directory, reported by global rank 0 only
   (every rank sees the whole directory). Saves nested inside a checkpoint count once.
@@ -167,6 +172,13 @@ def _state(it: Any, now: float) -> _StepState:
 
 
 def patch_torch(torch: Any) -> None:
+    # The job registers with the agent now, when the program imports torch, not at its
+    # first batch: a program that loads its weights for minutes first is a job starting
+    # up (0% busy), not an absent one.
+    try:
+        job()
+    except Exception as exc:
+        _warn_once(f"job not registered: {exc!r}")
     from torch.utils.data import dataloader as dl
 
     loader_cls = dl.DataLoader
@@ -238,10 +250,82 @@ def patch_torch(torch: Any) -> None:
     serialization: Any = sys.modules.get("torch.serialization")
     if serialization is not None:
         serialization.save = save
+    load = _timed_load(torch.load, _torch_load_path)
+    if serialization is not None and getattr(serialization, "load", None) is torch.load:
+        serialization.load = load
+    torch.load = load
     try:
         patch_distributed(torch)
     except Exception as exc:  # an odd torch build: the rest stays instrumented
         _warn_once(f"collectives not timed: {exc!r}")
+
+
+# -- model loads -------------------------------------------------------------------------------
+
+
+def _timed_load(orig: Any, path_of: Any) -> Any:
+    """`orig` timed as a model load of the file `path_of(args, kwargs)` names (None: not a
+    load from storage: run untimed). Never raises into the load: where no Job can be made
+    the load runs untimed, and the load's own errors are the program's."""
+    if getattr(orig, "_gpufeed", False):
+        return orig
+
+    @functools.wraps(orig)
+    def load(*args: Any, **kwargs: Any) -> Any:
+        stack = contextlib.ExitStack()
+        try:
+            path = path_of(args, kwargs)
+            if path is not _NOT_STORAGE:
+                stack.enter_context(job().load(path))
+        except Exception as exc:
+            _warn_once(f"model loads not reported: {exc!r}")
+        with stack:
+            return orig(*args, **kwargs)
+
+    load._gpufeed = True  # type: ignore[attr-defined]
+    return load
+
+
+_NOT_STORAGE = object()  # a load from memory (io.BytesIO): deserialisation, not a load
+
+
+def _torch_load_path(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """torch.load(f, ...): a path, or a real file (its name, if it is one)."""
+    f = args[0] if args else kwargs.get("f")
+    if isinstance(f, (str, bytes, os.PathLike)):
+        return f
+    if _file_target(f) != "file":
+        return _NOT_STORAGE
+    name = getattr(f, "name", None)
+    return name if isinstance(name, (str, bytes)) and os.path.exists(name) else None
+
+
+def _first_arg_path(key: str) -> Any:
+    def path_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        p = args[0] if args else kwargs.get(key)
+        return p if isinstance(p, (str, bytes, os.PathLike)) and os.path.exists(p) else None
+
+    return path_of
+
+
+def patch_safetensors(module: ModuleType) -> None:
+    """safetensors.torch.load_file(filename, ...) is a model load of that file."""
+    orig = getattr(module, "load_file", None)
+    if orig is not None:
+        module.load_file = _timed_load(orig, _first_arg_path("filename"))  # type: ignore[attr-defined]
+
+
+def patch_transformers(module: ModuleType) -> None:
+    """transformers.modeling_utils.PreTrainedModel.from_pretrained is a model load: of a
+    local directory (its bytes), or of whatever the loads inside it read."""
+    cls = getattr(module, "PreTrainedModel", None)
+    method = cls.__dict__.get("from_pretrained") if cls is not None else None
+    func = getattr(method, "__func__", None)
+    if cls is None or func is None or getattr(func, "_gpufeed", False):
+        return
+    cls.from_pretrained = classmethod(  # type: ignore[attr-defined]
+        _timed_load(func, lambda a, k: _first_arg_path("pretrained_model_name_or_path")(a[1:], k))
+    )
 
 
 def _depth() -> int:

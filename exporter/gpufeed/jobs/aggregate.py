@@ -24,12 +24,18 @@ ranks are not summed into one. The per-job sums stay exactly what they were; the
 phase `collective_wait` overlaps the other phases and goes to the rank only. A job holds at
 most MAX_RANKS_PER_JOB ranks on one node: only the ranks running here report here, so more
 is a broken or lying sender; its further ranks are refused with one log line per job.
+
+Model loads (issue 17): a load's time and bytes are summed per device of the file it read,
+and a load in progress is kept per process until it ends (or the process does); the
+devices become storage tiers when the families are built (`devices_to_tier`, the storage
+collector's map of the same tick), a device in no tier is `unattributed`.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import os
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Set
 from dataclasses import dataclass, field
@@ -39,6 +45,7 @@ from gpufeed.jobs import wire
 from gpufeed.jobs.io_accounting import DeviceBytes
 from gpufeed.logonce import LogOnce
 from gpufeed.model import Families, Family
+from gpufeed.vocabulary import UNATTRIBUTED_TIER
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +142,10 @@ class JobState:
     ranks: dict[int, RankState] = field(default_factory=dict)
     objects: dict[ObjectKey, ObjectSums] = field(default_factory=dict)
     pid_ranks: dict[int, int] = field(default_factory=dict)  # pid -> the rank it said it is
+    # model loads: device (-1 unknown) -> [seconds, bytes] of the ended ones; pid -> (device,
+    # bytes) of the one in progress in that process
+    loads: dict[int, list[float]] = field(default_factory=dict)
+    loading: dict[int, tuple[int, int]] = field(default_factory=dict)
     ended_at: float | None = None
     owner: Hashable = None  # the sender that started the job
     updated_at: float = 0.0  # monotonic time of its last message
@@ -218,6 +229,8 @@ class JobTable:
             job.epoch.observe(msg.seconds)
         elif msg.kind == wire.KIND_IO and pid > 0:
             job.final_io[pid] = (ppid, DeviceBytes(msg.read_bytes, msg.written_bytes))
+        elif msg.kind == wire.KIND_LOAD:
+            _load(job, msg, pid)
         return None
 
     def _add_object(self, job: JobState, msg: wire.Message) -> None:
@@ -298,6 +311,8 @@ class JobTable:
             for pid, (closed, seen) in list(job.processes.items()):
                 if pid > 0 and not closed and not self._pid_alive(pid):
                     job.processes[pid] = (True, seen)
+            for pid in [p for p in job.loading if job.processes.get(p, (True, 0.0))[0]]:
+                del job.loading[pid]  # a load its process never ended: it is over
             if self._has_live_process(job, now):
                 job.ended_at = None
                 continue
@@ -329,12 +344,20 @@ class JobTable:
         """The I/O each process reported of itself at close, per job: (ppid, bytes) by pid."""
         return {j.job_id: dict(j.final_io) for j in self._jobs.values() if j.final_io}
 
-    def families(self, gpus_of_pid: Mapping[int, Set[str]] | None = None) -> list[Family]:
+    def families(
+        self,
+        gpus_of_pid: Mapping[int, Set[str]] | None = None,
+        now: float | None = None,
+        devices_to_tier: Mapping[str, str] | None = None,
+    ) -> list[Family]:
         """The per-job and per-rank families; `gpus_of_pid` (pid -> the UUIDs of the GPUs
-        NVML lists it on) names the GPU of a rank whose processes are on exactly one GPU."""
+        NVML lists it on) names the GPU of a rank whose processes are on exactly one GPU;
+        `now` (the clock of `apply`) tells which processes still count as alive;
+        `devices_to_tier` ("MAJ:MIN" -> tier) names the tier of each model load's file."""
         f = Families()
         phases = spec("gpufeed_job_phase_seconds_total")
         steps = spec("gpufeed_job_steps_total")
+        processes = spec("gpufeed_job_processes")
         checkpoints = spec("gpufeed_job_checkpoint_seconds")
         checkpoint_bytes = spec("gpufeed_job_checkpoint_written_bytes_total")
         epochs = spec("gpufeed_job_epoch_seconds")
@@ -346,6 +369,8 @@ class JobTable:
             for phase, seconds in sorted(job.phase_seconds.items()):
                 f.put(phases, {**labels, "phase": phase}, seconds)
             f.put(steps, labels, job.steps)
+            if now is not None:
+                f.put(processes, labels, self._live_processes(job, now))
             f.put_histogram(
                 checkpoints,
                 labels,
@@ -363,6 +388,7 @@ class JobTable:
             )
         self._rank_families(f, gpus_of_pid or {})
         self._object_families(f)
+        self._load_families(f, devices_to_tier or {}, now)
         return f.build()
 
     def _object_families(self, f: Families) -> None:
@@ -388,6 +414,31 @@ class JobTable:
                 labels = {"job_id": job.job_id, "tier": tier, "operation": op}
                 _put_object_sums(f, (job_requests, job_seconds, job_errors), labels, sums)
 
+    def _load_families(self, f: Families, tiers: Mapping[str, str], now: float | None) -> None:
+        seconds = spec("gpufeed_job_model_load_seconds_total")
+        loaded = spec("gpufeed_job_model_load_bytes_total")
+        loading = spec("gpufeed_job_model_loading_bytes")
+        for s in (seconds, loaded, loading):
+            f.declare_spec(s)
+        for job in self._jobs.values():
+            done: dict[str, list[float]] = {}
+            for device, (secs, nbytes) in job.loads.items():
+                acc = done.setdefault(_tier_of(device, tiers), [0.0, 0.0])
+                acc[0] += secs
+                acc[1] += nbytes
+            now_loading: dict[str, float] = {}
+            for pid, (device, nbytes) in job.loading.items():
+                entry = job.processes.get(pid)
+                if entry is not None and (now is None or self._alive(pid, entry, now)):
+                    tier = _tier_of(device, tiers)
+                    now_loading[tier] = now_loading.get(tier, 0.0) + nbytes
+            labels = {"job_id": job.job_id, "name": job.name}
+            for tier, (secs, nbytes) in sorted(done.items()):
+                f.put(seconds, {**labels, "tier": tier}, secs)
+                f.put(loaded, {**labels, "tier": tier}, nbytes)
+            for tier, nbytes in sorted(now_loading.items()):
+                f.put(loading, {**labels, "tier": tier}, nbytes)
+
     def _rank_families(self, f: Families, gpus_of_pid: Mapping[int, Set[str]]) -> None:
         phases = spec("gpufeed_job_rank_phase_seconds_total")
         steps = spec("gpufeed_job_rank_steps_total")
@@ -411,12 +462,15 @@ class JobTable:
 
     def _has_live_process(self, job: JobState, now: float) -> bool:
         """Whether a process still speaks for the job (exited ones are closed by expire)."""
-        for pid, (closed, last_seen) in job.processes.items():
-            if closed:
-                continue
-            if pid > 0 or now - last_seen < UNSEEN_PROCESS_TIMEOUT_SECONDS:
-                return True
-        return False
+        return any(self._alive(pid, entry, now) for pid, entry in job.processes.items())
+
+    def _live_processes(self, job: JobState, now: float) -> int:
+        return sum(1 for pid, entry in job.processes.items() if self._alive(pid, entry, now))
+
+    @staticmethod
+    def _alive(pid: int, entry: tuple[bool, float], now: float) -> bool:
+        closed, last_seen = entry
+        return not closed and (pid > 0 or now - last_seen < UNSEEN_PROCESS_TIMEOUT_SECONDS)
 
     def _evict_for(self, owner: Hashable) -> bool:
         """Frees a slot for `owner` from the sender holding the most, when that is fair."""
@@ -451,6 +505,28 @@ def _put_object_sums(
     f.put(seconds, labels, sums.seconds)
     f.put(errors, {**labels, "reason": "failed"}, sums.errors)
     f.put(errors, {**labels, "reason": "throttled"}, sums.throttled)
+
+
+def _load(job: JobState, msg: wire.Message, pid: int) -> None:
+    """A model load's begin (kept per process until its end) or end (summed per device)."""
+    device = -1 if msg.device is None else msg.device
+    nbytes = msg.load_bytes or 0
+    if msg.phase == "begin":
+        if len(job.loading) < 4096 or pid in job.loading:
+            job.loading[pid] = (device, nbytes)
+        return
+    job.loading.pop(pid, None)
+    if device not in job.loads and len(job.loads) >= 64:
+        device = -1  # a sender naming ever new devices: the rest go to "not known"
+    acc = job.loads.setdefault(device, [0.0, 0.0])
+    acc[0] += msg.seconds
+    acc[1] += nbytes
+
+
+def _tier_of(device: int, tiers: Mapping[str, str]) -> str:
+    if device < 0:
+        return UNATTRIBUTED_TIER
+    return tiers.get(f"{os.major(device)}:{os.minor(device)}", UNATTRIBUTED_TIER)
 
 
 def _add(sums: dict[str, float], phase: str, seconds: float) -> None:

@@ -153,13 +153,18 @@ class SdkServer:
 
     # -- what the collectors read ------------------------------------------------------------
 
-    def families(self, gpus_of_pid: Mapping[int, Set[str]] | None = None) -> list[Family]:
+    def families(
+        self,
+        gpus_of_pid: Mapping[int, Set[str]] | None = None,
+        devices_to_tier: Mapping[str, str] | None = None,
+    ) -> list[Family]:
         """The SDK's families; `gpus_of_pid` (pid -> GPU UUIDs, from NVML's process lists)
-        names the GPU of each rank where it is known."""
+        names the GPU of each rank where it is known; `devices_to_tier` ("MAJ:MIN" -> tier,
+        from the storage collector) the tier of each model load."""
         now = self._clock()
         with self._lock:
             self._table.expire(now)
-            fams = self._table.families(gpus_of_pid)
+            fams = self._table.families(gpus_of_pid, now, devices_to_tier)
             dropped = dict(self._dropped)
             received = self._received
         f = Families()

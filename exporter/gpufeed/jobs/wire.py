@@ -45,6 +45,11 @@ OBJECT_OUTCOMES: Final = ("ok", "error", "throttled")
 MAX_LOCATION_BYTES: Final = 255
 MAX_OBJECT_REQUESTS: Final = 1_000_000
 _TIER_NAME = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
+# Added in 0.3.0 (issue 17), sent at once in a datagram of its own: a model load begins
+# (phase 0) or ends (phase 1); a = seconds, b = the file's device (st_dev, -1 unknown),
+# n = bytes (-1 unknown). The agent maps the device to the storage tier it belongs to.
+KIND_LOAD: Final = 9
+LOAD_STAGES: Final = ("begin", "end")
 PHASES: Final = ("compute", "data_wait", "checkpoint", "communication", "startup", "eval", "other")
 # Time inside torch.distributed collectives and barriers: a per-rank phase only, overlapping
 # the job phase it happens in (mostly compute), so it is in no per-job family. PHASE index
@@ -64,6 +69,7 @@ MAX_CHECKPOINT_BYTES: Final = 1 << 50  # 1 PiB
 MAX_IO_BYTES: Final = 1 << 50  # an IO report's counters, carried exactly in f64 (< 2**53)
 # The largest world a RANK message may claim (ranks 0..MAX_WORLD_SIZE-1): beyond any real job.
 MAX_WORLD_SIZE: Final = 1 << 24
+MAX_DEVICE: Final = 1 << 52  # a LOAD's device number (a dev_t), carried exactly in f64
 
 # Unicode categories refused in a job id or name: control (Cc), format (Cf: the invisible
 # U+200B and U+FEFF, the bidirectional overrides U+202E...), line and paragraph separators
@@ -113,6 +119,8 @@ class Message:
     outcome: str = ""
     requests: int = 0
     object_bytes: int = 0
+    device: int | None = None  # LOAD only: the file's st_dev; None = not known
+    load_bytes: int | None = None  # LOAD only: bytes loaded; None = not known
 
 
 def decode_datagram(data: bytes) -> list[Message] | str:
@@ -143,7 +151,7 @@ def _decode_one(
         return REASON_SCHEMA
     if version != WIRE_VERSION:
         return REASON_VERSION
-    if not KIND_STEP <= kind <= KIND_OBJECT or (reserved != 0) != (kind == KIND_OBJECT):
+    if not KIND_STEP <= kind <= KIND_LOAD or (reserved != 0) != (kind == KIND_OBJECT):
         return REASON_SCHEMA
     if not 0 < id_len <= MAX_JOB_ID_BYTES or not 0 < name_len <= MAX_NAME_BYTES:
         return REASON_NAME_LENGTH
@@ -213,6 +221,8 @@ def _message(
         return Message(kind, job_id, name, read_bytes=int(a), written_bytes=int(b))
     if kind == KIND_RANK:
         return _rank_message(phase, a, b, n, job_id, name)
+    if kind == KIND_LOAD:
+        return _load_message(phase, a, b, n, job_id, name)
     if not (_duration_ok(a) and _duration_ok(b)):
         return REASON_SCHEMA
     if kind == KIND_PHASE:
@@ -251,12 +261,38 @@ def _rank_message(phase: int, a: float, b: float, n: int, job_id: str, name: str
     return Message(KIND_RANK, job_id, name, rank=n, local_rank=local, world_size=int(b))
 
 
+def _load_message(phase: int, a: float, b: float, n: int, job_id: str, name: str) -> Message | str:
+    """LOAD: phase 0 begin / 1 end, a = seconds (0 at the begin), b = device or -1, n = bytes
+    or -1."""
+    if phase >= len(LOAD_STAGES):
+        return REASON_PHASE
+    if not _duration_ok(a) or (phase == 0 and a != 0.0):
+        return REASON_SCHEMA
+    if not (math.isfinite(b) and b.is_integer() and -1 <= b < MAX_DEVICE):
+        return REASON_SCHEMA
+    if not -1 <= n <= MAX_IO_BYTES:
+        return REASON_SCHEMA
+    return Message(
+        KIND_LOAD,
+        job_id,
+        name,
+        phase=LOAD_STAGES[phase],
+        seconds=a,
+        device=None if b < 0 else int(b),
+        load_bytes=None if n < 0 else n,
+    )
+
+
 def encode(msg: Message) -> bytes:
     """One message's bytes (tests and tools; the SDK has its own copy of this); a datagram
     is one or more of these concatenated."""
     job_id, name = msg.job_id.encode(), msg.name.encode()
     phase = RANK_PHASES.index(msg.phase) if msg.kind == KIND_PHASE else 0
-    if msg.kind == KIND_STEP:
+    if msg.kind == KIND_LOAD:
+        phase = LOAD_STAGES.index(msg.phase)
+        a, b = msg.seconds, float(-1 if msg.device is None else msg.device)
+        n = -1 if msg.load_bytes is None else msg.load_bytes
+    elif msg.kind == KIND_STEP:
         a, b, n = msg.seconds, msg.compute_seconds, msg.steps
     elif msg.kind == KIND_CHECKPOINT:
         a, b = msg.seconds, 0.0

@@ -390,6 +390,12 @@ class Engine:
             c.incs[lay.jc(j, lay.j_tier_read + t)] += rate * dt
             c.incs[lay.jc(j, lay.j_cache + L.J_CACHE_FETCHED)] += rate * dt
             c.incs[lay.jc(j, lay.j_cache + L.J_CACHE_REQUESTED)] += rate * dt / _MISS
+            if ph.phase == "startup" and job.sdk:  # the weights' load, as `gpufeed run` times it
+                c.incs[lay.jc(j, lay.j_load_seconds + t)] += dt
+                c.incs[lay.jc(j, lay.j_load_bytes + t)] += rate * dt
+                c.gauges[lay.jg(j, t)] = (
+                    self._working_set[j] * len(job.gpus) * s.node.gpu_memory_bytes
+                )
         for t, rate in a.writes:
             c.tier_write[t] += rate
             c.incs[lay.jc(j, lay.j_tier_write + t)] += rate * dt

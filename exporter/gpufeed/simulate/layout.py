@@ -71,7 +71,9 @@ class Layout:
         self.g_gpu = 0
         self.g_tier_free = self.n_gpus * GPU_GAUGES
         self.g_mem_available = self.g_tier_free + self.n_tiers
-        self.n_gauges = self.g_mem_available + 1
+        # per job and tier: bytes of its model load in progress (the SDK's, in start-up)
+        self.g_job_loading = self.g_mem_available + 1
+        self.n_gauges = self.g_job_loading + self.n_jobs * self.n_tiers
         # counters: GPUs, tiers, ports, host, jobs
         self.c_gpu = 0
         self.c_tier = self.n_gpus * GPU_COUNTERS
@@ -80,7 +82,8 @@ class Layout:
         self.c_job = self.c_host + HOST_COUNTERS
         # per job: sdk phases, steps, checkpoint bytes, per-tier read+write, cgroup CPU
         # (usage, quota periods, throttled periods, throttled seconds, threads' run and
-        # wait, CPU pressure), page cache (requested, fetched), two histograms
+        # wait, CPU pressure), page cache (requested, fetched), per-tier model-load seconds
+        # and bytes, two histograms
         self.j_phase = 0
         self.j_steps = len(SDK_PHASES)
         self.j_ckpt_bytes = self.j_steps + 1
@@ -88,7 +91,9 @@ class Layout:
         self.j_tier_write = self.j_tier_read + self.n_tiers
         self.j_cpu = self.j_tier_write + self.n_tiers
         self.j_cache = self.j_cpu + JOB_CPU_COUNTERS
-        self.j_ckpt_hist = self.j_cache + JOB_CACHE_COUNTERS  # buckets..., +Inf, sum, count
+        self.j_load_seconds = self.j_cache + JOB_CACHE_COUNTERS
+        self.j_load_bytes = self.j_load_seconds + self.n_tiers
+        self.j_ckpt_hist = self.j_load_bytes + self.n_tiers  # buckets..., +Inf, sum, count
         self.j_epoch_hist = self.j_ckpt_hist + len(CHECKPOINT_BUCKETS_SECONDS) + 3
         self.job_counters = self.j_epoch_hist + len(EPOCH_BUCKETS_SECONDS) + 3
         self.n_counters = self.c_job + self.n_jobs * self.job_counters
@@ -114,6 +119,9 @@ class Layout:
 
     def hc(self, i: int) -> int:
         return self.c_host + i
+
+    def jg(self, job: int, tier: int) -> int:
+        return self.g_job_loading + job * self.n_tiers + tier
 
     def jc(self, job: int, i: int) -> int:
         return self.c_job + job * self.job_counters + i

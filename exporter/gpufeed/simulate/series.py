@@ -17,7 +17,7 @@ from gpufeed.gpu.backend import GpuIdentity
 from gpufeed.model import Family, LabelPairs, MetricType, Sample, label_pairs
 from gpufeed.simulate import layout as L
 from gpufeed.simulate.engine import mix
-from gpufeed.simulate.scenario import CLOCK_EVENT_REASONS, Scenario
+from gpufeed.simulate.scenario import CLOCK_EVENT_REASONS, JobSpec, Scenario
 
 ALWAYS, GPU_UP, JOB_PRESENT, NONZERO = range(4)
 # gauges only a GPU with GPM (Hopper and newer) has; `node.sm_active` says whether it does
@@ -276,6 +276,21 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
                     gi=j, sample=fam + "_count")  # fmt: skip
             add("gpufeed_job_checkpoint_written_bytes_total", "counter", sl, COUNTER,
                 lay.jc(j, lay.j_ckpt_bytes), gate=JOB_PRESENT, gi=j)  # fmt: skip
+            # one process per GPU (a rank each), alive while the job is
+            add("gpufeed_job_processes", "gauge", sl, CONST, 0, float(len(job.gpus)),
+                gate=JOB_PRESENT, gi=j)  # fmt: skip
+            # its weights come from the tier its start-up reads (the checkpoint tier, or the
+            # one a start-up phase names); the in-progress gauge reads 0 outside start-up
+            for t, tier in enumerate(s.tiers):
+                if tier.name not in _load_tiers(job):
+                    continue
+                ll = {**sl, "tier": tier.name}
+                add("gpufeed_job_model_load_seconds_total", "counter", ll, COUNTER,
+                    lay.jc(j, lay.j_load_seconds + t), gate=JOB_PRESENT, gi=j)  # fmt: skip
+                add("gpufeed_job_model_load_bytes_total", "counter", ll, COUNTER,
+                    lay.jc(j, lay.j_load_bytes + t), gate=JOB_PRESENT, gi=j)  # fmt: skip
+                add("gpufeed_job_model_loading_bytes", "gauge", ll, GAUGE, lay.jg(j, t),
+                    gate=JOB_PRESENT, gi=j)  # fmt: skip
             out.extend(_rank_series(lay, j, job.job_id, [ids[g].uuid for g in job.gpus]))
         # per-tier I/O comes from cgroup accounting, not the SDK: present without it too,
         # for the tiers the job touches (cgroup io.stat lists only devices it used)
@@ -338,6 +353,11 @@ def _gds_series(
     gpu = {"uuid": "GPU-00000000-0000-0000-0000-000000000000", "pci_bus_id": "0000:00:00.0"}
     add("gpufeed_storage_gds_gpu_pinned_bytes", "gauge", gpu, CONST, 0, float(256 << 20))
     add("gpufeed_storage_gds_gpu_bounce_buffer_bytes", "gauge", gpu, CONST, 0, 0.0)
+
+
+def _load_tiers(job: JobSpec) -> set[str]:
+    """The tiers a job's start-up reads its weights from (simulate/phases.py `_startup`)."""
+    return {ph.tier or job.checkpoint_tier for ph in job.phases if ph.phase == "startup"}
 
 
 def _rank_series(lay: L.Layout, j: int, job_id: str, uuids: list[str]) -> list[SeriesDef]:

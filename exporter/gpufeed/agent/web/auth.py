@@ -16,7 +16,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
-import bcrypt
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
@@ -64,6 +63,10 @@ class BasicAuth:
         key = hashlib.sha256(b"\0".join([user.encode(), hashed or b"", password.encode()])).digest()
         verdict = self._verdicts.get(key)
         if verdict is None:
+            # imported here: only an agent with basic auth configured needs bcrypt (a GPU
+            # host's own Python, without it, runs the agent for the lab)
+            import bcrypt
+
             async with self._one_at_a_time:
                 ok = await asyncio.to_thread(
                     bcrypt.checkpw, password.encode(), hashed or _DECOY_HASH

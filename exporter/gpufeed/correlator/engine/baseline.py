@@ -57,6 +57,9 @@ class Kind:
     JOB_CPU_WAIT: Final = "jcpuw"
     # How much CPU a job's threads want (run + run-queue wait, s/s): (kind, job_id).
     JOB_CPU_RUNNABLE: Final = "jcpur"
+    # A job's seconds per step while healthy: (kind, job_id); how long it may stand still
+    # before it counts as stopped (engine/progress.py); forgotten like JOB_READ.
+    STEP_SECONDS: Final = "stepsec"
 
 
 class Baselines:

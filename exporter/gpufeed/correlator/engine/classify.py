@@ -157,6 +157,7 @@ class Classifier:
         if g is None:
             if job:
                 ev.features[F.JOB_NOT_YET_BUSY] = self._not_yet_busy(job, "", t)
+                self._progress_evidence(job, t, ev)
             return ev
         ev.features[F.GPU_LOST] = 1.0 if lost else 0.0
         if g.xids:
@@ -169,7 +170,55 @@ class Classifier:
         if job:
             self._job_gpus_evidence(u, job, t, ev)
             self._rank_evidence(u, job, ev)
+            self._progress_evidence(job, t, ev)
         return ev
+
+    def _progress_evidence(self, job: str, t: float, ev: Evidence) -> None:
+        """Whether the job has stopped working (`idle` while it holds its devices), and,
+        for a job starting up, the tier it reads from and how fast (its model load)."""
+        stale = self.timing.stale_seconds
+        stopped = self.watch.progress.stopped_for(self.node, self.baselines, job, t, stale)
+        if stopped is not None:
+            ev.features[F.JOB_STOPPED_SECONDS] = stopped
+        if ev.features.get(F.JOB_NOT_YET_BUSY, 0.0) < 0.5:
+            return
+        jv = self.view_at(t).jobs.get(job)
+        reads = jv.tier_read_bytes_per_second if jv is not None else {}
+        load = self._model_load(job, t)
+        if load is not None:
+            tier, nbytes, rate = load
+            rate = reads.get(tier, rate) if rate is None else rate
+            ev.features[F.STARTUP_LOAD_BYTES] = nbytes
+        else:  # no load reported: what it reads, from its busiest tier
+            rate, tier = max(((r, tr) for tr, r in reads.items()), default=(0.0, ""))
+        if tier:
+            ev.context[Ctx.LOAD_TIER] = tier
+            if rate:
+                ev.features[F.STARTUP_READ_BYTES_PER_SECOND] = rate
+
+    def _model_load(self, job: str, t: float) -> tuple[str, float, float | None] | None:
+        """(tier, bytes, bytes per second or None) of the job's model load: the one running
+        now (its rate: the job's reads from that tier, where accounted), else the loads
+        that ended in the start-up bound (bytes over their seconds)."""
+        j = self.node.jobs.get(job)
+        if j is None:
+            return None
+        stale = self.timing.stale_seconds
+        running = [(s.value_at(t, stale) or 0.0, tier) for tier, s in j.loading_bytes.items()]
+        nbytes, tier = max(running, default=(0.0, ""))
+        if nbytes > 0:
+            return tier, nbytes, None
+        best: tuple[float, str, float] | None = None
+        for tier, s in j.load_bytes.items():
+            secs = j.load_seconds.get(tier)
+            b = _increase(s, t, STARTUP_MAX_SECONDS, -math.inf)
+            d = _increase(secs, t, STARTUP_MAX_SECONDS, -math.inf) if secs is not None else 0.0
+            if b > 0 and (best is None or b > best[0]):
+                best = (b, tier, d)
+        if best is None:
+            return None
+        b, tier, d = best
+        return tier, b, (b / d if d > 0 else None)
 
     def _rank_evidence(self, u: Unit, job: str, ev: Evidence) -> None:
         """The collective wait of the rank on this GPU, where a rank names it: a hung rank
@@ -373,6 +422,13 @@ class Classifier:
             return 1.0
         if (job, gpu) in self.watch.ever_busy:
             return 0.0
+        if j is not None and j.steps is not None:
+            # the job's own count: an SDK job that has made no step yet is starting up,
+            # however long before we started watching it began (within the start-up bound)
+            steps = j.steps.value_at(t, self.timing.stale_seconds)
+            first_t = j.steps.first_time()
+            if steps == 0 and first_t is not None and t - first_t <= STARTUP_MAX_SECONDS:
+                return 1.0
         first = node.first_seen.get((job, gpu))
         if first is None:
             s: Series | None = node.job_info.get((job, gpu))

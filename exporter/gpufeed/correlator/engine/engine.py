@@ -27,6 +27,7 @@ from gpufeed.correlator.engine.view import COLLECTIVE_WAIT, Timing
 from gpufeed.correlator.engine.window import Window
 
 CLASSIFY_EVERY_SECONDS = 5.0
+STARTUP = "startup"  # the SDK's start-up phase (see _cpu_share)
 LOW_FRACTION_TO_OPEN = 0.75
 # A run that has not opened a window keeps its samples (they become the window's evidence
 # if it opens); a GPU that flaps, dipping for less than the minimum window and recovering
@@ -86,7 +87,7 @@ class NodeCorrelator:
         if not any(u.cols is not None for u in self.units.values()):
             for job_id, j in node.jobs.items():
                 key = "job:" + job_id
-                if key not in self.units and "compute" in j.phases:
+                if key not in self.units and ("compute" in j.phases or j.processes is not None):
                     self.units[key] = Unit(key, "", "", cpu_job=job_id)
 
     def timeline(self) -> list[float]:
@@ -99,7 +100,10 @@ class NodeCorrelator:
                     if s is not None:
                         ts.update(s.ts)
             else:
-                ts.update(self.node.jobs[u.cpu_job].phases["compute"].ts)
+                j = self.node.jobs[u.cpu_job]
+                for s in (j.phases.get("compute"), j.processes):
+                    if s is not None:
+                        ts.update(s.ts)
         return sorted(ts)
 
     def _util(self, u: Unit, t: float) -> tuple[float | None, bool]:
@@ -137,7 +141,18 @@ class NodeCorrelator:
         share of a victim never drops. Only the wait above the job's healthy median share
         (Kind.CPU_JOB_WAIT) is taken off: a healthy job waits some of every step (0.17 of
         it on the lab's two-node run), and taking all of it off would open windows in
-        healthy time. Before that baseline exists nothing is taken off."""
+        healthy time. Before that baseline exists nothing is taken off.
+
+        A job whose processes are alive (gpufeed_job_processes > 0) but whose phases do not
+        move is 0% busy, not absent: it has registered and not stepped yet (loading its
+        model: `startup`), or its loop has ended and it holds its devices (`idle`), the
+        way NVML reads a GPU whose job has not launched a kernel. Once its processes are
+        gone (the agent's grace period) it is absent.
+
+        The start-up phase is left out: the SDK reports it in one piece at the first batch
+        (the process's age then), so as a rate it lands in the seconds after the first step,
+        when the job is already computing; the time before is the 0% of a job that has not
+        stepped yet."""
         share, u.wait_share = self._cpu_share_over(u, t, self.timing.share_window_seconds)
         return share
 
@@ -149,11 +164,12 @@ class NodeCorrelator:
         j = self.node.jobs[u.cpu_job]
         tm = self.timing
         stale, gap = tm.stale_seconds, tm.gap_seconds
-        rates = [s.rate_at(t, window, stale, gap) for s in j.phases.values()]
-        comp = j.phases["compute"].rate_at(t, window, stale, gap)
+        rates = [s.rate_at(t, window, stale, gap) for p, s in j.phases.items() if p != STARTUP]
+        compute = j.phases.get("compute")
+        comp = compute.rate_at(t, window, stale, gap) if compute is not None else None
         total = sum(r for r in rates if r is not None)
         if comp is None or total <= 1e-9:
-            return None, None
+            return self._not_stepping(u, t), None
         waits = [
             r
             for (_, p), s in j.rank_phases.items()
@@ -167,6 +183,19 @@ class NodeCorrelator:
                 comp = max(comp - (wait_share - base) * total, 0.0)
         return comp / total, wait_share
 
+    def _not_stepping(self, u: Unit, t: float) -> float | None:
+        """The stand-in of a CPU-only job whose phases do not move: 0 while its processes
+        live, unless it has stepped and is quiet for less than a few of its steps (in the
+        middle of a long one, reported when it ends: not judged); None once they are gone."""
+        j = self.node.jobs[u.cpu_job]
+        stale = self.timing.stale_seconds
+        alive = j.processes.value_at(t, stale) if j.processes is not None else None
+        if alive is None or alive <= 0:
+            return None
+        stopped = self.watch.progress.stopped_for(self.node, self.baselines, u.cpu_job, t, stale)
+        stepped = j.steps is not None and bool(j.steps.value_at(t, stale))
+        return None if stopped == 0.0 and stepped else 0.0
+
     def _edge(self, u: Unit, t: float, recovered: bool) -> float:
         """When a CPU-only job really went below the threshold (`recovered` False: t is
         its first low sample) or really came back above it (True: t is its first high
@@ -179,7 +208,10 @@ class NodeCorrelator:
         about the last second: its edges stay where they are)."""
         if not u.cpu_job or u.cpu_job not in self.node.jobs:
             return t
-        ts = self.node.jobs[u.cpu_job].phases["compute"].ts
+        compute = self.node.jobs[u.cpu_job].phases.get("compute")
+        if compute is None:  # registered, not stepped yet: no share to look back over
+            return t
+        ts = compute.ts
         thr = self.p.threshold_ratio
         earliest = t - self.timing.share_window_seconds
         i = bisect_right(ts, t) - 1
@@ -212,6 +244,7 @@ class NodeCorrelator:
     def step(self, t: float) -> None:
         if self.watch.start is None:
             self.watch.start = t
+        self.watch.progress.update(self.node, t, self.timing.stale_seconds)
         thr = self.p.threshold_ratio
         low_now = self.watch.low_now
         low_now.clear()
@@ -494,6 +527,8 @@ class NodeCorrelator:
             self.baselines.forget_prefix((Kind.FOREIGN_READ, job_id))
             self.baselines.forget_prefix((Kind.CPU_JOB_WAIT, job_id))
             self.baselines.forget_prefix((Kind.JOB_CACHE_HIT, job_id))
+            self.baselines.forget_prefix((Kind.STEP_SECONDS, job_id))
+            self.watch.progress.forget(job_id)
             self.units.pop("job:" + job_id, None)
             self.watch.busy_at.pop("job:" + job_id, None)
         self.watch.ever_busy = {k for k in self.watch.ever_busy if k[0] not in ended}

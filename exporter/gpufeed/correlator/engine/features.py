@@ -90,6 +90,8 @@ def observe_healthy(b: Baselines, view: NodeView) -> None:
         b.observe((Kind.JOB_CACHE_HIT, job_id), jv.cache_hit_ratio)
         b.observe((Kind.JOB_CPU_WAIT, job_id), job_cpu_wait_ratio(b, job_id, jv))
         b.observe((Kind.JOB_CPU_RUNNABLE, job_id), jv.cpu_runnable_per_second)
+        if jv.steps_per_second:
+            b.observe((Kind.STEP_SECONDS, job_id), 1.0 / jv.steps_per_second)
 
 
 def _rise(value: float | None, base: float | None, min_rise: float) -> float | None:

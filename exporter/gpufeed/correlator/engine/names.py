@@ -23,9 +23,16 @@ class Feature:
     # idle
     NO_JOB: Final = "no_job"
     GPU_MEMORY_IDLE: Final = "gpu_memory_idle"
+    # seconds the job's counters (steps, phases, tier I/O) have stood still after it had
+    # stepped, while its processes live; 0 while within a few of its steps (progress.py)
+    JOB_STOPPED_SECONDS: Final = "job_stopped_seconds"
     # startup
     JOB_NOT_YET_BUSY: Final = "job_not_yet_busy"
     SDK_STARTUP_SHARE: Final = "sdk_startup_share"
+    # what a job that has not stepped yet reads (its model load where it reports one, else
+    # its busiest tier), and the bytes of that load (describe)
+    STARTUP_READ_BYTES_PER_SECOND: Final = "startup_read_bytes_per_second"
+    STARTUP_LOAD_BYTES: Final = "startup_load_bytes"
     # throttling
     CLOCK_EVENTS_ACTIVE: Final = "clock_events_active"
     JOB_PEER_CLOCK_EVENTS_ACTIVE: Final = "job_peer_clock_events_active"
@@ -89,6 +96,7 @@ class Context:
 
     DATA_TIER: Final = "data_tier"
     CHECKPOINT_TIER: Final = "checkpoint_tier"
+    LOAD_TIER: Final = "load_tier"  # the tier a job starting up reads from
     NETWORK_DEVICE: Final = "network_device"
     # a network window's sub-cause (vocabulary.NetworkReason) and the counters that decided
     # it over the window ("link_downed +3, symbol_error +1200 on mlx5_0/1")
@@ -132,6 +140,9 @@ ACCOMPANYING: Final[tuple[tuple[str, str], ...]] = (
             Feature.IO_PRESSURE_WHILE_WAITING_FOR_INPUT,
         )
     ),
+    # "loading from the cold tier at 1.0 MB/s": why the start-up takes long
+    (Feature.STARTUP_READ_BYTES_PER_SECOND, Feature.JOB_NOT_YET_BUSY),
+    (Feature.STARTUP_LOAD_BYTES, Feature.JOB_NOT_YET_BUSY),
 )
 
 

@@ -100,6 +100,12 @@ JOB_CACHE_TIER_FIELDS = {
     "gpufeed_job_cache_open_file_bytes": "open",
     "gpufeed_job_cache_evicted_bytes": "evicted",
 }
+# Model-load families -> the JobColumns field (per tier) they go to.
+_LOAD_FIELDS = {
+    "gpufeed_job_model_load_seconds_total": "load_seconds",
+    "gpufeed_job_model_load_bytes_total": "load_bytes",
+    "gpufeed_job_model_loading_bytes": "loading_bytes",
+}
 
 # A tier's read latency target from the agent's config (tier_targets).
 TIER_LATENCY_TARGET = "gpufeed_storage_tier_target_read_latency_seconds"
@@ -122,6 +128,10 @@ USED_METRICS: tuple[str, ...] = (
     "gpufeed_job_info",
     "gpufeed_job_phase_seconds_total",
     "gpufeed_job_steps_total",
+    "gpufeed_job_processes",
+    "gpufeed_job_model_load_seconds_total",
+    "gpufeed_job_model_load_bytes_total",
+    "gpufeed_job_model_loading_bytes",
     "gpufeed_job_checkpoint_written_bytes_total",
     "gpufeed_job_storage_read_bytes_total",
     "gpufeed_job_storage_written_bytes_total",
@@ -151,6 +161,8 @@ class JobColumns:
     job_id: str
     phases: dict[str, Series] = field(default_factory=dict)
     steps: Series | None = None
+    # processes speaking for the job (SDK); > 0: registered and alive, stepping or not
+    processes: Series | None = None
     checkpoint_bytes: Series | None = None
     tier_read: dict[str, Series] = field(default_factory=dict)
     tier_written: dict[str, Series] = field(default_factory=dict)
@@ -164,6 +176,10 @@ class JobColumns:
     # page cache: JOB_CACHE_FIELDS -> series; (tier, JOB_CACHE_TIER_FIELDS) -> series
     cache: dict[str, Series] = field(default_factory=dict)
     cache_tier: dict[tuple[str, str], Series] = field(default_factory=dict)
+    # model loads per tier: seconds and bytes of the ended ones, bytes of those running
+    load_seconds: dict[str, Series] = field(default_factory=dict)
+    load_bytes: dict[str, Series] = field(default_factory=dict)
+    loading_bytes: dict[str, Series] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -281,6 +297,10 @@ class NodeSeries:
             if j.steps is None:
                 j.steps = Series()
             return j.steps
+        if name == "gpufeed_job_processes":
+            if j.processes is None:
+                j.processes = Series()
+            return j.processes
         if name == "gpufeed_job_checkpoint_written_bytes_total":
             if j.checkpoint_bytes is None:
                 j.checkpoint_bytes = Series()
@@ -296,6 +316,9 @@ class NodeSeries:
         f = JOB_CACHE_TIER_FIELDS.get(name)
         if f is not None:
             return _slot(j.cache_tier, (get("tier", ""), f))
+        load = _LOAD_FIELDS.get(name)
+        if load is not None:
+            return _slot(getattr(j, load), get("tier", ""))
         return _slot(j.tier_written, get("tier", ""))
 
     def trim_before(self, t: float) -> None:
@@ -317,7 +340,9 @@ class NodeSeries:
             out += [*j.phases.values(), *j.tier_read.values(), *j.tier_written.values()]
             out += [*j.rank_phases.values(), *j.rank_info.values()]
             out += [*j.cpu.values(), *j.cache.values(), *j.cache_tier.values()]
-            out += [s for s in (j.steps, j.checkpoint_bytes) if s is not None]
+            for m in (j.load_seconds, j.load_bytes, j.loading_bytes):
+                out += m.values()
+            out += [s for s in (j.steps, j.processes, j.checkpoint_bytes) if s is not None]
         out += self.tier_latency_targets.values()
         return out
 

@@ -60,6 +60,8 @@ RULES: tuple[Rule, ...] = (
     # no job holds the GPU (or, without job data, nothing is resident on it)
     Rule(C.IDLE, F.NO_JOB, 0.5, 1.0, 0.95),
     Rule(C.IDLE, F.GPU_MEMORY_IDLE, 0.5, 1.0, 0.85),
+    # the job holds its devices but has stopped working: its loop ended, its process lives
+    Rule(C.IDLE, F.JOB_STOPPED_SECONDS, 5.0, 10.0, 0.9),
     # a job before its first steps
     Rule(C.STARTUP, F.JOB_NOT_YET_BUSY, 0.5, 1.0, 0.9),
     Rule(C.STARTUP, F.SDK_STARTUP_SHARE, 0.25, 0.55, 0.9),

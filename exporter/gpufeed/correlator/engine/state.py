@@ -13,6 +13,7 @@ from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.names import Feature as F
 from gpufeed.correlator.engine.netreason import deciding_counters, network_reason
 from gpufeed.correlator.engine.node import GpuColumns, NodeSeries
+from gpufeed.correlator.engine.progress import Progress
 from gpufeed.correlator.engine.rules import RULES_BY_CAUSE
 from gpufeed.correlator.engine.summary import summarize
 from gpufeed.correlator.engine.window import Window
@@ -29,6 +30,7 @@ class Watch:
     # GPU -> the last instant it was busy outside a run (or when its run closed): whether a
     # job went on computing after a peer's fault (blips inside a run do not count)
     busy_at: dict[str, float] = field(default_factory=dict)
+    progress: Progress = field(default_factory=Progress)  # when each job last moved
 
 
 @dataclass(slots=True)
@@ -207,6 +209,7 @@ EVIDENCE_OF: dict[Cause, tuple[str, ...]] = {
 CONTEXT_FOR: dict[Cause, tuple[str, ...]] = {
     Cause.DATA_LOADING: (Ctx.DATA_TIER,),
     Cause.CHECKPOINTING: (Ctx.CHECKPOINT_TIER,),
+    Cause.STARTUP: (Ctx.LOAD_TIER,),
     Cause.NETWORK: (Ctx.NETWORK_DEVICE,),
     Cause.THROTTLING: (Ctx.THROTTLE_REASONS, Ctx.THROTTLED_PEERS),
     Cause.GPU_ERROR: (Ctx.XIDS, Ctx.FAILED_PEERS),

@@ -47,6 +47,13 @@ def _rate(x: float) -> str:
     return f"{x:.0f} B/s"
 
 
+def _bytes(x: float) -> str:
+    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if x >= div:
+            return f"{x / div:.1f} {unit}"
+    return f"{x:.0f} B"
+
+
 def _headline(cause: Cause, evidence: Mapping[str, float], ctx: Mapping[str, str]) -> str:
     """The cause's headline, naming what the evidence pins down: the data tier a stalled
     job reads from (and that others read it too); a CPU stall that is the job's own CPU
@@ -64,6 +71,14 @@ def _headline(cause: Cause, evidence: Mapping[str, float], ctx: Mapping[str, str
         )
     if cause is Cause.PREPROCESSING and F.JOB_CPU_THROTTLED_RATIO in evidence:
         return "waits for input"  # the quota phrase that follows says why
+    if cause is Cause.STARTUP and ctx.get(Ctx.LOAD_TIER):
+        size = evidence.get(F.STARTUP_LOAD_BYTES)
+        rate = evidence.get(F.STARTUP_READ_BYTES_PER_SECOND)
+        what = f"loading {_bytes(size)}" if size else "loading"
+        at = f" at {_rate(rate)}" if rate else ""
+        return f"is starting up, {what} from the {ctx[Ctx.LOAD_TIER]} tier{at}"
+    if cause is Cause.IDLE and F.JOB_STOPPED_SECONDS in evidence:
+        return "is idle: its job has stopped working but holds its devices"
     return HEADLINES[cause]
 
 
@@ -75,6 +90,9 @@ _SUPERSEDED = (
     (F.CPU_PRESSURE_RATIO, F.JOB_CPU_THROTTLED_RATIO),
     (F.CPU_BUSY_RATIO, F.JOB_CPU_THROTTLED_RATIO),
 )
+
+
+_IN_STARTUP_HEADLINE = frozenset({F.STARTUP_LOAD_BYTES, F.STARTUP_READ_BYTES_PER_SECOND})
 
 
 def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
@@ -131,6 +149,13 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
         F.SM_CLOCK_DROP_RATIO: f"SM clock down {_pct(v)}",
         F.JOB_NOT_YET_BUSY: "the job has not computed since it (re)started",
         F.SDK_STARTUP_SHARE: f"job reports start-up {_pct(v)} of the time",
+        F.STARTUP_READ_BYTES_PER_SECOND: (
+            f"reads {_rate(v)} from the {ctx.get(Ctx.LOAD_TIER, '?')} tier"
+        ),
+        F.STARTUP_LOAD_BYTES: f"loads {_bytes(v)} of model weights",
+        F.JOB_STOPPED_SECONDS: (
+            f"no step, phase time or I/O for {v:.0f} s while its processes live"
+        ),
         F.NO_JOB: "no job holds the GPU",
         F.GPU_MEMORY_IDLE: "nothing is resident on the GPU",
         F.GPU_LOST: "the GPU is lost (gpufeed_gpu_up 0)",
@@ -160,6 +185,8 @@ def summarize(
     if job_id:
         who += f" (job {job_id})"
     superseded = {gone for gone, by in _SUPERSEDED if by in evidence}
+    if cause is Cause.STARTUP and context.get(Ctx.LOAD_TIER):
+        superseded |= _IN_STARTUP_HEADLINE  # "loading 4.0 GB from the cold tier at ..."
     phrases = [
         p
         for name, v in evidence.items()

@@ -285,7 +285,7 @@ class CorrelatorProcessor:
                 last_seen[job_id] = max(last_seen.get(job_id, -math.inf), s.ts[-1])
         for job_id, j in node.jobs.items():
             series = [*j.phases.values(), *j.tier_read.values(), *j.tier_written.values()]
-            series += [s for s in (j.steps, j.checkpoint_bytes) if s is not None]
+            series += [s for s in (j.steps, j.processes, j.checkpoint_bytes) if s is not None]
             last = max((s.ts[-1] for s in series if s.ts), default=-math.inf)
             last_seen[job_id] = max(last_seen.get(job_id, -math.inf), last)
         idle = sorted((last_seen.get(j, -math.inf), j) for j in node.jobs if j not in busy)
