@@ -17,12 +17,13 @@ REGISTER, FIRST_STEP, LOOP_END, PROCESS_END, GONE = 20.0, 140.0, 400.0, 700.0, 8
 
 
 def lifecycle(
-    processes: bool = True, step_every: float = 0.25
+    processes: bool = True, step_every: float = 0.25, dip: tuple[float, float] | None = None
 ) -> Callable[[float], Iterable[tuple[str, float | None]]]:
     """The SDK's series of one job: registers at 20 s and reads its weights from the cold
     tier at 1 MB/s until its first step at 140 s, steps until 400 s, then sleeps (its
     process alive: gpufeed_job_processes 1) until 700 s; the agent keeps its series for the
-    grace period to 800 s. `processes=False`: an agent from before that family."""
+    grace period to 800 s. `processes=False`: an agent from before that family; `dip`: a
+    few seconds of waiting for input (a loaded host) while it steps."""
     acc = {"compute": 0.0, "data_wait": 0.0, "startup": 0.0}
     state = {"steps": 0.0, "read": 0.0, "last": T0}
 
@@ -37,8 +38,9 @@ def lifecycle(
         elif s < LOOP_END:
             if acc["startup"] == 0.0:
                 acc["startup"] = FIRST_STEP - REGISTER + 5.0  # reported at the first batch
-            acc["compute"] += 0.95 * dt
-            acc["data_wait"] += 0.05 * dt
+            share = 0.1 if dip is not None and dip[0] <= s < dip[1] else 0.95
+            acc["compute"] += share * dt
+            acc["data_wait"] += (1 - share) * dt
             state["steps"] += dt / step_every
         for phase, v in acc.items():
             yield f'gpufeed_job_phase_seconds_total{{{JOB},phase="{phase}"}}', v
@@ -74,6 +76,16 @@ def test_a_cpu_only_job_starting_up_then_idle(tmp_path: object) -> None:
     assert PROCESS_END - 2 <= idle.end_seconds - T0 <= PROCESS_END + 3
     assert dict(idle.evidence)["job_stopped_seconds"] > 10
     assert "stopped working" in idle.summary
+
+
+def test_a_dip_just_before_the_loop_ends_is_not_idle(tmp_path: object) -> None:
+    """A short stall 15 s before the loop ends is merged into the low run that follows
+    (the merge gap); the idle window still begins where the job stopped."""
+    dip = (LOOP_END - 15, LOOP_END - 11)
+    ws = analyze_text(trace_text(lifecycle(dip=dip), 900, interval=1.0), tmp_path)
+    idle = [w for w in ws if w.cause is Cause.IDLE]
+    assert len(idle) == 1, _spans(ws)
+    assert LOOP_END - 1 <= idle[0].start_seconds - T0 <= LOOP_END + 1, _spans(ws)
 
 
 def test_without_the_processes_family_nothing_is_judged_before_or_after(

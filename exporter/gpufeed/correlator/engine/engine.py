@@ -21,6 +21,7 @@ from gpufeed.correlator.engine.baseline import BUCKET_SECONDS, Baselines, Kind
 from gpufeed.correlator.engine.causes import Cause
 from gpufeed.correlator.engine.classify import Classifier
 from gpufeed.correlator.engine.features import observe_healthy
+from gpufeed.correlator.engine.names import Feature
 from gpufeed.correlator.engine.node import NodeSeries
 from gpufeed.correlator.engine.state import Mark, Segment, Unit, Watch, segment_window
 from gpufeed.correlator.engine.view import COLLECTIVE_WAIT, Timing
@@ -28,6 +29,7 @@ from gpufeed.correlator.engine.window import Window
 
 CLASSIFY_EVERY_SECONDS = 5.0
 STARTUP = "startup"  # the SDK's start-up phase (see _cpu_share)
+JOB_STOPPED_SECONDS = Feature.JOB_STOPPED_SECONDS
 LOW_FRACTION_TO_OPEN = 0.75
 # A run that has not opened a window keeps its samples (they become the window's evidence
 # if it opens); a GPU that flaps, dipping for less than the minimum window and recovering
@@ -39,6 +41,17 @@ RUN_TRIM_SLACK_SECONDS = 60.0
 # not working: it counts as underutilized at that share (what it really does).
 SM_WAITING_RATIO = 0.6
 MIN_SM_ACTIVE_BASELINE = 0.02  # below this, the healthy level itself is noise
+
+
+def _stopped_at(marks: list[Mark]) -> float | None:
+    """When the job stopped working, from the idle marks that say how long it has stood
+    still (`job_stopped_seconds`); None where none says so."""
+    times = [
+        m.t - v
+        for m in marks
+        if m.cause is Cause.IDLE and (v := m.features.get(JOB_STOPPED_SECONDS, 0.0)) > 0
+    ]
+    return min(times) if times else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,7 +410,14 @@ class NodeCorrelator:
         known = {k: v for k, v in tally.items() if k[0] is not Cause.UNKNOWN}
         pick = known if known and sum(known.values()) >= 0.34 * sum(tally.values()) else tally
         cause, job = max(pick.items(), key=lambda kv: kv[1])[0]
-        u.seg = Segment(self._edge(u, u.run_start, recovered=False), cause, job)
+        start = self._edge(u, u.run_start, recovered=False)
+        stopped = _stopped_at(marks) if cause is Cause.IDLE else None
+        if stopped is not None and stopped > start:
+            # a job that stopped working is idle from when it stopped: a dip shortly before
+            # (merged into this run by the merge gap) was the job still working
+            start = stopped
+            u.marks = [m for m in u.marks if m.t >= stopped]
+        u.seg = Segment(start, cause, job)
         for m in u.marks:
             self._feed(u, m)
         u.marks = []
