@@ -93,6 +93,8 @@ def test_the_sdk_and_the_agent_agree_on_locations_and_the_datagram(tmp_path: Pat
     rx.settimeout(1.0)
     try:
         job = sdk.Job("obj", socket=path)
+        hello = wire.decode_datagram(rx.recv(9000))  # the Job registers when it is made
+        assert not isinstance(hello, str) and [m.phase for m in hello] == ["startup"]
         job.add_io("s3://bkt1/a/b/c.tar", "read", 1000, 0.5, requests=4, errors=1, throttled=1)
         job.add_io("warm", "write", 10, 0.1)
         with pytest.raises(ValueError, match="neither a tier name"):
