@@ -141,11 +141,11 @@ def segment_window(
     scored.sort(reverse=True)
     ev: dict[str, float] = {}
     for _, name, x in scored:
-        ev[name] = round(x, 4)
+        ev[name] = evidence_value(name, x)
         for extra, lead in ACCOMPANYING:
             ft = seg.feat_time.get(extra)
             if lead == name and ft:
-                ev[extra] = round(seg.feat_sum[extra] / ft, 4)
+                ev[extra] = evidence_value(extra, seg.feat_sum[extra] / ft)
     ft = seg.feat_time.get(F.SM_ACTIVE_DROP_RATIO)
     if cause is Cause.UNKNOWN and ft:
         # nothing decided, but a GPU that reads busy while its SMs idle is waiting: say so
@@ -192,6 +192,16 @@ def segment_window(
         open=open_,
         network_reason=reason,
     )
+
+
+# Byte counts and rates of bytes are whole units in a window's evidence: four decimals of a
+# 4e11-byte model load are 16 significant digits, more than a TSDB keeps (VictoriaMetrics
+# about 15), and `analyze --prometheus` must give the file analysis' windows byte for byte.
+WHOLE_UNIT_FEATURES = frozenset({F.STARTUP_LOAD_BYTES, F.STARTUP_READ_BYTES_PER_SECOND})
+
+
+def evidence_value(name: str, x: float) -> float:
+    return float(round(x)) if name in WHOLE_UNIT_FEATURES else round(x, 4)
 
 
 # The features a cause's windows average: its rules' features and what accompanies them.
