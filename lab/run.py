@@ -120,9 +120,9 @@ def host_problem() -> str | None:
     """Why the lab cannot run here, or None."""
     if os.geteuid() != 0:
         return "the lab needs root (loop mounts, cgroups)"
-    for tool in ("mkfs.ext4", "losetup", "mount", "umount"):
+    for tool in ("mkfs.ext4", "losetup", "mount", "umount", "setpriv"):
         if shutil.which(tool) is None:
-            return f"the lab needs {tool} (Debian: e2fsprogs / mount)"
+            return f"the lab needs {tool} (Debian: e2fsprogs / mount / util-linux)"
     if not cgroup_mode():
         return "the lab needs cgroup v1 blkio+cpu or cgroup v2 with io and cpu enabled"
     return None

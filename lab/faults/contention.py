@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 
-from lab.faults import FaultContext, tier_of
+from lab.faults import FaultContext, dies_with_runner, tier_of
 from lab.scenario import Fault
 
 
@@ -41,7 +41,7 @@ class DirectReaders:
     def start(self) -> None:
         argv = [sys.executable, "-m", "lab.faults.contention", str(self.path)]
         argv += [str(self.threads), str(self.block_kib)]
-        self.proc = subprocess.Popen(argv, start_new_session=True)
+        self.proc = subprocess.Popen(dies_with_runner(argv), start_new_session=True)
 
     def stop(self) -> None:
         if self.proc is not None:

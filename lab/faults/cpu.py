@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 
-from lab.faults import FaultContext
+from lab.faults import FaultContext, dies_with_runner
 from lab.scenario import Fault
 
 HOG = "while True: pass"
@@ -44,7 +44,7 @@ class CpuHogs:
                 argv = cg.enter_argv(hog)
             else:
                 argv = cg.neighbour_argv(hog, self.shares)
-            self.procs.append(subprocess.Popen(argv, start_new_session=True))
+            self.procs.append(subprocess.Popen(dies_with_runner(argv), start_new_session=True))
 
     def stop(self) -> None:
         for p in self.procs:
