@@ -53,7 +53,9 @@ def run(
     fault_hit: float,
     fault_evicted: float,
     extra: tuple[tuple[str, float], ...] = (),
+    extra_at: Callable[[float], Iterable[tuple[str, float | None]]] | None = None,
 ) -> tuple[str, dict[str, str]]:
+    """`extra`: constant samples beside the node's; `extra_at(s)`: samples at s seconds."""
     c = Counters()
 
     def gen(t: float) -> Iterable[tuple[str, float | None]]:
@@ -72,6 +74,8 @@ def run(
         yield from c.advance(s, {**job, **host})
         yield from gauges
         yield from extra
+        if extra_at is not None:
+            yield from extra_at(s)
 
     trace: Callable[[float], Iterable[tuple[str, float | None]]] = gen
     w = only_window(analyze_text(trace_text(trace, 1500), tmp_path))

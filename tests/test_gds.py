@@ -12,9 +12,12 @@ import pytest
 
 from gpufeed.collectors.base import PartialCollectionError
 from gpufeed.collectors.gds import GdsCollector
+from gpufeed.correlator.engine.names import Feature as F
 from gpufeed.hostpaths import HostPaths
 from gpufeed.model import iter_samples
 from gpufeed.procfs.nvidia_fs import MIB, GdsGpu, GdsOp, parse_nvidia_fs_stats
+from test_correlator_cache import INST, run
+from test_correlator_evidence import FAULT, in_fault
 
 FIX = Path(__file__).parent / "fixtures" / "nvidia_fs"
 
@@ -100,3 +103,31 @@ def test_disabled_io_stats_leave_counts_out(tmp_path: Path) -> None:
 def test_garbled_file_fails_the_collector_naming_the_file(tmp_path: Path) -> None:
     with pytest.raises(PartialCollectionError, match="nvidia-fs/stats: no 'Reads"):
         GdsCollector(_proc(tmp_path, "garbled.txt")).collect()
+
+
+# ---- the correlator: GDS reads explain a data stall ----------------------------------------
+def _gds_reads(s: float) -> list[tuple[str, float | None]]:
+    """GDS reads, s seconds into the trace: 500 a second at 40 us, and in the stall 2.5 ms
+    with 3 failing a second."""
+    failed = max(0.0, min(s, FAULT[1]) - FAULT[0]) * 3.0
+    return [
+        (f'gpufeed_storage_gds_operations_total{{op="read",{INST}}}', s * 500.0),
+        (
+            f'gpufeed_storage_gds_latency_seconds{{op="read",{INST}}}',
+            2.5e-3 if in_fault(s) else 4e-5,
+        ),
+        (f'gpufeed_storage_gds_errors_total{{op="read",kind="io",{INST}}}', failed),
+        (f'gpufeed_storage_gds_errors_total{{op="write",kind="io",{INST}}}', 0.0),
+    ]
+
+
+def test_a_data_stall_says_how_gpudirect_storage_reads_fare(tmp_path: Path) -> None:
+    summary, ev = run(tmp_path, fault_hit=0.95, fault_evicted=0.0, extra_at=_gds_reads)
+    assert 2.0e-3 < float(ev[F.GDS_READ_LATENCY_SECONDS]) <= 2.5e-3, ev
+    assert 2.0 < float(ev[F.GDS_READ_ERRORS_PER_SECOND]) <= 3.0, ev
+    assert "GPUDirect Storage" in summary, summary
+
+
+def test_a_node_without_gds_reads_says_nothing_of_gds(tmp_path: Path) -> None:
+    summary, ev = run(tmp_path, fault_hit=0.95, fault_evicted=0.0)
+    assert not [k for k in ev if k.startswith("gds_")] and "GPUDirect" not in summary, ev

@@ -282,6 +282,19 @@ def _data_tier_features(b: Baselines, view: NodeView, cands: list[str], ev: Evid
         lat, target = tv.read_latency_seconds, tv.read_latency_target_seconds
         if lat is not None and target and lat > target:
             ev.features[F.TIER_READ_LATENCY_X_TARGET] = lat / target
+    _gds_features(view, ev)
+
+
+def _gds_features(view: NodeView, ev: Evidence) -> None:
+    """GPUDirect Storage reads on this node (nvidia-fs): their latency and failures explain
+    a data stall of a job that reads storage straight into GPU memory, whose bytes the tier's
+    block devices may not see (a remote GDS target); descriptive (ACCOMPANYING)."""
+    if (view.gds_reads_per_second or 0.0) <= 0.0:
+        return
+    if view.gds_read_latency_seconds is not None:
+        ev.features[F.GDS_READ_LATENCY_SECONDS] = view.gds_read_latency_seconds
+    if view.gds_read_errors_per_second:
+        ev.features[F.GDS_READ_ERRORS_PER_SECOND] = view.gds_read_errors_per_second
 
 
 def _cache_features(b: Baselines, job_id: str, jv: JobView, ev: Evidence) -> None:

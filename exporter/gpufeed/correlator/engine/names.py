@@ -63,6 +63,8 @@ class Feature:
     JOB_CACHE_EVICTED_RATIO: Final = "job_cache_evicted_ratio"
     # the data tier's read latency over its configured target (tier_targets; describe only)
     TIER_READ_LATENCY_X_TARGET: Final = "tier_read_latency_x_target"
+    GDS_READ_LATENCY_SECONDS: Final = "gds_read_latency_seconds"
+    GDS_READ_ERRORS_PER_SECOND: Final = "gds_read_errors_per_second"
     # preprocessing
     CPU_BUSY_RATIO: Final = "cpu_busy_ratio"
     CPU_PRESSURE_RATIO: Final = "cpu_pressure_ratio"
@@ -122,13 +124,16 @@ ACCOMPANYING: Final[tuple[tuple[str, str], ...]] = (
     # "re-reads stopped hitting the page cache": why the data tier is loaded, wherever the
     # storage side of a data stall decides it (not the job's own wait share: that one also
     # decides preprocessing)
-    # ... and how far the data tier's latency is over the target its owners set for it
+    # ... and how far the data tier's latency is over the target its owners set for it,
+    # and how GPUDirect Storage reads fare (nvidia-fs)
     *(
         (cache, lead)
         for cache in (
             Feature.JOB_CACHE_HIT_RATIO,
             Feature.JOB_CACHE_EVICTED_RATIO,
             Feature.TIER_READ_LATENCY_X_TARGET,
+            Feature.GDS_READ_LATENCY_SECONDS,
+            Feature.GDS_READ_ERRORS_PER_SECOND,
         )
         for lead in (
             Feature.DATA_TIER_READ_LATENCY_X_BASELINE,

@@ -107,6 +107,14 @@ _LOAD_FIELDS = {
     "gpufeed_job_model_loading_bytes": "loading_bytes",
 }
 
+# GPUDirect Storage reads through the nvidia-fs driver (collector gds): node-wide, whatever
+# tier the cuFile reads went to; the key in NodeSeries.gds.
+GDS_FIELDS = {
+    "gpufeed_storage_gds_operations_total": "ops",
+    "gpufeed_storage_gds_latency_seconds": "latency",
+    "gpufeed_storage_gds_errors_total": "errors",
+}
+
 # A tier's read latency target from the agent's config (tier_targets).
 TIER_LATENCY_TARGET = "gpufeed_storage_tier_target_read_latency_seconds"
 
@@ -141,6 +149,7 @@ USED_METRICS: tuple[str, ...] = (
     *JOB_CACHE_FIELDS,
     *JOB_CACHE_TIER_FIELDS,
     *FABRIC_FIELDS,
+    *GDS_FIELDS,
     TIER_LATENCY_TARGET,
 )
 # Read from trace files only: the recorder's count of samples it had to leave out.
@@ -208,6 +217,8 @@ class NodeSeries:
     fabric: dict[str, dict[str, Series]] = field(default_factory=dict)
     # the cluster's scheduler (CLUSTER_METRICS), shared by every node of a TSDB feed
     cluster: dict[str, Series] = field(default_factory=dict)
+    # GPUDirect Storage reads (GDS_FIELDS): "ops", "latency", "errors:<kind>"
+    gds: dict[str, Series] = field(default_factory=dict)
     # tier -> its read latency target (TIER_LATENCY_TARGET), where the config states one
     tier_latency_targets: dict[str, Series] = field(default_factory=dict)
 
@@ -276,6 +287,11 @@ class NodeSeries:
         if f is not None:
             peer = self.fabric.setdefault(get("peer", ""), {})
             return _slot(peer, f)
+        f = GDS_FIELDS.get(name)
+        if f is not None:
+            if get("op") != "read":
+                return None  # a data stall waits for reads
+            return _slot(self.gds, f"{f}:{get('kind')}" if f == "errors" else f)
         if name in CLUSTER_METRICS:
             return _slot(self.cluster, cluster_key(name, labels))
         job_id = get("job_id", "")
@@ -332,6 +348,7 @@ class NodeSeries:
         for m in (*self.storage.values(), *self.network.values()):
             out += m.values()
         out += [*self.cpu.values(), *self.psi_some.values(), *self.psi_full.values()]
+        out += self.gds.values()
         for m in self.fabric.values():
             out += m.values()
         out += self.cluster.values()

@@ -40,6 +40,12 @@ def _x(x: float) -> str:
     return f"{x:.0f}x" if x >= 10 else f"{x:.1f}x"
 
 
+def _duration(x: float) -> str:
+    if x >= 1.0:
+        return f"{x:.1f} s"
+    return f"{x * 1e3:.1f} ms" if x >= 1e-3 else f"{x * 1e6:.0f} us"
+
+
 def _rate(x: float) -> str:
     for unit, div in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
         if x >= div:
@@ -111,6 +117,8 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
         F.SDK_DATA_WAIT_SHARE: f"job waits for input {_pct(v)} of the time",
         F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT: f"I/O pressure {_pct(v)} while the job waits for input",
         F.TIER_READ_LATENCY_X_TARGET: f"{tier} tier read latency {_x(v)} its target",
+        F.GDS_READ_LATENCY_SECONDS: f"GPUDirect Storage reads at {_duration(v)} (nvidia-fs)",
+        F.GDS_READ_ERRORS_PER_SECOND: f"{v:.1f} GPUDirect Storage reads failing per second",
         F.JOB_CACHE_HIT_RATIO: (
             f"its re-reads stopped hitting the page cache ({_pct(v)} of its reads served from it)"
         ),

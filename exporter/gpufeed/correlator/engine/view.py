@@ -124,6 +124,10 @@ class NodeView:
     psi_some: dict[str, float] = field(default_factory=dict)
     psi_full: dict[str, float] = field(default_factory=dict)
     jobs: dict[str, JobView] = field(default_factory=dict)
+    # GPUDirect Storage reads (nvidia-fs): per second, their mean latency, failed per second
+    gds_reads_per_second: float | None = None
+    gds_read_latency_seconds: float | None = None
+    gds_read_errors_per_second: float | None = None
 
 
 def _rater(t: float, tm: Timing) -> Callable[[Series | None], float | None]:
@@ -172,6 +176,16 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
         view.tiers[tier] = TierView(
             rb, wb, ops, lat, wlat, None if busy is None else min(busy, 1.0), qd
         )
+    if node.gds:
+        view.gds_reads_per_second = rate(node.gds.get("ops"))
+        gds_lat = node.gds.get("latency")
+        if gds_lat is not None:
+            view.gds_read_latency_seconds = gds_lat.value_at(t, tm.stale_seconds)
+        for key, errors in node.gds.items():
+            if key.startswith("errors:"):
+                view.gds_read_errors_per_second = _add(
+                    view.gds_read_errors_per_second, rate(errors)
+                )
     for tier, target in node.tier_latency_targets.items():
         if tier in view.tiers:
             view.tiers[tier].read_latency_target_seconds = target.value_at(t, tm.stale_seconds)
