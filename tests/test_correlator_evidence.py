@@ -152,6 +152,18 @@ def test_checkpoint_evidence_names_the_tier_the_job_wrote_to(tmp_path: object) -
     assert "warm tier" in w.summary and "unattributed" not in w.summary, w.summary
 
 
+def blkio_throttled_hot_tier(s: float) -> dict[str, float]:
+    """The host while a blkio read limit holds the hot tier in the fault: reads wait in the
+    cgroup's throttle, so the tier's latency stays normal; its read rate falls, I/O pressure
+    rises, the CPUs idle."""
+    h = healthy_host(s)
+    if in_fault(s):
+        h.update(tier("hot", 5e5, 0.0, 0.0004))
+        h.update(cpu(0.03, 0.05))
+        h.update(psi(0.02, 0.95))
+    return h
+
+
 def test_data_stall_summary_names_the_tier_and_says_io_pressure_once(tmp_path: object) -> None:
     """A blkio read limit on the hot tier: the requests wait in the cgroup's throttle
     before they reach the device, so the tier's own latency and busy time stay normal;
@@ -162,15 +174,7 @@ def test_data_stall_summary_names_the_tier_and_says_io_pressure_once(tmp_path: o
             return {**phases(0.1, 0.9), **job_io(5e5, 1e4)}
         return {**phases(0.93, 0.07), **job_io(HEALTHY_READ, 1e4)}
 
-    def host(s: float) -> dict[str, float]:
-        h = healthy_host(s)
-        if in_fault(s):
-            h.update(tier("hot", 5e5, 0.0, 0.0004))
-            h.update(cpu(0.03, 0.05))
-            h.update(psi(0.02, 0.95))
-        return h
-
-    w = only_window(analyze_text(trace_text(node(job, host), 1500), tmp_path))
+    w = only_window(analyze_text(trace_text(node(job, blkio_throttled_hot_tier), 1500), tmp_path))
     assert w.cause is Cause.DATA_LOADING
     assert dict(w.evidence).get(Ctx.DATA_TIER) == "hot"
     head = w.summary.split(":", 1)[0]
@@ -341,15 +345,7 @@ def test_throttled_tier_stays_data_loading_when_the_jobs_threads_do_not_wait(
             return {**phases(0.1, 0.9), **job_io(5e5, 1e4), **threads_cpu(0.05, 0.1)}
         return {**phases(0.93, 0.07), **job_io(HEALTHY_READ, 1e4), **threads_cpu(1.0, 0.4)}
 
-    def host(s: float) -> dict[str, float]:
-        h = healthy_host(s)
-        if in_fault(s):
-            h.update(tier("hot", 5e5, 0.0, 0.0004))
-            h.update(cpu(0.03, 0.05))
-            h.update(psi(0.02, 0.95))
-        return h
-
-    w = only_window(analyze_text(trace_text(node(job, host), 1500), tmp_path))
+    w = only_window(analyze_text(trace_text(node(job, blkio_throttled_hot_tier), 1500), tmp_path))
     assert w.cause is Cause.DATA_LOADING, w.summary
     assert F.JOB_CPU_WAIT_RATIO not in dict(w.evidence), w.evidence
 

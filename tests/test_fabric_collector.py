@@ -18,9 +18,8 @@ from gpufeed.collectors.fabric import MAX_PEERS, FabricCollector, fabric_familie
 from gpufeed.gpu.backend import GpuIdentity, GpuProcess, GpuSample
 from gpufeed.hostpaths import HostPaths
 from gpufeed.model import iter_samples
+from gpufeed.netlink.messages import NLMSG_DONE, NLMSG_ERROR
 from gpufeed.netlink.sockdiag import (
-    NLMSG_DONE,
-    NLMSG_ERROR,
     SOCK_DIAG_BY_FAMILY,
     SockDiagError,
     TcpConnection,

@@ -24,6 +24,27 @@ from lab.multinode import report
 FIXTURE = Path(__file__).parent / "fixtures" / "lab" / "mn2-tier-throttle"
 
 
+def _analyze(trace: Path, settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """`gpufeed analyze` of a recorded trace with the run's own window settings."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpufeed",
+            "analyze",
+            str(trace),
+            "--min-window",
+            str(settings["min_window_seconds"]),
+            "--merge-gap",
+            str(settings["merge_gap_seconds"]),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
 def _run() -> dict[str, Any]:
     return json.loads((FIXTURE / "run.json").read_text())
 
@@ -54,30 +75,12 @@ def test_offline_analysis_names_the_culprit_nodes_own_cause(tmp_path: Path) -> N
     (stop,) = [e["t"] for e in run["events"] if e["event"] == "fault lift"]
     trace = tmp_path / "trace.om"
     trace.write_bytes(gzip.decompress((FIXTURE / "node-1" / "trace.om.gz").read_bytes()))
-    settings = run["agent_correlator"]
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpufeed",
-            "analyze",
-            str(trace),
-            "--min-window",
-            str(settings["min_window_seconds"]),
-            "--merge-gap",
-            str(settings["merge_gap_seconds"]),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    windows = [json.loads(line) for line in done.stdout.splitlines()]
+    windows = _analyze(trace, run["agent_correlator"])
     named = sum(
         max(0.0, min(w["end"], stop) - max(w["start"], start))
         for w in windows
         if w["cause"] == "data_loading" and w["evidence"].get("data_tier") == "hot"
     )
-    print(windows)
     assert named >= 0.8 * (stop - start), f"data_loading on hot for {named:.1f} s"
     assert all(w["instance"] == run["nodes"][1]["instance"] for w in windows)
 
@@ -133,25 +136,7 @@ def test_job_level_analysis_names_node_1_for_node_0s_stall(tmp_path: Path) -> No
         joined += [ln for ln in text.decode().splitlines() if ln != "# EOF"]
     trace = tmp_path / "job.om"
     trace.write_text("\n".join([*joined, "# EOF", ""]))
-    settings = run["agent_correlator"]
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpufeed",
-            "analyze",
-            str(trace),
-            "--min-window",
-            str(settings["min_window_seconds"]),
-            "--merge-gap",
-            str(settings["merge_gap_seconds"]),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    windows = [json.loads(line) for line in done.stdout.splitlines()]
-    print(windows)
+    windows = _analyze(trace, run["agent_correlator"])
 
     def overlap(w: dict[str, Any]) -> float:
         return max(0.0, min(w["end"], stop) - max(w["start"], start))

@@ -14,6 +14,7 @@ import pytest
 from gpufeed.collectors.network import NetworkCollector
 from gpufeed.hostpaths import HostPaths
 from gpufeed.netlink import qdisc as q
+from gpufeed.netlink.messages import NLMSG_HDR
 
 FIX = Path(__file__).parent / "fixtures" / "netlink"
 NET_FIX = Path(__file__).parent / "fixtures" / "network"
@@ -51,7 +52,7 @@ def test_truncated_dump_is_an_error_and_an_unfinished_one_says_so() -> None:
 
 def test_netlink_error_message_raises_with_its_errno() -> None:
     err = struct.pack("=i", -1) + q.dump_request(q.RTM_GETQDISC, 7)
-    msg = q.NLMSG_HDR.pack(q.NLMSG_HDR.size + len(err), q.NLMSG_ERROR, 0, 7, 0) + err
+    msg = NLMSG_HDR.pack(NLMSG_HDR.size + len(err), q.NLMSG_ERROR, 0, 7, 0) + err
     with pytest.raises(q.NetlinkError, match="not permitted"):
         q.parse_tc_dump(msg)
 

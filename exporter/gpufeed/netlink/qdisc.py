@@ -27,15 +27,14 @@ import socket
 import struct
 from dataclasses import dataclass
 
-NLMSG_HDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
+from gpufeed.netlink.messages import NLMSG_ERROR, align, error_code, request, split_messages
+
 TCMSG = struct.Struct("=BxxxiIII")  # family, pad, ifindex, handle, parent, info
 RTA_HDR = struct.Struct("=HH")  # len, type
 RATESPEC = struct.Struct("=BBHhHI")  # cell_log, linklayer, overhead, cell_align, mpu, rate
 
-NLMSG_ERROR, NLMSG_DONE = 2, 3
 RTM_NEWQDISC, RTM_GETQDISC = 36, 38
 RTM_NEWTCLASS, RTM_GETTCLASS = 40, 42
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 TC_H_ROOT = 0xFFFFFFFF
 TCA_KIND, TCA_OPTIONS = 1, 2
 TCA_TBF_PARMS, TCA_TBF_RATE64 = 1, 4
@@ -68,13 +67,7 @@ class TcDump:
 def dump_request(msg_type: int, seq: int, ifindex: int = 0) -> bytes:
     """An RTM_GETQDISC dump request (every interface) or RTM_GETTCLASS (one interface:
     the kernel dumps classes of the interface named only)."""
-    body = TCMSG.pack(socket.AF_UNSPEC, ifindex, 0, 0, 0)
-    flags = NLM_F_REQUEST | NLM_F_DUMP
-    return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), msg_type, flags, seq, 0) + body
-
-
-def _align(n: int) -> int:
-    return (n + 3) & ~3
+    return request(msg_type, seq, TCMSG.pack(socket.AF_UNSPEC, ifindex, 0, 0, 0))
 
 
 def parse_attrs(data: bytes) -> dict[int, bytes]:
@@ -86,7 +79,7 @@ def parse_attrs(data: bytes) -> dict[int, bytes]:
         if length < RTA_HDR.size or off + length > len(data):
             raise NetlinkError(f"attribute of length {length} at offset {off} overruns")
         out[kind & NLA_TYPE_MASK] = data[off + RTA_HDR.size : off + length]
-        off += _align(length)
+        off += align(length)
     return out
 
 
@@ -117,21 +110,15 @@ def _rate(kind: str, is_class: bool, options: bytes | None) -> float | None:
 def parse_tc_dump(data: bytes) -> TcDump:
     """Parses the messages of a qdisc or class dump (one or more recv() buffers joined)."""
     entries: list[TcEntry] = []
-    done = False
-    off = 0
-    while off + NLMSG_HDR.size <= len(data):
-        length, mtype, _flags, _seq, _pid = NLMSG_HDR.unpack_from(data, off)
-        if length < NLMSG_HDR.size or off + length > len(data):
-            raise NetlinkError(f"message of length {length} at offset {off} overruns")
-        body = data[off + NLMSG_HDR.size : off + length]
-        off += _align(length)
-        if mtype == NLMSG_DONE:
-            done = True
-            break
+    try:
+        messages, done = split_messages(data)
+    except ValueError as exc:
+        raise NetlinkError(str(exc)) from None
+    for mtype, body in messages:
         if mtype == NLMSG_ERROR:
-            (err,) = struct.unpack_from("=i", body) if len(body) >= 4 else (0,)
+            err = error_code(body)
             if err:
-                raise NetlinkError(os.strerror(-err))
+                raise NetlinkError(os.strerror(err))
             continue
         if mtype not in (RTM_NEWQDISC, RTM_NEWTCLASS) or len(body) < TCMSG.size:
             continue

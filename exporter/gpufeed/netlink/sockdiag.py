@@ -17,16 +17,14 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from gpufeed.netlink.messages import NLMSG_ERROR, align, error_code, split_messages
+from gpufeed.netlink.messages import request as netlink_request
+
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
-NLM_F_REQUEST = 0x1
-NLM_F_DUMP = 0x300
-NLMSG_ERROR = 2
-NLMSG_DONE = 3
 INET_DIAG_INFO = 2
 TCP_ESTABLISHED = 1
 
-_NLMSGHDR = struct.Struct("=IHHII")
 # inet_diag_req_v2: family, protocol, ext, pad, states; then inet_diag_sockid
 _REQ = struct.Struct("=BBBxI")
 _SOCKID = struct.Struct(">HH16s16s")  # sport, dport (network order), src, dst; then if, cookie
@@ -56,9 +54,7 @@ class TcpConnection:
 def request(family: int, seq: int = 1) -> bytes:
     """The dump request for established TCP sockets of `family`, with tcp_info."""
     body = _REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 1 << TCP_ESTABLISHED)
-    body += bytes(SOCKID_SIZE)
-    flags = NLM_F_REQUEST | NLM_F_DUMP
-    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY, flags, seq, 0) + body
+    return netlink_request(SOCK_DIAG_BY_FAMILY, seq, body + bytes(SOCKID_SIZE))
 
 
 def _address(family: int, raw: bytes) -> str:
@@ -72,22 +68,18 @@ def parse_dump(data: bytes) -> tuple[list[TcpConnection], bool]:
     """The connections in a run of netlink messages, and whether NLMSG_DONE was among them.
     Raises SockDiagError on an NLMSG_ERROR or a message cut short."""
     out: list[TcpConnection] = []
-    off = 0
-    while off + _NLMSGHDR.size <= len(data):
-        length, mtype, _, _, _ = _NLMSGHDR.unpack_from(data, off)
-        if length < _NLMSGHDR.size or off + length > len(data):
-            raise SockDiagError(f"sock_diag: message of {length} bytes at {off} is cut short")
-        body = data[off + _NLMSGHDR.size : off + length]
-        off += (length + 3) & ~3
-        if mtype == NLMSG_DONE:
-            return out, True
+    try:
+        messages, done = split_messages(data)
+    except ValueError as exc:
+        raise SockDiagError(f"sock_diag: {exc}") from None
+    for mtype, body in messages:
         if mtype == NLMSG_ERROR:
-            code = -struct.unpack_from("=i", body)[0] if len(body) >= 4 else 0
+            code = error_code(body)
             raise SockDiagError(code, f"sock_diag: the kernel refused the dump: errno {code}")
         if mtype != SOCK_DIAG_BY_FAMILY or len(body) < MSG_SIZE:
             continue
         out.append(_connection(body))
-    return out, False
+    return out, done
 
 
 def _connection(body: bytes) -> TcpConnection:
@@ -104,7 +96,7 @@ def _connection(body: bytes) -> TcpConnection:
             info = off + _RTATTR.size + TCP_INFO_RTT_OFFSET
             rtt_us, var_us = struct.unpack_from("=II", body, info)
             rtt, var = rtt_us / 1e6, var_us / 1e6
-        off += (alen + 3) & ~3
+        off += align(alen)
     return TcpConnection(
         inode, _address(family, src), sport, _address(family, dst), dport, rtt, var
     )
