@@ -40,6 +40,7 @@ from gpufeed.correlator.engine.node import USED_METRICS
 from gpufeed.simulate.tracegen import DEFAULT_START_UNIX, NodeData, instance_name, simulate_node
 from gpufeed.trace.format import EOF_LINE, om_labels, om_timestamp
 from tests.victoria import data_bytes, import_lines, victoria
+from tests.window_match import window_differences
 
 USED = frozenset(USED_METRICS)
 JOB_NODES = 4  # nodes a replicated job spans
@@ -59,7 +60,7 @@ class SizeResult:
     points: int
     windows: int
     same_bytes_as_file: bool
-    same_windows_as_file: bool  # evidence values to 1e-9 relative (the TSDB's precision)
+    same_windows_as_file: bool  # numbers to the TSDB's precision (tests/window_match.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,23 +158,6 @@ def _measured_run(argv: Sequence[str]) -> tuple[float, float, str]:
 def _rename(ref: str, old: str, new: str, job_suffix: str) -> str:
     out = ref.replace(f'"instance": {json.dumps(old)}', f'"instance": {json.dumps(new)}')
     return JOB_ID.sub(lambda m: m.group(1) + job_suffix, out) if job_suffix else out
-
-
-def _close(a: object, b: object) -> bool:
-    """Equal, numbers to 1e-9 relative: VictoriaMetrics stores a value as a decimal of
-    about 15 significant digits, so a counter at 1e13 bytes can come back 1e-4 apart."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
-    if isinstance(a, float | int) and isinstance(b, float | int):
-        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
-    return a == b
-
-
-def _same_windows(want: str, got: str) -> bool:
-    a, b = want.splitlines(), got.splitlines()
-    return len(a) == len(b) and all(
-        _close(json.loads(x), json.loads(y)) for x, y in zip(a, b, strict=True)
-    )
 
 
 def _show_difference(want: str, got: str) -> None:
@@ -294,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     points=sum(int(p) for _, p in costs),
                     windows=got.count("\n"),
                     same_bytes_as_file=got == want,
-                    same_windows_as_file=_same_windows(want, got),
+                    same_windows_as_file=not window_differences(want, got),
                 )
                 results.append(r)
                 if not r.same_windows_as_file:

@@ -1,7 +1,8 @@
 """Streamed `gpufeed analyze --prometheus` against a real VictoriaMetrics (Debian package):
 batches grouped by job, time chunks, shards and their merge give byte for byte the windows
-of the file analysis; a TSDB that fails for a while is waited out, one that stays down is
-one line naming the batch and no output."""
+of the unstreamed analysis of the same server, and those are the windows of the file
+analysis (numbers to VictoriaMetrics' precision: tests/window_match.py); a TSDB that fails
+for a while is waited out, one that stays down is one line naming the batch and no output."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -24,7 +26,8 @@ from gpufeed.correlator.feeds.promql import load_range
 from gpufeed.correlator.job.culprit import correlate_jobs
 from gpufeed.correlator.outputs.output import render
 from gpufeed.simulate.tracegen import DEFAULT_START_UNIX, generate_trace
-from victoria import import_trace, victoria
+from victoria import import_trace, settle, victoria
+from window_match import assert_same_windows
 
 HOURS = 2.0
 START = int(DEFAULT_START_UNIX)
@@ -93,9 +96,15 @@ def test_merge_refuses_unsorted_and_overlapping_inputs(
 
 
 # ---- against VictoriaMetrics -------------------------------------------------------------
+class Fleet(NamedTuple):
+    url: str  # VictoriaMetrics, loaded with the trace and settled
+    trace: Path
+    file_windows: bytes  # `gpufeed analyze` of the trace file
+    tsdb_windows: bytes  # the whole range of every node from the server, in memory at once
+
+
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, bytes]]:
-    """(VictoriaMetrics URL, the trace loaded into it, the trace's windows from the file)."""
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     d = tmp_path_factory.mktemp("fleet")
     raw = d / "raw.om"
     generate_trace(raw, None, nodes=4, duration_s=HOURS * 3600, step_s=15.0, seed=5)
@@ -106,7 +115,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path,
     assert main(["analyze", str(trace), "-o", str(out)]) == 0
     with victoria(d / "vm") as url:
         import_trace(url, trace)
-        yield url, trace, out.read_bytes()
+        settle(url)  # every query below reads the same stored digits
+        # the unstreamed reference: the whole range of every node in memory at once
+        nodes = load_range(url, START, END, 15.0)
+        windows = correlate_jobs(nodes.values(), analyze_nodes(nodes.values(), WindowParams()))
+        yield Fleet(url, trace, out.read_bytes(), render(windows, "jsonl").encode())
 
 
 def _analyze(url: str, out: Path, *extra: str) -> int:
@@ -116,17 +129,14 @@ def _analyze(url: str, out: Path, *extra: str) -> int:
 
 @pytest.mark.slow
 def test_streamed_batches_chunks_and_shards_give_the_file_windows(
-    fleet: tuple[str, Path, bytes], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    fleet: Fleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url, _, want = fleet
-    assert want.count(b"\n") > 50
-    assert {json.loads(x)["instance"] for x in want.splitlines()} == {
+    url, want = fleet.url, fleet.tsdb_windows
+    assert fleet.file_windows.count(b"\n") > 50
+    assert {json.loads(x)["instance"] for x in fleet.file_windows.splitlines()} == {
         f"gpu-node-00{i}:9842" for i in range(4)
     }
-    # the unstreamed reference: the whole range of every node in memory at once
-    nodes = load_range(url, START, END, 15.0)
-    windows = correlate_jobs(nodes.values(), analyze_nodes(nodes.values(), WindowParams()))
-    assert render(windows, "jsonl").encode() == want
+    assert_same_windows(fleet.file_windows, want)
 
     whole = tmp_path / "whole.jsonl"
     assert _analyze(url, whole) == 0  # one batch, one chunk
@@ -198,9 +208,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def proxy(request: pytest.FixtureRequest, fleet: tuple[str, Path, bytes]) -> Iterator[_Faulty]:
+def proxy(request: pytest.FixtureRequest, fleet: Fleet) -> Iterator[_Faulty]:
     fail_from, fail_until = request.param
-    srv = _Faulty(fleet[0], fail_from, fail_until)
+    srv = _Faulty(fleet.url, fail_from, fail_until)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         yield srv
@@ -212,12 +222,12 @@ def proxy(request: pytest.FixtureRequest, fleet: tuple[str, Path, bytes]) -> Ite
 @pytest.mark.slow
 @pytest.mark.parametrize("proxy", [(40, 42)], indirect=True)
 def test_a_tsdb_down_for_a_while_is_waited_out(
-    proxy: _Faulty, fleet: tuple[str, Path, bytes], tmp_path: Path
+    proxy: _Faulty, fleet: Fleet, tmp_path: Path
 ) -> None:
     out = tmp_path / "w.jsonl"
     assert _analyze(proxy.url, out, "--chunk", "3600", "--jobs", "1") == 0
     assert proxy.failed == 3  # three 503s in the middle of the run, each asked again
-    assert out.read_bytes() == fleet[2]
+    assert out.read_bytes() == fleet.tsdb_windows
 
 
 @pytest.mark.slow

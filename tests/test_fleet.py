@@ -28,7 +28,8 @@ from gpufeed.fleet.service import FleetService, FleetSettings
 from gpufeed.fleet.timing import CycleTiming
 from procports import stop, wait_listening
 from tsdb_vm import RestartableVictoria, shift_trace
-from victoria import import_trace
+from victoria import import_trace, settle
+from window_match import assert_same_windows
 
 pytestmark = pytest.mark.slow
 
@@ -67,6 +68,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     vm.start()  # fails (never skips) where victoria-metrics is not installed
     try:
         import_trace(vm.url, path)
+        settle(vm.url)  # every replica and cycle reads the same stored digits
         yield Fleet(vm, trace, first + offset, first + offset + MINUTES * 60)
     finally:
         vm.stop()
@@ -113,9 +115,10 @@ def test_cycles_log_the_offline_windows_and_a_ledger_that_sums(
     logged = list(read_log(settings.windows_log))
     expected = _expected(fleet, tmp_path)
     assert expected, "the trace has no closed windows: the test would prove nothing"
-    assert [w.to_json() for w in sorted(logged, key=_key)] == [
-        w.to_json() for w in sorted(expected, key=_key)
-    ]
+    assert_same_windows(
+        [w.to_json() for w in sorted(expected, key=_key)],
+        [w.to_json() for w in sorted(logged, key=_key)],
+    )
     # the ledger: every job's states sum to its allocation (within 0.1%), and the
     # underutilized GPU-seconds are the windows' time inside the reported slices
     st = svc.state
@@ -225,8 +228,9 @@ def test_kill_replica_and_tsdb_outage_lose_and_repeat_nothing(fleet: Fleet, tmp_
     assert len({_key(w) for w in logged_a}) == len(logged_a), "a repeated a window"
     assert len({_key(w) for w in logged_b}) == len(logged_b), "b repeated a window"
     expected = sorted(_expected(fleet, tmp_path), key=_key)
-    assert [w.to_json() for w in sorted(logged_a, key=_key)] == [w.to_json() for w in expected]
-    assert [w.to_json() for w in sorted(logged_b, key=_key)] == [w.to_json() for w in expected]
+    a = [w.to_json() for w in sorted(logged_a, key=_key)]
+    assert a == [w.to_json() for w in sorted(logged_b, key=_key)]  # replicas agree exactly
+    assert_same_windows([w.to_json() for w in expected], a)
     # /api/windows serves the log's windows (and those open at the last boundary)
     assert sorted(json.dumps(d, sort_keys=True) for d in served["windows"]) == sorted(
         json.dumps(w.to_json(), sort_keys=True) for w in logged_b
@@ -260,6 +264,7 @@ def test_a_held_back_job_names_its_culprit_once_and_the_ledger_its_straggler_tim
     vm.start()
     try:
         import_trace(vm.url, path)
+        settle(vm.url)  # every replica and cycle reads the same stored digits
         log = str(tmp_path / "w.jsonl")
         timing = _timing()
         svc = FleetService(
@@ -289,7 +294,7 @@ def test_a_held_back_job_names_its_culprit_once_and_the_ledger_its_straggler_tim
     want = sorted((w for w in offline if w.end_seconds < end - 60), key=_key)
     got = sorted(read_log(log), key=_key)
     assert any(w.cause.value == "straggler" for w in want)
-    assert [w.to_json() for w in got] == [w.to_json() for w in want]
+    assert_same_windows([w.to_json() for w in want], [w.to_json() for w in got])
     st = svc.state
     straggling = {k: v for k, v in st.gpu_seconds.items() if k[1] == "straggler"}
     assert straggling and {k[2] for k in straggling} == {"preprocessing"}

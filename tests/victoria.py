@@ -5,13 +5,15 @@ its import API.
 `import_trace` converts a trace file (OpenMetrics, seconds) line by line into Prometheus
 text with millisecond timestamps (`/api/v1/import/prometheus`); `import_lines` posts ready
 JSON lines (`/api/v1/import`: one series per line with all its values, the cheapest to
-generate and to ingest). `flush` makes what was imported searchable at once.
+generate and to ingest). `flush` makes what was imported searchable at once; `settle`
+merges it, so that every later query reads the same stored digits.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import time
 import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -101,6 +103,41 @@ def flush(base: str, headers: Mapping[str, str] | None = None) -> None:
     req = urllib.request.Request(base + "/internal/force_flush", headers=dict(headers or {}))
     with urllib.request.urlopen(req, timeout=120) as r:
         r.read()
+
+
+def settle(base: str, timeout_s: float = 120.0) -> None:
+    """Merges what was imported into as few parts as it takes and waits until no merge
+    runs, so that every later query reads the same stored blocks: a background merge
+    re-encodes blocks, and a value's last digits can change with it (tests/window_match.py).
+    """
+    with urllib.request.urlopen(base + "/internal/force_merge", timeout=120) as r:
+        r.read()  # starts the merge and returns at once
+    deadline = time.monotonic() + timeout_s
+    last: tuple[int, int] | None = None
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline:
+        now = _storage_parts(base)
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+        parts, merges = now
+        if merges == 0 and (parts <= 1 or time.monotonic() - quiet_since >= 2.0):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"VictoriaMetrics at {base} still merging after {timeout_s:g} s: {last}")
+
+
+def _storage_parts(base: str) -> tuple[int, int]:
+    """(data parts, merges running) of the storage, from the server's own /metrics."""
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    parts = merges = 0
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith("vm_parts{") and 'type="storage/' in name:
+            parts += int(float(value))
+        elif name.startswith("vm_active_merges{") and 'type="storage/' in name:
+            merges += int(float(value))
+    return parts, merges
 
 
 def data_bytes(storage: Path) -> int:
