@@ -21,7 +21,16 @@ from typing import Literal
 from gpufeed.model import MetricType
 
 Group = Literal[
-    "gpu", "storage", "network", "host", "jobs", "correlator", "fleet", "scheduler", "agent"
+    "gpu",
+    "storage",
+    "network",
+    "host",
+    "jobs",
+    "serving",
+    "correlator",
+    "fleet",
+    "scheduler",
+    "agent",
 ]
 
 
@@ -100,6 +109,16 @@ def _fabric(name: str, help_: str, unit: str) -> MetricSpec:
     # `peer` is the peer node's address; one series per node with `peer` left out
     labels = ("peer",)
     return MetricSpec(name, "gauge", help_, labels, unit, "network", "fabric", True, labels)
+
+
+# A serving endpoint (docs/serving.md): its job and/or one GPU it serves on (a config entry
+# for GPUs gives one series per GPU), its stack where known, and host:port.
+SERVING = ("job_id", "gpu", "server", "endpoint")
+
+
+def _serving(name: str, type_: MetricType, help_: str, unit: str) -> MetricSpec:
+    optional = ("job_id", "gpu", "server")
+    return MetricSpec(name, type_, help_, SERVING, unit, "serving", "serving", True, optional)
 
 
 CATALOGUE: tuple[MetricSpec, ...] = (
@@ -588,6 +607,54 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "bytes",
         "host",
         "host",
+    ),
+    # Inference serving
+    _serving(
+        "gpufeed_serving_up",
+        "gauge",
+        "1 when the last scrape of the serving endpoint answered with a queue metric gpufeed "
+        "knows (vLLM, Triton, TGI) or the job reported its demand itself, else 0.",
+        "",
+    ),
+    _serving(
+        "gpufeed_serving_requests_waiting",
+        "gauge",
+        "Requests the serving stack has admitted and not yet scheduled (vLLM "
+        "num_requests_waiting, Triton pending_request_count, TGI queue_size).",
+        "",
+    ),
+    _serving(
+        "gpufeed_serving_requests_running",
+        "gauge",
+        "Requests in the batch on the GPU now (vLLM num_requests_running, TGI "
+        "batch_current_size); absent where the stack does not say (Triton).",
+        "",
+    ),
+    _serving(
+        "gpufeed_serving_kv_cache_usage_ratio",
+        "gauge",
+        "Share of the KV-cache blocks in use, 0..1 (vLLM kv_cache_usage_perc, before V1 "
+        "gpu_cache_usage_perc); absent where the stack does not say.",
+        "ratio",
+    ),
+    _serving(
+        "gpufeed_serving_requests_completed_total",
+        "counter",
+        "Requests the serving stack completed successfully, as it counts them (vLLM "
+        "request_success_total, Triton request_success, TGI request_success).",
+        "",
+    ),
+    MetricSpec(
+        "gpufeed_serving_scrape_failures_total",
+        "counter",
+        "Scrapes of the serving endpoint that failed, by reason (unreachable: no connection "
+        "or no answer in time; status: an HTTP error; unrecognised: no queue metric in it).",
+        ("job_id", "gpu", "endpoint", "reason"),
+        "",
+        "serving",
+        "serving",
+        contract=False,
+        optional_labels=("job_id", "gpu"),
     ),
     # Jobs
     MetricSpec(

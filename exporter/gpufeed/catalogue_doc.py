@@ -21,6 +21,7 @@ TITLES: dict[Group, str] = {
     "network": "Network fabric",
     "host": "Host",
     "jobs": "Jobs and the job SDK",
+    "serving": "Inference serving (vLLM, Triton, TGI)",
     "correlator": "Correlator",
     "fleet": "The fleet service (gpufeed fleet)",
     "scheduler": "The cluster's scheduler (gpufeed scheduler, one per cluster)",

@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 
 from gpufeed import vocabulary
+from gpufeed.serving.endpoints import MAX_ENDPOINTS, ServingEndpoint, url_problem
+from gpufeed.serving.stacks import SERVERS
 from gpufeed.storage.objects import ObjectTierEntry, normalise_endpoint, parse_s3_url
 
 DEFAULT_SDK_SOCKET = "/run/gpufeed/sdk.sock"
@@ -82,6 +84,15 @@ class NetworkConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ServingConfig:
+    """Serving endpoints the agent scrapes for demand (docs/serving.md), beside those jobs
+    declare themselves; each scrape waits at most `timeout_seconds`."""
+
+    endpoints: tuple[ServingEndpoint, ...] = ()
+    timeout_seconds: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
 class AgentConfig:
     # This node's name in traces, windows and OTLP; empty: HOSTNAME:PORT (see agent.py)
     instance: str = ""
@@ -93,6 +104,7 @@ class AgentConfig:
     sdk: SdkConfig = field(default_factory=SdkConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)
 
     @property
     def object_tiers(self) -> tuple[tuple[str, ObjectTierEntry], ...]:
@@ -159,6 +171,7 @@ def parse_config(text: str, source: str = "<config>") -> AgentConfig:
         "sdk",
         "jobs",
         "network",
+        "serving",
     }
     r.no_unknown(top, known, "")
     instance = r.string(top, "instance", "")
@@ -170,6 +183,7 @@ def parse_config(text: str, source: str = "<config>") -> AgentConfig:
     sdk = r.sdk(top.get("sdk"))
     jobs = r.jobs(top.get("jobs"))
     network = r.network(top.get("network"))
+    serving = r.serving(top.get("serving"))
     return AgentConfig(
         instance=instance,
         interval_seconds=interval,
@@ -180,6 +194,7 @@ def parse_config(text: str, source: str = "<config>") -> AgentConfig:
         sdk=sdk,
         jobs=jobs,
         network=network,
+        serving=serving,
     )
 
 
@@ -494,6 +509,55 @@ class _Reader:
                 prefix=p,
             ),
         )
+
+    def serving(self, entry: tuple[yaml.Node, yaml.Node] | None) -> ServingConfig:
+        d = ServingConfig()
+        if entry is None or _empty(entry[1]):
+            return d
+        m = self.mapping(entry[1], "serving")
+        p = "serving."
+        self.no_unknown(m, {"endpoints", "timeout_seconds"}, p)
+        timeout = self.number(
+            m, "timeout_seconds", d.timeout_seconds, minimum=0.01, maximum=10, prefix=p
+        )
+        out: list[ServingEndpoint] = []
+        node = m["endpoints"][1] if "endpoints" in m else None
+        if node is not None and not _empty(node):
+            if not isinstance(node, yaml.SequenceNode):
+                raise self.fail(node, p + "endpoints", "expected a list of endpoints")
+            if len(node.value) > MAX_ENDPOINTS:
+                raise self.fail(node, p + "endpoints", f"at most {MAX_ENDPOINTS} endpoints")
+            for i, item in enumerate(node.value):
+                out.append(self.serving_endpoint(item, f"{p}endpoints[{i}]"))
+        return ServingConfig(tuple(out), timeout)
+
+    def serving_endpoint(self, node: yaml.Node, key: str) -> ServingEndpoint:
+        """{url, job_id and/or gpus, server?}: which job's or GPUs' serving stack it is."""
+        m = self.mapping(node, key)
+        p = key + "."
+        self.no_unknown(m, {"url", "job_id", "gpus", "server"}, p)
+        if "url" not in m:
+            raise self.fail(node, key, "needs url: the serving stack's metrics URL")
+        url = self.string(m, "url", "", prefix=p)
+        problem = url_problem(url, loopback_only=False)
+        if problem is not None:
+            raise self.fail(m["url"][1], p + "url", problem)
+        job_id = self.string(m, "job_id", "", prefix=p)
+        gpus: list[str] = []
+        if "gpus" in m:
+            gnode = m["gpus"][1]
+            items = gnode.value if isinstance(gnode, yaml.SequenceNode) else [gnode]
+            for g in items:
+                v = self.scalar(g) if isinstance(g, yaml.ScalarNode) else None
+                if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1024:
+                    raise self.fail(g, p + "gpus", f"expected GPU indexes, got {_show(g)}")
+                gpus.append(str(v))
+        if not job_id and not gpus:
+            raise self.fail(node, key, "needs job_id or gpus: whose demand the endpoint tells")
+        server = self.string(m, "server", "", prefix=p)
+        if server and server not in SERVERS:
+            raise self.fail(m["server"][1], p + "server", f"expected one of {', '.join(SERVERS)}")
+        return ServingEndpoint(url, job_id, tuple(gpus), server)
 
 
 def _show(node: yaml.Node) -> str:

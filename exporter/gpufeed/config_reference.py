@@ -36,6 +36,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("sdk", "SDK socket"),
     ("jobs", "Jobs"),
     ("network", "Network fabric"),
+    ("serving", "Inference serving"),
 )
 
 KEYS: dict[str, KeyDoc] = {
@@ -130,6 +131,20 @@ KEYS: dict[str, KeyDoc] = {
         "Quantum-generation hardware, 32 x lanes on Switch-IB (`perfquery -c` shows it).",
         1,
         65536,
+    ),
+    "serving.endpoints": KeyDoc(
+        "Serving stacks whose demand the agent scrapes (docs/serving.md): a list of "
+        "`{url: http://HOST:PORT/metrics, job_id: ID, gpus: [0, 1], server: vllm}`; "
+        "`url` and `job_id` and/or `gpus` are needed, `server` (vllm, triton, tgi) is "
+        "recognised from the metric names when left out. A GPU whose serving job has no "
+        "queued requests is `low_demand`, not a stall. At most 64. Jobs can declare their "
+        "own endpoint instead (SDK `serving=True`, `gpufeed run --serving`)."
+    ),
+    "serving.timeout_seconds": KeyDoc(
+        "How long one scrape of a serving endpoint may take; a slower or failing endpoint "
+        "is `gpufeed_serving_up` 0 and leaves its demand absent, the rest is served.",
+        0.01,
+        10,
     ),
 }
 

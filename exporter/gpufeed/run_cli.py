@@ -8,6 +8,11 @@ with the program's name as its name. A job that spans nodes needs one id on all 
 the scheduler's, torchrun's --rdzv-id, or --job-id (GPUFEED_JOB_ID), which win over the
 per-run id. See docs/jobs.md for coverage.
 
+`--serving` declares the job an inference server (docs/serving.md), from this process, so
+that it works for servers that are not Python (tritonserver, text-generation-launcher):
+`--serving-metrics URL` names its stack's Prometheus endpoint on this host for the agent
+to scrape. The declaration is sent again every 10 s while the command runs.
+
 Runnable on its own as `python -m gpufeed.run_cli [--socket P] [--name N] -- COMMAND ...`.
 """
 
@@ -26,6 +31,7 @@ from types import FrameType
 
 from gpufeed.config import DEFAULT_SDK_SOCKET
 from gpufeed.jobs.identity import read_proc_stat, run_job_id
+from gpufeed.serving.endpoints import url_problem
 
 INJECT_DIR = Path(__file__).resolve().parent / "inject"
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -71,11 +77,16 @@ def agent_unreachable(socket_path: str) -> str | None:
     return None
 
 
+SERVING_RESEND_SECONDS = 10.0
+
+
 def run_command(
     command: Sequence[str],
     socket_path: str | None = None,
     name: str | None = None,
     job_id: str | None = None,
+    serving_metrics: str | None = None,
+    serving: bool = False,
 ) -> int:
     """Runs `command` instrumented, forwarding signals; returns its exit status the way a
     shell would (128 + N for a command killed by signal N)."""
@@ -109,11 +120,37 @@ def run_command(
 
     previous = {s: signal.signal(s, forward) for s in _FORWARDED}
     try:
-        code = proc.wait()
+        code = _wait_serving(proc, env, serving_metrics) if serving else proc.wait()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     return 128 - code if code < 0 else code
+
+
+def _wait_serving(
+    proc: subprocess.Popen[bytes], env: Mapping[str, str], metrics_url: str | None
+) -> int:
+    """Waits for the command while declaring its job a serving job, again every
+    SERVING_RESEND_SECONDS (an agent that restarted learns it back)."""
+    from gpufeed.sdk import Job, resolve_job_id
+
+    name = env["GPUFEED_JOB_NAME"]
+    # the id the command's own processes resolve (its environment, not this process's)
+    job = Job(
+        name,
+        env["GPUFEED_SOCKET"],
+        serving=True,
+        metrics_url=metrics_url,
+        job_id=resolve_job_id(name, env),
+    )
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=SERVING_RESEND_SECONDS)
+            except subprocess.TimeoutExpired:
+                job.declare_serving()
+    finally:
+        job.close()
 
 
 def _func(args: argparse.Namespace) -> int:
@@ -127,7 +164,13 @@ def _func(args: argparse.Namespace) -> int:
         if given is not None and not given.strip():
             print(f"gpufeed run: {flag} must not be blank", file=sys.stderr)
             return 2
-    return run_command(command, args.socket, args.name, args.job_id)
+    if args.serving_metrics is not None:
+        problem = url_problem(args.serving_metrics, loopback_only=True)
+        if problem is not None:
+            print(f"gpufeed run: --serving-metrics: {problem}", file=sys.stderr)
+            return 2
+    serving = args.serving or args.serving_metrics is not None
+    return run_command(command, args.socket, args.name, args.job_id, args.serving_metrics, serving)
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -147,6 +190,18 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="the job's id, the same on every node of a multi-node job (sets "
         "GPUFEED_JOB_ID; a scheduler's id wins over it); default: the scheduler's, else "
         "$GPUFEED_JOB_ID, else torchrun's --rdzv-id, else one new for this run",
+    )
+    p.add_argument(
+        "--serving",
+        action="store_true",
+        help="the command is an inference server: its GPUs idle for lack of requests are "
+        "low_demand, not a stall (docs/serving.md)",
+    )
+    p.add_argument(
+        "--serving-metrics",
+        metavar="URL",
+        help="its serving stack's Prometheus endpoint on this host (vLLM, Triton, TGI), "
+        "e.g. http://127.0.0.1:8000/metrics; implies --serving",
     )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
     p.set_defaults(func=_func)

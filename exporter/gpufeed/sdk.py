@@ -11,6 +11,10 @@
     with job.collective(): dist.all_reduce(t)   # time waiting for peers -> collective_wait
     job.close()
 
+    # an inference server: its GPUs idle for lack of requests are `low_demand`, not a stall
+    job = gpufeed.Job("chat", serving=True, metrics_url="http://127.0.0.1:8000/metrics")
+    job.serving_demand(waiting=3, running=16)    # or report the queue itself, every second
+
 Events go as datagrams on a Unix socket (the agent's `--sdk.socket`), sent with
 MSG_DONTWAIT: when the agent is absent or its queue is full they are dropped and counted
 in `Job.events_dropped`; the training loop never waits for the agent. Steps and phase
@@ -43,6 +47,10 @@ MAX_DATAGRAM_BYTES in all, each:
                 b = the file's device (st_dev; -1: not known), n = bytes (-1: not known):
                 the agent maps the device to its storage tier (added in 0.3.0; sent at
                 once, in a datagram of its own)
+    SERVING:    phase 0 = the job serves requests; reserved = the length of its metrics URL
+                (http on loopback; 0: none) after the name; phase 1 = its demand: a =
+                requests waiting, b = requests running (-1: not known), whole numbers
+                (added in 0.3.0; sent at once, in a datagram of its own)
 A PHASE with phase = len(PHASES) is collective_wait (added in 0.3.0). RANK and
 collective_wait go in a datagram of their own, sent before the rest of a flush: an agent
 that predates them refuses that datagram only (as it refuses IO), and everything else
@@ -86,6 +94,10 @@ _TIER_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
 KIND_LOAD = 9
 LOAD_BEGIN = 0
 LOAD_END = 1
+KIND_SERVING = 10
+SERVING_DECLARE = 0
+SERVING_DEMAND = 1
+_MAX_SERVING_REQUESTS = 1 << 32  # gpufeed.jobs.wire.MAX_SERVING_REQUESTS
 PHASES = ("compute", "data_wait", "checkpoint", "communication", "startup", "eval", "other")
 COLLECTIVE_WAIT = "collective_wait"  # a per-rank phase: PHASE index len(PHASES)
 RANK_PHASES = (*PHASES, COLLECTIVE_WAIT)
@@ -152,12 +164,23 @@ class Job:
     called from any thread.
     """
 
-    def __init__(self, name: str, socket: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        socket: str | None = None,
+        *,
+        serving: bool = False,
+        metrics_url: str | None = None,
+        job_id: str | None = None,
+    ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ValueError("gpufeed.Job needs a non-empty name")
+        url = (metrics_url or "").encode("ascii", errors="replace")
+        if len(url) > MAX_LOCATION_BYTES:
+            raise ValueError(f"gpufeed.Job: metrics_url longer than {MAX_LOCATION_BYTES} bytes")
         self.name = name
         self.socket_path = socket or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
-        self.job_id = resolve_job_id(name)
+        self.job_id = job_id or resolve_job_id(name)
         self.events_sent = 0
         self.events_dropped = 0
         job_bytes = _truncate_utf8(self.job_id, MAX_JOB_ID_BYTES)
@@ -196,8 +219,14 @@ class Job:
         self._object_flush_at = time.perf_counter() + FLUSH_SECONDS
         # model loads in progress, outermost first: [bytes or -1, device or -1] each
         self._loads: list[list[int]] = []
+        # a serving job (an inference server): its metrics URL, declared again with its
+        # demand reports and every RANK_RESEND_SECONDS of them, for an agent that restarted
+        self._serving_url = url if (serving or metrics_url) else None
+        self._serving_sent_at = float("-inf")
         atexit.register(self._at_exit)
         self._register()
+        if self._serving_url is not None:
+            self.declare_serving()
 
     # -- the API ---------------------------------------------------------------------------
 
@@ -425,6 +454,46 @@ class Job:
             self.events_sent += len(msgs)
         else:
             self.events_dropped += len(msgs)
+
+    def declare_serving(self, metrics_url: str | None = None) -> None:
+        """Tells the agent (again) that this job serves requests, and where its serving
+        stack's Prometheus metrics are (http on this host's loopback; vLLM, Triton, TGI).
+        The agent scrapes them; a GPU of the job underused while no request waits is then
+        `low_demand`, not a stall. Sent at once, in a datagram of its own."""
+        if metrics_url is not None:
+            url = metrics_url.encode("ascii", errors="replace")
+            if len(url) > MAX_LOCATION_BYTES:
+                raise ValueError(f"gpufeed: metrics_url longer than {MAX_LOCATION_BYTES} bytes")
+            self._serving_url = url
+        elif self._serving_url is None:
+            self._serving_url = b""
+        url = self._serving_url
+        head = HEADER.pack(
+            MAGIC, WIRE_VERSION, KIND_SERVING, SERVING_DECLARE, len(url), *self._lens, 0.0, 0.0, 0
+        )
+        self._serving_sent_at = time.perf_counter()
+        if self._send(head + self._suffix + url):
+            self.events_sent += 1
+        else:
+            self.events_dropped += 1
+
+    def serving_demand(self, waiting: int, running: int | None = None) -> None:
+        """Reports this serving job's queue: requests waiting to be scheduled and, where
+        known, requests running; for servers whose metrics gpufeed cannot read. Call it
+        every second or so: the agent forgets a report after 30 s."""
+        if self._serving_url is None or time.perf_counter() - self._serving_sent_at >= (
+            RANK_RESEND_SECONDS
+        ):
+            self.declare_serving()
+        w = float(min(max(int(waiting), 0), _MAX_SERVING_REQUESTS))
+        r = -1.0 if running is None else float(min(max(int(running), 0), _MAX_SERVING_REQUESTS))
+        head = HEADER.pack(
+            MAGIC, WIRE_VERSION, KIND_SERVING, SERVING_DEMAND, 0, *self._lens, w, r, 0
+        )
+        if self._send(head + self._suffix):
+            self.events_sent += 1
+        else:
+            self.events_dropped += 1
 
     def set_rank(self, rank: int, world_size: int, local_rank: int | None = None) -> None:
         """Declares this process's rank where neither the launcher's environment nor
@@ -667,7 +736,7 @@ class Job:
         return sock
 
 
-def resolve_job_id(name: str) -> str:
+def resolve_job_id(name: str, environ: Mapping[str, str] | None = None) -> str:
     """The scheduler's job id when there is one (Slurm, the Kubernetes pod), else
     `launcher_job_id` (GPUFEED_JOB_ID, torchrun's rendezvous id, `gpufeed run`'s per-run
     id), else `name`. All but the last are the same on every node of a multi-node job.
@@ -675,17 +744,18 @@ def resolve_job_id(name: str) -> str:
     The agent prefers the id it reads from the sending process's cgroup, so this matters
     mostly where the agent cannot see the process (another pid namespace).
     """
-    slurm = os.environ.get("SLURM_JOB_ID", "").strip()
+    env = os.environ if environ is None else environ
+    slurm = env.get("SLURM_JOB_ID", "").strip()
     if slurm:
         return slurm
-    pod = os.environ.get("POD_UID", "").strip()  # set by the downward API, by convention
+    pod = env.get("POD_UID", "").strip()  # set by the downward API, by convention
     if pod:
         return pod
     try:
         with open("/proc/self/cgroup", encoding="utf-8", errors="replace") as f:
             text = f.read()
     except OSError:
-        return launcher_job_id(os.environ) or name
+        return launcher_job_id(env) or name
     import re  # only here: most processes never need it
 
     m = re.search(
@@ -696,7 +766,7 @@ def resolve_job_id(name: str) -> str:
     )
     if m:
         return m.group(1).replace("_", "-").lower()
-    return launcher_job_id(os.environ) or name
+    return launcher_job_id(env) or name
 
 
 def launcher_job_id(environ: Mapping[str, str]) -> str | None:

@@ -141,6 +141,12 @@ def _fabric(w: Wiring) -> Collector:
     return FabricCollector(w.context, w.sdk().pids_by_job)
 
 
+def _serving(w: Wiring) -> Collector:
+    from gpufeed.collectors.serving import ServingCollector
+
+    return ServingCollector(w.context, w.sdk().serving_by_job)
+
+
 COLLECTORS: tuple[CollectorSpec, ...] = (
     CollectorSpec(
         "network",
@@ -180,6 +186,11 @@ COLLECTORS: tuple[CollectorSpec, ...] = (
         "fabric",
         "round-trip time and jitter per peer node of the GPU jobs' TCP connections (sock_diag)",
         _fabric,
+    ),
+    CollectorSpec(
+        "serving",
+        "inference servers' demand: requests waiting and running, KV cache (vLLM, Triton, TGI)",
+        _serving,
     ),
 )
 

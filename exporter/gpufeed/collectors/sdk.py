@@ -18,6 +18,7 @@ from gpufeed.collectors.base import CollectorContext, TickData
 from gpufeed.jobs.io_accounting import DeviceBytes
 from gpufeed.jobs.sdk_server import SdkServer
 from gpufeed.model import Family
+from gpufeed.serving.endpoints import DeclaredServing
 from gpufeed.storage.objects import resolve_location
 
 
@@ -66,3 +67,6 @@ class SdkCollector:
 
     def object_bytes_by_job(self) -> dict[str, dict[str, DeviceBytes]]:
         return self.server.object_bytes_by_job()
+
+    def serving_by_job(self) -> dict[str, DeclaredServing]:
+        return self.server.serving_by_job()

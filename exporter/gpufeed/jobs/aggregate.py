@@ -45,6 +45,7 @@ from gpufeed.jobs import wire
 from gpufeed.jobs.io_accounting import DeviceBytes
 from gpufeed.logonce import LogOnce
 from gpufeed.model import Families, Family
+from gpufeed.serving.endpoints import DeclaredServing
 from gpufeed.vocabulary import UNATTRIBUTED_TIER
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,9 @@ MAX_RANKS_PER_JOB = 256
 # Object-storage tiers one job may report into, and the node's sums may hold.
 MAX_OBJECT_TIERS_PER_JOB = 16
 MAX_OBJECT_TIERS = 64
+# A job's own demand report older than this is not read any more (the SDK reports it as
+# often as the program calls Job.serving_demand, every second or so).
+SERVING_DEMAND_STALE_SECONDS = 30.0
 
 
 class Histogram:
@@ -146,6 +150,12 @@ class JobState:
     # bytes) of the one in progress in that process
     loads: dict[int, list[float]] = field(default_factory=dict)
     loading: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # serving (wire kind SERVING): declared, its metrics URL ("" none), the demand it
+    # reported itself and when (monotonic)
+    serving: bool = False
+    serving_url: str = ""
+    serving_demand: tuple[float, float | None] | None = None
+    serving_demand_at: float = 0.0
     ended_at: float | None = None
     owner: Hashable = None  # the sender that started the job
     updated_at: float = 0.0  # monotonic time of its last message
@@ -231,6 +241,13 @@ class JobTable:
             job.final_io[pid] = (ppid, DeviceBytes(msg.read_bytes, msg.written_bytes))
         elif msg.kind == wire.KIND_LOAD:
             _load(job, msg, pid)
+        elif msg.kind == wire.KIND_SERVING:
+            job.serving = True
+            if msg.phase == "declare":
+                job.serving_url = msg.location or job.serving_url
+            elif msg.requests_waiting is not None:
+                job.serving_demand = (msg.requests_waiting, msg.requests_running)
+                job.serving_demand_at = now
         return None
 
     def _add_object(self, job: JobState, msg: wire.Message) -> None:
@@ -339,6 +356,20 @@ class JobTable:
             j.job_id: [p for p, (closed, _) in j.processes.items() if p > 0 and not closed]
             for j in self._jobs.values()
         }
+
+    def serving_by_job(self, now: float) -> dict[str, DeclaredServing]:
+        """The jobs that said they serve: their metrics URL, and the demand they reported
+        within SERVING_DEMAND_STALE_SECONDS (an older report is unknown, not still true)."""
+        out: dict[str, DeclaredServing] = {}
+        for j in self._jobs.values():
+            if not j.serving or j.ended_at is not None:
+                continue
+            fresh = j.serving_demand is not None and (
+                now - j.serving_demand_at <= SERVING_DEMAND_STALE_SECONDS
+            )
+            waiting, running = j.serving_demand if fresh and j.serving_demand else (None, None)
+            out[j.job_id] = DeclaredServing(j.job_id, j.serving_url, waiting, running)
+        return out
 
     def final_io_by_job(self) -> dict[str, dict[int, tuple[int, DeviceBytes]]]:
         """The I/O each process reported of itself at close, per job: (ppid, bytes) by pid."""

@@ -48,6 +48,7 @@ from gpufeed.jobs.identity import (
 from gpufeed.jobs.io_accounting import DeviceBytes
 from gpufeed.jobs.senders import SenderKey, Senders
 from gpufeed.model import Families, Family
+from gpufeed.serving.endpoints import DeclaredServing
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,12 @@ class SdkServer:
         """What each SDK job's processes reported of their own I/O at close."""
         with self._lock:
             return self._table.final_io_by_job()
+
+    def serving_by_job(self) -> dict[str, DeclaredServing]:
+        """The SDK jobs that serve requests: their metrics URL and own demand reports."""
+        now = self._clock()
+        with self._lock:
+            return self._table.serving_by_job(now)
 
     def object_bytes_by_job(self) -> dict[str, dict[str, DeviceBytes]]:
         """The bytes each SDK job moved per object-storage tier."""

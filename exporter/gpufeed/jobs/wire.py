@@ -19,6 +19,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Final
 
+from gpufeed.serving.endpoints import url_problem
 from gpufeed.storage.objects import parse_s3_url
 
 WIRE_VERSION: Final = 1
@@ -50,6 +51,14 @@ _TIER_NAME = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
 # n = bytes (-1 unknown). The agent maps the device to the storage tier it belongs to.
 KIND_LOAD: Final = 9
 LOAD_STAGES: Final = ("begin", "end")
+# Added in 0.3.0 (issue 17), sent in a datagram of its own: the job serves requests (an
+# inference server). Phase 0 declares it, with the URL of the serving stack's metrics after
+# the name (its length in `reserved`; 0: no URL), plain http on loopback only
+# (gpufeed.serving.endpoints); phase 1 reports the demand itself: a = requests waiting,
+# b = requests running (-1: not known), whole numbers.
+KIND_SERVING: Final = 10
+SERVING_STAGES: Final = ("declare", "demand")
+MAX_SERVING_REQUESTS: Final = 1 << 32
 PHASES: Final = ("compute", "data_wait", "checkpoint", "communication", "startup", "eval", "other")
 # Time inside torch.distributed collectives and barriers: a per-rank phase only, overlapping
 # the job phase it happens in (mostly compute), so it is in no per-job family. PHASE index
@@ -121,6 +130,9 @@ class Message:
     object_bytes: int = 0
     device: int | None = None  # LOAD only: the file's st_dev; None = not known
     load_bytes: int | None = None  # LOAD only: bytes loaded; None = not known
+    # SERVING demand only (the declaration's URL is in `location`)
+    requests_waiting: float | None = None
+    requests_running: float | None = None
 
 
 def decode_datagram(data: bytes) -> list[Message] | str:
@@ -151,7 +163,11 @@ def _decode_one(
         return REASON_SCHEMA
     if version != WIRE_VERSION:
         return REASON_VERSION
-    if not KIND_STEP <= kind <= KIND_LOAD or (reserved != 0) != (kind == KIND_OBJECT):
+    if not KIND_STEP <= kind <= KIND_SERVING:
+        return REASON_SCHEMA
+    if (reserved != 0 and kind not in (KIND_OBJECT, KIND_SERVING)) or (
+        kind == KIND_OBJECT and reserved == 0
+    ):
         return REASON_SCHEMA
     if not 0 < id_len <= MAX_JOB_ID_BYTES or not 0 < name_len <= MAX_NAME_BYTES:
         return REASON_NAME_LENGTH
@@ -168,6 +184,9 @@ def _decode_one(
     if kind == KIND_OBJECT:
         obj = _object_message(phase, a, b, n, job_id, name, data[end : end + reserved])
         return obj if isinstance(obj, str) else (obj, end + reserved)
+    if kind == KIND_SERVING:
+        srv = _serving_message(phase, a, b, n, job_id, name, data[end : end + reserved])
+        return srv if isinstance(srv, str) else (srv, end + reserved)
     msg = _message(kind, phase, a, b, n, job_id, name)
     return msg if isinstance(msg, str) else (msg, end)
 
@@ -196,6 +215,33 @@ def _object_message(
         requests=n,
         object_bytes=int(b),
     )
+
+
+def _serving_message(
+    phase: int, a: float, b: float, n: int, job_id: str, name: str, raw: bytes
+) -> Message | str:
+    """SERVING: see KIND_SERVING."""
+    if phase >= len(SERVING_STAGES):
+        return REASON_PHASE
+    if n != 0:
+        return REASON_SCHEMA
+    if phase == 0:
+        if a != 0.0 or b != 0.0:
+            return REASON_SCHEMA
+        url = raw.decode("ascii") if raw.isascii() else "\x00"
+        if raw and url_problem(url, loopback_only=True) is not None:
+            return REASON_SCHEMA
+        return Message(KIND_SERVING, job_id, name, phase="declare", location=url)
+    if raw or not _count_ok(a) or not (b == -1.0 or _count_ok(b)):
+        return REASON_SCHEMA
+    running = None if b < 0 else b
+    return Message(
+        KIND_SERVING, job_id, name, phase="demand", requests_waiting=a, requests_running=running
+    )
+
+
+def _count_ok(x: float) -> bool:
+    return math.isfinite(x) and x.is_integer() and 0.0 <= x <= MAX_SERVING_REQUESTS
 
 
 def valid_location(raw: bytes) -> str | None:
@@ -306,9 +352,14 @@ def encode(msg: Message) -> bytes:
         a, b, n = msg.seconds, float(msg.object_bytes), msg.requests
         phase = OBJECT_OPERATIONS.index(msg.operation) * len(OBJECT_OUTCOMES)
         phase += OBJECT_OUTCOMES.index(msg.outcome)
+    elif msg.kind == KIND_SERVING:
+        phase, n = SERVING_STAGES.index(msg.phase), 0
+        a = msg.requests_waiting or 0.0
+        b = -1.0 if msg.requests_running is None and phase == 1 else msg.requests_running or 0.0
     else:
         a, b, n = msg.seconds, 0.0, 0
-    location = msg.location.encode() if msg.kind == KIND_OBJECT else b""
+    located = msg.kind in (KIND_OBJECT, KIND_SERVING)
+    location = msg.location.encode() if located else b""
     head = HEADER.pack(
         MAGIC, WIRE_VERSION, msg.kind, phase, len(location), len(job_id), len(name), a, b, n
     )

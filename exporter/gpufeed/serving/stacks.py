@@ -1,0 +1,139 @@
+"""The demand a serving stack reports on its own Prometheus endpoint, parsed from the text.
+
+Each stack names its queue differently; `STACKS` maps the real metric names (sources in
+tests/fixtures/serving/README.md) to the four numbers gpufeed exports:
+
+- requests waiting: admitted, not yet scheduled (vLLM `vllm:num_requests_waiting`, Triton
+  `nv_inference_pending_request_count` per model, TGI `tgi_queue_size`), summed over the
+  stack's series (models, engines);
+- requests running: in the batch on the GPU now (vLLM `vllm:num_requests_running`, TGI
+  `tgi_batch_current_size`; Triton has no such gauge: absent);
+- KV-cache usage, 0..1 (vLLM `vllm:kv_cache_usage_perc`, before V1 `vllm:gpu_cache_usage_perc`,
+  both already a fraction despite the name; the highest of its engines; Triton and TGI
+  export none: absent);
+- requests completed, a counter (vLLM `vllm:request_success_total` over its finish reasons,
+  Triton `nv_inference_request_success`, TGI `tgi_request_success`).
+
+The stack is recognised by its waiting metric; text with none of them is not a serving
+endpoint gpufeed knows (None). Lines that are not samples are skipped, never guessed at.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+SERVERS = ("vllm", "triton", "tgi")
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    server: str
+    waiting: tuple[str, ...]
+    running: tuple[str, ...] = ()
+    kv_cache: tuple[str, ...] = ()  # in order of preference (the newer name first)
+    completed: tuple[str, ...] = ()
+
+
+STACKS: tuple[Stack, ...] = (
+    Stack(
+        "vllm",
+        waiting=("vllm:num_requests_waiting",),
+        running=("vllm:num_requests_running",),
+        kv_cache=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        completed=("vllm:request_success_total",),
+    ),
+    Stack(
+        "triton",
+        waiting=("nv_inference_pending_request_count",),
+        completed=("nv_inference_request_success",),
+    ),
+    Stack(
+        "tgi",
+        waiting=("tgi_queue_size",),
+        running=("tgi_batch_current_size",),
+        completed=("tgi_request_success", "tgi_request_success_total"),
+    ),
+)
+_BY_SERVER = {s.server: s for s in STACKS}
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """One reading of a serving endpoint; None: the stack does not report it."""
+
+    server: str
+    requests_waiting: float
+    requests_running: float | None = None
+    kv_cache_usage_ratio: float | None = None
+    requests_completed: float | None = None
+
+
+def parse_serving_metrics(text: str, server: str = "") -> Demand | None:
+    """The demand in a serving stack's exposition text; `server` (vllm|triton|tgi) says which
+    stack, else it is recognised by its queue metric. None: no known queue metric in it."""
+    values: dict[str, list[float]] = {}
+    for name, value in _samples(text):
+        values.setdefault(name, []).append(value)
+    stacks = (_BY_SERVER[server],) if server else STACKS
+    for st in stacks:
+        waiting = _first(values, st.waiting, sum)
+        if waiting is None:
+            continue
+        return Demand(
+            st.server,
+            waiting,
+            _first(values, st.running, sum),
+            _first(values, st.kv_cache, max),
+            _first(values, st.completed, sum),
+        )
+    return None
+
+
+def _first(values: dict[str, list[float]], names: tuple[str, ...], agg: object) -> float | None:
+    for n in names:
+        vs = [v for v in values.get(n, ()) if math.isfinite(v) and v >= 0]
+        if vs:
+            return float(agg(vs))  # type: ignore[operator]
+    return None
+
+
+def _samples(text: str) -> Iterator[tuple[str, float]]:
+    """(name, value) of each sample line of Prometheus/OpenMetrics text; label sets are
+    skipped over (label values may hold '}' or spaces inside their quotes)."""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        brace = line.find("{")
+        space = line.find(" ")
+        if brace != -1 and (space == -1 or brace < space):
+            name, end = line[:brace], _label_end(line, brace + 1)
+            if end < 0:
+                continue
+            rest = line[end + 1 :].split()
+        else:
+            name, *rest = line.split()
+        if not rest:
+            continue
+        try:
+            yield name, float(rest[0])
+        except ValueError:
+            continue
+
+
+def _label_end(line: str, i: int) -> int:
+    """The index of the '}' that closes the label set opened before `i`, or -1."""
+    quoted = False
+    while i < len(line):
+        c = line[i]
+        if quoted and c == "\\":
+            i += 2
+            continue
+        if c == '"':
+            quoted = not quoted
+        elif c == "}" and not quoted:
+            return i
+        i += 1
+    return -1
