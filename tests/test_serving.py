@@ -61,7 +61,7 @@ def test_odd_text(text: str, want: Demand | None) -> None:
 
 
 class _Metrics(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         body, status = self.server.reply()  # type: ignore[attr-defined]
         if status == 0:
             time.sleep(2.0)  # never answers within the collector's timeout
