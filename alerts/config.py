@@ -57,6 +57,10 @@ CAUSE_HINTS: dict[str, str] = {
         "The GPU reported errors: check XIDs and whether the GPU is still up; drain the "
         "node if the XID is fatal."
     ),
+    Cause.LOW_DEMAND.value: (
+        "An inference server with no request waiting: the GPU waits for demand, nothing "
+        "is stalled (this cause does not page); see InferenceIdleNoDemand."
+    ),
     Cause.UNKNOWN.value: (
         "No cause is known yet (the correlator has not opened a window, or no evidence "
         "matched): check the Job dashboard's phase breakdown and the Node dashboard."
@@ -126,6 +130,13 @@ class RulesConfig:
     # its own job name).
     scheduler_selector: str = 'job="gpufeed-scheduler"'
     scheduler_backlog_for: str = "15m"
+    # InferenceSaturated: an inference server (gpufeed_serving_*) keeps more than this many
+    # requests waiting while the GPUs of its job run at least inference_busy_ratio
+    inference_waiting_requests: float = 10.0
+    inference_busy_ratio: float = vocabulary.DEFAULT_THRESHOLD_RATIO
+    inference_saturated_for: str = "5m"
+    # InferenceIdleNoDemand (informational): a serving GPU's window is low_demand this long
+    inference_idle_for: str = "30m"
     fatal_xids: tuple[str, ...] = FATAL_XIDS
     throttle_reasons: tuple[str, ...] = THROTTLE_REASONS
     cause_hints: dict[str, str] = field(default_factory=lambda: dict(CAUSE_HINTS))

@@ -90,7 +90,26 @@ def utilization_low_expr(cfg: RulesConfig) -> str:
         f"(\n{_indent(per_gpu, 2)}\n)\n"
         f"unless on (job_id)\n{job_culprit(cfg)}\n"
         f"unless on ({HELD_LABELS})\n"
-        f'gpufeed_gpu_underutilization_cause{{{cfg.sel}, cause="straggler"}}'
+        f'gpufeed_gpu_underutilization_cause{{{cfg.sel}, cause=~"{NOT_PAGING}"}}'
+    )
+
+
+# Causes GpuUtilizationLow leaves out: a straggler's GPUs page once as GpuJobHeldBack, and
+# an inference server idle for lack of requests (low_demand) is not an incident at all
+# (InferenceIdleNoDemand says so, informational).
+NOT_PAGING = "straggler|low_demand"
+
+
+def inference_saturated(cfg: RulesConfig) -> str:
+    """Per node and serving job: more requests waiting than the threshold (summed over the
+    job's endpoints) while the job's GPUs are busy: the server is at its capacity."""
+    s = cfg.sel
+    return (
+        f'sum by (instance, job_id) (gpufeed_serving_requests_waiting{{{s}, job_id!=""}})\n'
+        f"  > {cfg.inference_waiting_requests:g}\n"
+        "and on (instance, job_id)\n"
+        f"avg by (instance, job_id) (\n{_indent(held_utilization(cfg), 2)}\n)"
+        f" >= {cfg.inference_busy_ratio:g}"
     )
 
 
@@ -198,8 +217,12 @@ def recording_rules(cfg: RulesConfig) -> list[Rule]:
         {"record": HELD_RECORD, "expr": held_utilization(cfg)},
         {
             # seconds lost per second = GPUs lost right now = GPU-hours lost per hour
+            # low_demand is a serving GPU's spare capacity, not time lost to a bottleneck
             "record": f"cause:gpufeed_gpu_underutilized_seconds:rate{w}",
-            "expr": f"sum by (cause) (rate(gpufeed_gpu_underutilized_seconds_total{{{s}}}[{w}]))",
+            "expr": (
+                "sum by (cause) (rate(gpufeed_gpu_underutilized_seconds_total"
+                f'{{{s}, cause!="low_demand"}}[{w}]))'
+            ),
         },
         {
             "record": "cause:gpufeed_gpu_underutilization_windows_open:count",
@@ -504,6 +527,41 @@ def alert_rules(cfg: RulesConfig) -> list[Rule]:
                     "(fragmentation: no node has enough free GPUs for a pending request; "
                     "stall: a pending job would fit and still waits). See the Fleet "
                     "dashboard's queue panel."
+                ),
+            },
+        },
+        {
+            "alert": "InferenceSaturated",
+            "expr": inference_saturated(cfg),
+            "for": cfg.inference_saturated_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "An inference server keeps requests waiting while its GPUs are busy.",
+                "description": (
+                    "Job {{ $labels.job_id }} on {{ $labels.instance }} has had more than "
+                    f"{cfg.inference_waiting_requests:g} requests waiting while its GPUs run "
+                    f"at {cfg.inference_busy_ratio:.0%} or more, for "
+                    f"{cfg.inference_saturated_for}: demand exceeds what it serves. Add "
+                    "replicas or GPUs; see the Job dashboard's serving row."
+                ),
+            },
+        },
+        {
+            "alert": "InferenceIdleNoDemand",
+            "expr": (
+                "count by (instance, job_id) (\n"
+                f'  gpufeed_gpu_underutilization_cause{{{s}, cause="low_demand"}}\n'
+                ")"
+            ),
+            "for": cfg.inference_idle_for,
+            "labels": {"severity": "info"},
+            "annotations": {
+                "summary": "Serving GPUs idle for lack of requests (informational, not a fault).",
+                "description": (
+                    "{{ $value }} GPUs of serving job {{ $labels.job_id }} on "
+                    "{{ $labels.instance }} have been underused with no request waiting "
+                    f"for {cfg.inference_idle_for}: more capacity than demand. Consider "
+                    "fewer replicas or sharing the GPUs; nothing is broken."
                 ),
             },
         },

@@ -57,14 +57,17 @@ dashboard = build_dashboard(
                     stacked=True,
                     by_cause=True,
                     description="Seconds of underutilization per second, fleet-wide: the "
-                    "number of GPUs lost right now, i.e. GPU-hours lost per hour.",
+                    "number of GPUs lost right now, i.e. GPU-hours lost per hour. Serving "
+                    "GPUs idle for lack of requests (low_demand) are spare capacity and are "
+                    "left out (the recording rule excludes them).",
                 ),
                 table(
                     "Jobs losing the most GPU-hours (time range)",
                     [
                         target(
                             "topk(10, sum by (job_id, cause) (increase("
-                            f'gpufeed_gpu_underutilized_seconds_total{{{NODES},job_id!=""}}'
+                            "gpufeed_gpu_underutilized_seconds_total"
+                            f'{{{NODES},job_id!="",cause!="low_demand"}}'
                             "[$__range]))) / 3600",
                             instant=True,
                             table=True,
@@ -72,7 +75,8 @@ dashboard = build_dashboard(
                     ],
                     GPU_HOURS,
                     description="GPUs no job holds (cause idle, no job_id) are capacity, "
-                    "not a job's loss, and are left out.",
+                    "not a job's loss, and are left out; so are serving GPUs idle for lack "
+                    "of requests (low_demand).",
                     sort_by="Value",
                 ),
             ],

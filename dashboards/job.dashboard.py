@@ -1,4 +1,5 @@
-"""Job: one training job's GPUs, windows and causes, phases, steps, checkpoints and I/O."""
+"""Job: one job's GPUs, windows and causes, phases, steps, checkpoints, I/O, and for an
+inference server its queue."""
 
 from dashboards.presets import (
     BYTES_PER_SECOND,
@@ -66,14 +67,80 @@ dashboard = build_dashboard(
                     "GPU-hours lost per hour, by cause",
                     [
                         target(
-                            "sum by (cause) (rate("
-                            f"gpufeed_gpu_underutilized_seconds_total{{{JOB}}}{RI}))",
+                            "sum by (cause) (rate(gpufeed_gpu_underutilized_seconds_total"
+                            f'{{{JOB}, cause!="low_demand"}}{RI}))',
                             "{{cause}}",
                         )
                     ],
                     GPU_HOURS_PER_HOUR,
                     stacked=True,
                     by_cause=True,
+                    description="low_demand (a serving GPU with no request waiting) is spare "
+                    "capacity, not lost time: it is in the Serving row.",
+                ),
+            ],
+        ),
+        (
+            "Serving (inference: vLLM, Triton, TGI)",
+            [
+                timeseries(
+                    "Requests waiting and running",
+                    [
+                        target(
+                            f"sum by (instance) (gpufeed_serving_requests_waiting{{{JOB}}})",
+                            "{{instance}} waiting",
+                        ),
+                        target(
+                            f"sum by (instance) (gpufeed_serving_requests_running{{{JOB}}})",
+                            "{{instance}} running",
+                        ),
+                    ],
+                    PER_SECOND,
+                    description="The serving stack's own queue (docs/serving.md): waiting "
+                    "requests while the GPUs are busy is saturation (InferenceSaturated); "
+                    "none waiting while they idle is low demand.",
+                ),
+                timeseries(
+                    "KV-cache usage",
+                    [
+                        target(
+                            "max by (instance, endpoint) "
+                            f"(gpufeed_serving_kv_cache_usage_ratio{{{JOB}}})",
+                            "{{instance}} {{endpoint}}",
+                        )
+                    ],
+                    RATIO,
+                    max_value=1,
+                    description="vLLM only (Triton and TGI do not export it).",
+                ),
+                timeseries(
+                    "Requests completed per second",
+                    [
+                        target(
+                            "sum by (instance) (rate("
+                            f"gpufeed_serving_requests_completed_total{{{JOB}}}{RI}))",
+                            "{{instance}}",
+                        )
+                    ],
+                    PER_SECOND,
+                ),
+                timeseries(
+                    "GPU-hours idle for lack of demand (low_demand)",
+                    [
+                        target(
+                            "sum by (instance) (rate(gpufeed_gpu_underutilized_seconds_total"
+                            f'{{{JOB}, cause="low_demand"}}{RI}))',
+                            "{{instance}}",
+                        ),
+                        target(
+                            f"max by (instance, endpoint) (gpufeed_serving_up{{{JOB}}})",
+                            "{{instance}} {{endpoint}} up",
+                        ),
+                    ],
+                    GPU_HOURS_PER_HOUR,
+                    description="Serving GPUs underused with no request waiting: capacity "
+                    "beyond demand (InferenceIdleNoDemand), not a fault. `up` 0: the agent "
+                    "cannot read the server's metrics (its demand is unknown, not zero).",
                 ),
             ],
         ),

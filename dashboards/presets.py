@@ -60,6 +60,7 @@ CAUSE_COLOURS: dict[str, str] = {
     Cause.IDLE.value: "text",
     Cause.GPU_ERROR.value: "dark-red",
     Cause.STRAGGLER.value: "dark-orange",
+    Cause.LOW_DEMAND.value: "super-light-green",
     Cause.UNKNOWN.value: "light-blue",
 }
 WINDOW_ANNOTATION_COLOUR = "orange"

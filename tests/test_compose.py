@@ -76,6 +76,10 @@ ROUTES = {
     ("GpuUtilizationLow", "idle"): "oncall",
     ("GpuUtilizationLow", "gpu_error"): "oncall",
     ("GpuUtilizationLow", "straggler"): "oncall",
+    # never fires (GpuUtilizationLow leaves low_demand GPUs out); the serving owners if it did
+    ("GpuUtilizationLow", "low_demand"): "serving-owners",
+    ("InferenceSaturated", None): "serving-owners",
+    ("InferenceIdleNoDemand", None): "serving-owners",
     ("GpuUtilizationLow", "unknown"): "oncall",
     ("GpuJobHeldBack", "data_loading"): "storage-owners",
     ("GpuJobHeldBack", "checkpointing"): "storage-owners",
@@ -262,5 +266,5 @@ def test_end_to_end_copies_change_only_addresses_paths_and_timings(tmp_path: Pat
     assert am["inhibit_rules"] == original["inhibit_rules"]
     urls = {r["name"]: r["webhook_configs"][0]["url"] for r in am["receivers"]}
     receivers = ["oncall", "oncall-pager", "storage-owners", "storage-pager"]
-    receivers += ["network-team", "job-owners"]
+    receivers += ["network-team", "job-owners", "serving-owners"]
     assert urls == {name: f"http://webhook.invalid:8080/{name}" for name in receivers}

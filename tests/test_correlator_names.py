@@ -36,6 +36,8 @@ from gpufeed.vocabulary import Cause
 # object-storage tier (tests/test_object_storage.py plays a throttling one).
 # not (tests/test_correlator_evidence.py plays one); job_cpu_wait_ratio needs a job's
 # threads' run-queue wait, which the simulator does not write (the same test plays one).
+# serving_no_demand needs an inference server's queue, which the bench's jobs do not serve
+# (tests/test_correlator_serving.py plays one).
 # Their names are still checked against the rules and the summary above.
 NOT_IN_BENCH = {
     Feature.GPU_MEMORY_IDLE,
@@ -45,6 +47,7 @@ NOT_IN_BENCH = {
     Feature.JOB_CPU_THROTTLED_RATIO,
     Feature.DATA_TIER_THROTTLED_RATIO,
     Feature.JOB_CPU_WAIT_RATIO,
+    Feature.SERVING_NO_DEMAND,
 }
 
 

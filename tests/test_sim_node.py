@@ -63,7 +63,7 @@ def test_every_contract_family_is_produced_over_one_cycle(node: SimulatedNode) -
     assert names == CONTRACT_FAMILIES | GPU_EXTRA_FAMILIES
 
 
-def test_gpu_info_says_simulated_and_idle_gpu_has_no_job(read: Reader) -> None:
+def test_gpu_info_says_simulated_and_every_gpu_has_its_job(read: Reader) -> None:
     fams = read(50)
     info = [s for f in fams if f.name == "gpufeed_gpu_info" for s in f.samples]
     assert len(info) == 8 and {s.label("backend") for s in info} == {"simulated"}
@@ -71,7 +71,7 @@ def test_gpu_info_says_simulated_and_idle_gpu_has_no_job(read: Reader) -> None:
             for s in f.samples}  # fmt: skip
     assert jobs == {"0": "llm-pretrain-4821", "1": "llm-pretrain-4821", "2": "llm-pretrain-4821",
                     "3": "llm-pretrain-4821", "4": "vision-ft-77", "5": "vision-ft-77",
-                    "6": "rl-sweep-3"}  # fmt: skip
+                    "6": "rl-sweep-3", "7": "chat-serve-9"}  # fmt: skip
 
 
 def test_same_seed_same_output_whatever_the_query_order() -> None:
@@ -131,11 +131,10 @@ def test_startup_signature(read: Reader) -> None:
 
 
 def test_compute_signature(read: Reader) -> None:
-    for g in (0, 1, 2, 3, 6):
+    for g in (0, 1, 2, 3, 6, 7):  # 7: the LLM server, busy with requests waiting
         assert util(read, 140, g) > 0.85
     for g in (4, 5):
         assert util(read, 240, g) > 0.85
-    assert util(read, 140, 7) == 0.0  # no job
     assert rate(read, 140, "gpufeed_job_steps_total", job_id="llm-pretrain-4821") > 0.9
 
 
@@ -241,13 +240,25 @@ def test_short_dip_is_healthy_truth(node: SimulatedNode, read: Reader) -> None:
 
 
 def test_idle_gpus(node: SimulatedNode, read: Reader) -> None:
-    fams = read(420)  # rl-sweep has ended: GPU 6 is idle, GPU 7 always is
+    fams = read(420)  # rl-sweep has ended: GPU 6 is idle
     held = {s.label("gpu") for f in fams if f.name == "gpufeed_job_info" for s in f.samples}
-    assert "6" not in held and "7" not in held
-    assert util(read, 420, 6) == 0.0 and util(read, 420, 7) == 0.0
-    assert sample_value(fams, "gpufeed_gpu_clock_event_active", gpu="7", reason="gpu_idle") == 1.0
+    assert "6" not in held and "7" in held
+    assert util(read, 420, 6) == 0.0
+    assert sample_value(fams, "gpufeed_gpu_clock_event_active", gpu="6", reason="gpu_idle") == 1.0
     assert node.ground_truth(420)[6].cause == "idle"
-    assert node.ground_truth(420)[7].cause == "idle"
+
+
+def test_serving_gpu_has_a_queue_then_none(node: SimulatedNode, read: Reader) -> None:
+    """GPU 7 serves (vLLM): requests wait while it is busy; in its low_demand spell the
+    queue is empty and the GPU mostly idles; the truth is low_demand, not a stall."""
+    busy, quiet = read(100), read(260)
+    for fams, waiting in ((busy, True), (quiet, False)):
+        got = sample_value(fams, "gpufeed_serving_requests_waiting", job_id="chat-serve-9")
+        assert got is not None and (got > 0) == waiting
+        assert sample_value(fams, "gpufeed_serving_up", job_id="chat-serve-9") == 1.0
+    assert util(read, 100, 7) > 0.85 and util(read, 260, 7) < 0.5
+    assert node.ground_truth(100)[7].cause is None
+    assert node.ground_truth(260)[7].cause == "low_demand"
 
 
 def test_ground_truth_matches_utilization_over_a_cycle(node: SimulatedNode) -> None:

@@ -47,6 +47,9 @@ class Cause(StrEnum):
     # waits for a peer: another rank of the job (on another node, or a GPU here) arrives
     # last at the collectives; the job-level correlation names the culprit and its cause
     STRAGGLER = "straggler"
+    # an inference server's GPU underused while no request waits in its queue: demand is
+    # below what the GPU can serve, nothing is stalled (does not page; docs/serving.md)
+    LOW_DEMAND = "low_demand"
     UNKNOWN = "unknown"
 
     def __str__(self) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import MappingProxyType
 
 SERVERS = ("vllm", "triton", "tgi")
 
@@ -56,7 +57,7 @@ STACKS: tuple[Stack, ...] = (
         completed=("tgi_request_success", "tgi_request_success_total"),
     ),
 )
-_BY_SERVER = {s.server: s for s in STACKS}
+_BY_SERVER = MappingProxyType({s.server: s for s in STACKS})
 
 
 @dataclass(frozen=True, slots=True)

@@ -401,6 +401,8 @@ class Engine:
             c.incs[lay.jc(j, lay.j_tier_write + t)] += rate * dt
         if job.sdk:
             self._sdk(c, st, j, a, epochs)
+        if job.serving:
+            self._serving(c, j, ph.phase, now.params)
         # the job's cgroup has a CPU quota that never binds here: a simulated input
         # pipeline starves on the host's CPUs (preprocessing), not on its own limit
         used = (a.cpu_user + a.cpu_system) * dt
@@ -420,6 +422,26 @@ class Engine:
         c.psi_io = max(c.psi_io, a.io_pressure)
         c.psi_io_full = max(c.psi_io_full, a.io_pressure_full)
         c.host_memory_used += len(job.gpus) * 24 * 2**30
+
+    def _serving(self, c: _Cell, j: int, phase: str, params: list[float]) -> None:
+        """A serving job's queue, from its phase's draws (no noise of its own): busy
+        serving keeps a few requests waiting, a stall many; low demand leaves the queue
+        empty. Its endpoint answers once the server runs (not while it starts up, nor
+        after a failure)."""
+        lay, dt = self.layout, self.res
+        if phase in ("startup", "gpu_error", "idle"):
+            return  # loading its weights, or gone: its endpoint does not answer
+        if phase == "compute":
+            waiting, running, kv, rate = 2 + 10 * params[3], 24 + 8 * params[4], 0.5, 40.0
+        elif phase == "low_demand":
+            waiting, running, kv, rate = 0.0, float(round(2 * params[4])), 0.05, 0.5
+        else:  # a stalled server: requests pile up in its queue
+            waiting, running, kv, rate = 20 + 30 * params[3], 8 + 8 * params[4], 0.9, 5.0
+        c.gauges[lay.sg(j, L.S_UP)] = 1.0
+        c.gauges[lay.sg(j, L.S_WAITING)] = float(round(waiting))
+        c.gauges[lay.sg(j, L.S_RUNNING)] = float(round(running))
+        c.gauges[lay.sg(j, L.S_KV)] = kv + 0.3 * params[5]
+        c.incs[lay.jc(j, lay.j_served)] += rate * dt * self.pace
 
     def _sdk(self, c: _Cell, st: _State, j: int, a: JobLoad, epochs: list[float]) -> None:
         """What the job's SDK reports: phase seconds, steps, checkpoint bytes, epochs."""

@@ -28,9 +28,11 @@ from gpufeed.simulate.scenario import (
 )
 
 # Every phase but compute and startup (idle: the job ends; it comes back through `startup`),
-# and straggler: one node alone cannot tell a peer is late without per-rank signals (a
+# low_demand (only an inference server has it; generated jobs train), and straggler: one node alone cannot tell a peer is late without per-rank signals (a
 # scenario file may still ask for it; bench/culprit_accuracy.py judges the job level).
-STALL_CAUSES = tuple(p for p in PHASES if p not in ("compute", "startup", "straggler"))
+STALL_CAUSES = tuple(
+    p for p in PHASES if p not in ("compute", "startup", "straggler", "low_demand")
+)
 CONFOUNDERS = ("busy_tier", "dip", "thermal")
 
 

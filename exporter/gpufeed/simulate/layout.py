@@ -50,6 +50,9 @@ JOB_CPU_COUNTERS = 7
 # a job's page-cache counters: bytes its reads returned, bytes storage fetched for them
 J_CACHE_REQUESTED, J_CACHE_FETCHED = range(2)
 JOB_CACHE_COUNTERS = 2
+# a serving job's gauges: its endpoint up, requests waiting and running, KV-cache usage
+S_UP, S_WAITING, S_RUNNING, S_KV = range(4)
+SERVING_GAUGES = 4
 JOB_CPU_PERIODS_PER_SECOND = 10.0  # the kernel's default CFS period, 100 ms
 # host counters: cpu modes, then pressure some, then pressure full
 H_CPU = 0
@@ -73,7 +76,9 @@ class Layout:
         self.g_mem_available = self.g_tier_free + self.n_tiers
         # per job and tier: bytes of its model load in progress (the SDK's, in start-up)
         self.g_job_loading = self.g_mem_available + 1
-        self.n_gauges = self.g_job_loading + self.n_jobs * self.n_tiers
+        # per job: its serving endpoint's gauges (zero for a job that does not serve)
+        self.g_job_serving = self.g_job_loading + self.n_jobs * self.n_tiers
+        self.n_gauges = self.g_job_serving + self.n_jobs * SERVING_GAUGES
         # counters: GPUs, tiers, ports, host, jobs
         self.c_gpu = 0
         self.c_tier = self.n_gpus * GPU_COUNTERS
@@ -93,7 +98,8 @@ class Layout:
         self.j_cache = self.j_cpu + JOB_CPU_COUNTERS
         self.j_load_seconds = self.j_cache + JOB_CACHE_COUNTERS
         self.j_load_bytes = self.j_load_seconds + self.n_tiers
-        self.j_ckpt_hist = self.j_load_bytes + self.n_tiers  # buckets..., +Inf, sum, count
+        self.j_served = self.j_load_bytes + self.n_tiers  # requests a serving job completed
+        self.j_ckpt_hist = self.j_served + 1  # buckets..., +Inf, sum, count
         self.j_epoch_hist = self.j_ckpt_hist + len(CHECKPOINT_BUCKETS_SECONDS) + 3
         self.job_counters = self.j_epoch_hist + len(EPOCH_BUCKETS_SECONDS) + 3
         self.n_counters = self.c_job + self.n_jobs * self.job_counters
@@ -122,6 +128,9 @@ class Layout:
 
     def jg(self, job: int, tier: int) -> int:
         return self.g_job_loading + job * self.n_tiers + tier
+
+    def sg(self, job: int, i: int) -> int:
+        return self.g_job_serving + job * SERVING_GAUGES + i
 
     def jc(self, job: int, i: int) -> int:
         return self.c_job + job * self.job_counters + i

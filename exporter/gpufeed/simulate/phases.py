@@ -113,9 +113,21 @@ def job_load(c: JobContext) -> JobLoad:
         cpu_softirq=0.05 * n,
     )
     PHYSICS[c.phase.phase](c, load)
-    if c.phase.phase in STEPPING_PHASES:
+    if c.job.serving:
+        _serving(c, load)
+    elif c.phase.phase in STEPPING_PHASES:
         load.step_fraction = load.util / 0.95
     return load
+
+
+def _serving(c: JobContext, a: JobLoad) -> None:
+    """An inference server keeps its weights on the GPU, reads no dataset, talks over no
+    rail and takes little CPU (tokenising); its queue is its demand (engine: serving)."""
+    a.reads.clear()
+    a.memory_fraction = c.working_set
+    a.rail_fraction = a.transmit_wait = a.nvlink_fraction = 0.0
+    a.pcie_rx_per_gpu = 0.0
+    a.cpu_user, a.cpu_system, a.cpu_iowait, a.cpu_softirq = 0.3 * c.gpus, 0.05 * c.gpus, 0.0, 0.0
 
 
 def _compute(c: JobContext, a: JobLoad) -> None:
@@ -248,6 +260,12 @@ def _straggler(c: JobContext, a: JobLoad) -> None:
     a.reads.append((c.data_tier, c.healthy_read * (1 - wait)))
 
 
+def _low_demand(c: JobContext, a: JobLoad) -> None:
+    """An inference server with few requests: it serves each as it comes, none waits; the
+    GPU computes in short bursts (the serving physics in job_load does the rest)."""
+    a.util, a.util_sd = 0.04 + 0.3 * c.params[0], 0.05
+
+
 def _idle(c: JobContext, a: JobLoad) -> None:
     """The job holds nothing (never called: an idle job is not present)."""
 
@@ -263,4 +281,5 @@ PHYSICS: dict[str, Callable[[JobContext, JobLoad], None]] = {
     "gpu_error": _gpu_error,
     "idle": _idle,
     "straggler": _straggler,
+    "low_demand": _low_demand,
 }

@@ -38,6 +38,7 @@ PHASES: tuple[str, ...] = (
             _C.GPU_ERROR,
             _C.IDLE,
             _C.STRAGGLER,
+            _C.LOW_DEMAND,
         )
     ),
 )
@@ -54,6 +55,9 @@ CLOCK_EVENT_REASONS = vocabulary.SIMULATED_CLOCK_EVENT_REASONS
 EVENT_KINDS = ("busy_tier", "dip", "thermal")
 FABRICS = ("ethernet", "infiniband", "roce")
 SCHEDULERS = ("slurm", "kubernetes", "process")
+# An inference server's stack (`serving:` of a job): its queue is exported as the serving
+# collector's families; only a serving job can have a low_demand phase.
+SERVING_STACKS = ("vllm", "triton", "tgi")
 MAX_DIP_SECONDS = 45.0  # a dip is a confounder only while it is shorter than a window
 
 
@@ -132,6 +136,7 @@ class JobSpec:
     steps_per_second: float
     steps_per_epoch: int
     phases: tuple[PhaseSpec, ...]
+    serving: str = ""  # an inference server's stack (SERVING_STACKS); "" = not serving
 
     @property
     def period_seconds(self) -> float:
@@ -393,7 +398,8 @@ class _ScenarioReader(_Reader):
             m = self.mapping(item, key)
             p = key + "."
             known = {"id", "name", "scheduler", "gpus", "data_tier", "checkpoint_tier", "sdk",
-                     "data_read_bytes_per_second", "steps_per_second", "steps_per_epoch", "phases"}  # fmt: skip
+                     "data_read_bytes_per_second", "steps_per_second", "steps_per_epoch", "phases",
+                     "serving"}  # fmt: skip
             self.no_unknown(m, known, p)
             for required in ("id", "gpus", "phases"):
                 if required not in m:
@@ -427,6 +433,13 @@ class _ScenarioReader(_Reader):
             data_tier = self.tier_ref(m, "data_tier", tiers, p)
             ckpt_tier = self.tier_ref(m, "checkpoint_tier", tiers, p)
             phases = self.phases_spec(m["phases"], p + "phases", tuple(gpus), tiers)
+            serving = self.choice(m, "serving", "", ("", *SERVING_STACKS), prefix=p)
+            if not serving and any(ph.phase == _C.LOW_DEMAND for ph in phases):
+                raise self.fail(
+                    m["phases"][1],
+                    p + "phases",
+                    "a low_demand phase needs a serving job (serving:)",
+                )
             out.append(
                 JobSpec(
                     job_id=job_id,
@@ -440,6 +453,7 @@ class _ScenarioReader(_Reader):
                     steps_per_second=self.number(m, "steps_per_second", 1.5, minimum=0.001, maximum=1e4, prefix=p),
                     steps_per_epoch=self.integer(m, "steps_per_epoch", 300, minimum=1, maximum=10**9, prefix=p),
                     phases=phases,
+                    serving=serving,
                 )
             )  # fmt: skip
         return tuple(out)

@@ -19,7 +19,8 @@ from gpufeed.simulate import layout as L
 from gpufeed.simulate.engine import mix
 from gpufeed.simulate.scenario import CLOCK_EVENT_REASONS, JobSpec, Scenario
 
-ALWAYS, GPU_UP, JOB_PRESENT, NONZERO = range(4)
+# SERVING: present while the gauge at `gate_index` (a serving job's endpoint up) is set
+ALWAYS, GPU_UP, JOB_PRESENT, NONZERO, SERVING = range(5)
 # gauges only a GPU with GPM (Hopper and newer) has; `node.sm_active` says whether it does
 GPM_GAUGES = (L.G_SMACT, L.G_OCCUPANCY, L.G_TENSOR, L.G_DRAM)
 CONST, GAUGE, COUNTER = range(3)
@@ -250,6 +251,19 @@ def node_series(scenario: Scenario, lay: L.Layout, ids: Sequence[GpuIdentity]) -
     add("gpufeed_host_memory_available_bytes", "gauge", {}, GAUGE, lay.g_mem_available)
     for j, job in enumerate(s.jobs):
         jl = {"job_id": job.job_id}
+        if job.serving:
+            # its server's own /metrics on the node, as a config entry names it
+            sv = {**jl, "server": job.serving, "endpoint": f"127.0.0.1:{8000 + j}"}
+            up = lay.sg(j, L.S_UP)
+            add("gpufeed_serving_up", "gauge", sv, GAUGE, up, gate=JOB_PRESENT, gi=j)
+            for fam, i in (
+                ("gpufeed_serving_requests_waiting", L.S_WAITING),
+                ("gpufeed_serving_requests_running", L.S_RUNNING),
+                ("gpufeed_serving_kv_cache_usage_ratio", L.S_KV),
+            ):
+                add(fam, "gauge", sv, GAUGE, lay.sg(j, i), gate=SERVING, gi=up)
+            add("gpufeed_serving_requests_completed_total", "counter", sv, COUNTER,
+                lay.jc(j, lay.j_served), gate=SERVING, gi=up, integer=True)  # fmt: skip
         for g in job.gpus:
             info = {**jl, "gpu": str(g), "uuid": ids[g].uuid, "scheduler": job.scheduler,
                     "name": job.name}  # fmt: skip
@@ -401,6 +415,8 @@ def value_of(
     if d.gate == GPU_UP and not up[d.gate_index]:
         return None
     if d.gate == JOB_PRESENT and not present[d.gate_index]:
+        return None
+    if d.gate == SERVING and gauges[d.gate_index] <= 0:
         return None
     if d.source == CONST:
         return d.const

@@ -136,6 +136,7 @@ class Classifier:
         if (
             not job
             and u.cols is not None
+            and not self._serving_columns("", u.gpu)
             and _began_by(self.node.job_info.values(), t)
             and not lost
             and not _began_by(u.cols.xids.values(), t)
@@ -171,7 +172,51 @@ class Classifier:
             self._job_gpus_evidence(u, job, t, ev)
             self._rank_evidence(u, job, ev)
             self._progress_evidence(job, t, ev)
+        self._serving_evidence(u.gpu, job, t, ev)
         return ev
+
+    def _serving_columns(self, job: str, gpu: str) -> list[dict[str, Series]]:
+        """The serving queues of the GPU: its job's endpoints (for this GPU or the whole
+        job) and the endpoints the config names for this GPU."""
+        return [
+            cols
+            for (j, g, _), cols in self.node.serving.items()
+            if (j and j == job and (not g or g == gpu)) or (not j and g and g == gpu)
+        ]
+
+    def _serving_evidence(self, gpu: str, job: str, t: float, ev: Evidence) -> None:
+        """An inference server's queue: no request waiting over the last readings is low
+        demand (and then neither a start-up nor a stopped job: a server waits for
+        requests); requests waiting say how many, whatever the cause."""
+        cols = self._serving_columns(job, gpu)
+        if not cols:
+            return
+        stale, lookback = self.timing.stale_seconds, self.timing.rate_window_seconds
+        waiting: float | None = None
+        running: float | None = None
+        recent = 0.0
+        for c in cols:
+            w = c.get("waiting")
+            v = w.value_at(t, stale) if w is not None else None
+            if w is None or v is None:
+                continue  # an endpoint that did not answer: its queue is unknown
+            waiting = (waiting or 0.0) + v
+            recent = max(recent, v, *_values_since(w, t - lookback, t))
+            r = c.get("running")
+            rv = r.value_at(t, stale) if r is not None else None
+            if rv is not None:
+                running = (running or 0.0) + rv
+        if waiting is None:
+            return
+        ev.features[F.SERVING_REQUESTS_WAITING] = waiting
+        if running is not None:
+            ev.features[F.SERVING_REQUESTS_RUNNING] = running
+        idle = recent <= 0.0
+        ev.features[F.SERVING_NO_DEMAND] = 1.0 if idle else 0.0
+        if idle:
+            for name in (F.JOB_NOT_YET_BUSY, F.JOB_STOPPED_SECONDS):
+                if name in ev.features:
+                    ev.features[name] = 0.0
 
     def _progress_evidence(self, job: str, t: float, ev: Evidence) -> None:
         """Whether the job has stopped working (`idle` while it holds its devices), and,
@@ -459,6 +504,11 @@ def _stretch_start(s: Series, t: float, floor: float, lost: bool = False) -> flo
             return -math.inf
         i -= 1
     return start
+
+
+def _values_since(s: Series, t0: float, t1: float) -> list[float]:
+    i = max(s.index_at(t0), 0)
+    return [v for tt, v in zip(s.ts[i:], s.vs[i:], strict=False) if t0 <= tt <= t1]
 
 
 def _began_by(series: Iterable[Series], t: float) -> bool:

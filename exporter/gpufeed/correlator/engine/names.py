@@ -91,6 +91,13 @@ class Feature:
     # far below its own healthy level (a collective kernel spinning for a peer)
     COLLECTIVE_WAIT_RATIO: Final = "collective_wait_ratio"
     SM_ACTIVE_DROP_RATIO: Final = "sm_active_drop_ratio"
+    # low_demand: the GPU's serving job (an inference server) has had no request waiting
+    # in its queue over the last readings (1; 0 while requests wait)
+    SERVING_NO_DEMAND: Final = "serving_no_demand"
+    # the serving queue beside whatever cause decides (describe only): requests waiting and
+    # running, summed over the endpoints of the GPU's serving job
+    SERVING_REQUESTS_WAITING: Final = "serving_requests_waiting"
+    SERVING_REQUESTS_RUNNING: Final = "serving_requests_running"
 
 
 class Context:
@@ -157,7 +164,15 @@ def _values(namespace: type) -> frozenset[str]:
 
 FEATURES: Final[frozenset[str]] = _values(Feature)
 CONTEXT_KEYS: Final[frozenset[str]] = _values(Context)
-DESCRIPTIVE_FEATURES: Final[frozenset[str]] = frozenset(f for f, _ in ACCOMPANYING)
+# The serving queue: carried by a window of any cause on a serving GPU (a stall with
+# requests waiting says how many), deciding nothing.
+SERVING_DESCRIPTION: Final[tuple[str, ...]] = (
+    Feature.SERVING_REQUESTS_WAITING,
+    Feature.SERVING_REQUESTS_RUNNING,
+)
+DESCRIPTIVE_FEATURES: Final[frozenset[str]] = frozenset(
+    (*(f for f, _ in ACCOMPANYING), *SERVING_DESCRIPTION)
+)
 # The job's own CPU starvation: its quota throttling it, its threads waiting for a CPU.
 JOB_CPU_FEATURES: Final[frozenset[str]] = frozenset(
     (Feature.JOB_CPU_THROTTLED_RATIO, Feature.JOB_CPU_WAIT_RATIO)

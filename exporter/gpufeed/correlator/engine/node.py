@@ -115,6 +115,13 @@ GDS_FIELDS = {
     "gpufeed_storage_gds_errors_total": "errors",
 }
 
+# An inference server's queue (collector serving): per (job_id, gpu, endpoint), where a
+# config entry for GPUs has no job and a job's own endpoint no GPU.
+SERVING_FIELDS = {
+    "gpufeed_serving_requests_waiting": "waiting",
+    "gpufeed_serving_requests_running": "running",
+}
+
 # A tier's read latency target from the agent's config (tier_targets).
 TIER_LATENCY_TARGET = "gpufeed_storage_tier_target_read_latency_seconds"
 
@@ -151,6 +158,7 @@ USED_METRICS: tuple[str, ...] = (
     *FABRIC_FIELDS,
     *GDS_FIELDS,
     TIER_LATENCY_TARGET,
+    *SERVING_FIELDS,
 )
 # Read from trace files only: the recorder's count of samples it had to leave out.
 USED_METRIC_SET = frozenset((*USED_METRICS, *CLUSTER_METRICS, DROPPED_SAMPLES))
@@ -221,6 +229,8 @@ class NodeSeries:
     gds: dict[str, Series] = field(default_factory=dict)
     # tier -> its read latency target (TIER_LATENCY_TARGET), where the config states one
     tier_latency_targets: dict[str, Series] = field(default_factory=dict)
+    # (job_id, gpu, endpoint) -> "waiting" / "running" (SERVING_FIELDS)
+    serving: dict[tuple[str, str, str], dict[str, Series]] = field(default_factory=dict)
 
     def gpu(self, index: str) -> GpuColumns:
         g = self.gpus.get(index)
@@ -294,6 +304,10 @@ class NodeSeries:
             return _slot(self.gds, f"{f}:{get('kind')}" if f == "errors" else f)
         if name in CLUSTER_METRICS:
             return _slot(self.cluster, cluster_key(name, labels))
+        f = SERVING_FIELDS.get(name)
+        if f is not None:
+            at = (get("job_id", ""), get("gpu", ""), get("endpoint", ""))
+            return _slot(self.serving.setdefault(at, {}), f)
         job_id = get("job_id", "")
         if name == "gpufeed_job_info":
             key = (job_id, get("gpu", ""))
@@ -361,6 +375,8 @@ class NodeSeries:
                 out += m.values()
             out += [s for s in (j.steps, j.processes, j.checkpoint_bytes) if s is not None]
         out += self.tier_latency_targets.values()
+        for m in self.serving.values():
+            out += m.values()
         return out
 
 

@@ -120,6 +120,8 @@ RULES: tuple[Rule, ...] = (
     Rule(C.NETWORK, F.NETWORK_LINK_ERRORS_PER_SECOND, 0.1, 2.0, 0.8),
     # RoCE congestion: ECN marks and CNPs far above their healthy rate
     Rule(C.NETWORK, F.NETWORK_CONGESTION_PACKETS_X_BASELINE, 3.0, 8.0, 0.85),
+    # an inference server with no request waiting: the GPU has more capacity than demand
+    Rule(C.LOW_DEMAND, F.SERVING_NO_DEMAND, 0.5, 1.0, 0.95),
 )
 
 INHIBITS: tuple[Inhibit, ...] = (
@@ -146,6 +148,21 @@ INHIBITS: tuple[Inhibit, ...] = (
         for c in (C.STARTUP, C.CHECKPOINTING, C.DATA_LOADING, C.PREPROCESSING, C.THROTTLING)
     ),
     Inhibit(C.STRAGGLER, C.NETWORK, 0.9),
+    # no request waits: nothing is held back, whatever the node's signals say (a busy
+    # tier or CPU does not slow requests that are not there); a server still loading its
+    # model is starting up
+    *(
+        Inhibit(c, C.LOW_DEMAND, 0.95)
+        for c in (
+            C.DATA_LOADING,
+            C.PREPROCESSING,
+            C.CHECKPOINTING,
+            C.NETWORK,
+            C.THROTTLING,
+            C.STRAGGLER,
+        )
+    ),
+    Inhibit(C.LOW_DEMAND, C.STARTUP, 0.95),
 )
 
 RULES_BY_CAUSE: dict[Cause, tuple[Rule, ...]] = {

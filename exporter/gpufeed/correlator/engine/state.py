@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from gpufeed.correlator.engine.backlog import fabric_latency, scheduler_backlog
 from gpufeed.correlator.engine.causes import Cause
-from gpufeed.correlator.engine.names import ACCOMPANYING
+from gpufeed.correlator.engine.names import ACCOMPANYING, SERVING_DESCRIPTION
 from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.names import Feature as F
 from gpufeed.correlator.engine.netreason import deciding_counters, network_reason
@@ -146,6 +146,10 @@ def segment_window(
             ft = seg.feat_time.get(extra)
             if lead == name and ft:
                 ev[extra] = evidence_value(extra, seg.feat_sum[extra] / ft)
+    for name in SERVING_DESCRIPTION:
+        ft = seg.feat_time.get(name)
+        if ft:
+            ev[name] = evidence_value(name, seg.feat_sum[name] / ft)
     ft = seg.feat_time.get(F.SM_ACTIVE_DROP_RATIO)
     if cause is Cause.UNKNOWN and ft:
         # nothing decided, but a GPU that reads busy while its SMs idle is waiting: say so
@@ -212,6 +216,7 @@ EVIDENCE_OF: dict[Cause, tuple[str, ...]] = {
         *(r.feature for r in rules),
         *(extra for extra, lead in ACCOMPANYING if any(r.feature == lead for r in rules)),
         *((F.SM_ACTIVE_DROP_RATIO,) if c is Cause.UNKNOWN else ()),
+        *SERVING_DESCRIPTION,
     )
     for c, rules in RULES_BY_CAUSE.items()
 }

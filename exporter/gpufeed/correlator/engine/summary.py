@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpufeed.correlator.engine.causes import Cause
+from gpufeed.correlator.engine.names import SERVING_DESCRIPTION
 from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.names import Feature as F
 from gpufeed.vocabulary import UNATTRIBUTED_TIER, NetworkReason
@@ -19,6 +20,7 @@ HEADLINES = {
     Cause.IDLE: "is idle",
     Cause.GPU_ERROR: "has failed",
     Cause.STRAGGLER: "waits for a slower peer of its job",
+    Cause.LOW_DEMAND: "is idle for lack of requests (low demand)",
     Cause.UNKNOWN: "is underutilized and no signal stands out",
 }
 
@@ -171,8 +173,15 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
         F.COLLECTIVE_WAIT_RATIO: f"its ranks here wait in collectives {_pct(v)} of the time",
         F.SM_ACTIVE_DROP_RATIO: f"SM activity {_pct(v)} below its healthy level",
         F.JOB_PEER_GPU_ERROR: f"GPU {ctx.get(Ctx.FAILED_PEERS, '?')} of the same job has failed",
+        F.SERVING_NO_DEMAND: "no request waiting in its serving queue",
+        F.SERVING_REQUESTS_WAITING: f"{_requests(v)} waiting in its serving queue",
+        F.SERVING_REQUESTS_RUNNING: f"{_requests(v)} running",
     }
     return table.get(name)
+
+
+def _requests(v: float) -> str:
+    return "1 request" if round(v) == 1 else f"{v:.0f} requests"
 
 
 def _write_burst(v: float, tier: str) -> str:
@@ -195,11 +204,21 @@ def summarize(
     superseded = {gone for gone, by in _SUPERSEDED if by in evidence}
     if cause is Cause.STARTUP and context.get(Ctx.LOAD_TIER):
         superseded |= _IN_STARTUP_HEADLINE  # "loading 4.0 GB from the cold tier at ..."
+    low = cause is Cause.LOW_DEMAND
+    shown = (F.SERVING_REQUESTS_RUNNING,) if low else SERVING_DESCRIPTION
+    serving = [
+        p for name in shown if name in evidence and (p := phrase(name, evidence[name], context))
+    ]
     phrases = [
         p
         for name, v in evidence.items()
-        if name not in superseded and (p := phrase(name, v, context))
+        if name not in superseded
+        and name not in SERVING_DESCRIPTION
+        and (p := phrase(name, v, context))
     ]
+    # a stalled inference server's queue first (what its users wait in); an idle one's
+    # running requests after its empty queue
+    phrases = [*phrases, *serving] if low else [*serving, *phrases]
     line = f"{who} {_headline(cause, evidence, context)}"
     reason = context.get(Ctx.NETWORK_REASON)
     if cause is Cause.NETWORK and reason in NETWORK_REASON_WORDS:
