@@ -4,6 +4,8 @@ the SDK's serving declaration over the real socket."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import agent_env, gpufeed_cmd
 from gpufeed import sdk
 from gpufeed.collectors.base import CollectorContext
 from gpufeed.collectors.serving import ServingCollector
@@ -270,3 +273,47 @@ def test_sdk_declares_serving_and_reports_demand(tmp_path: Path) -> None:
         other.close()
     finally:
         srv.stop()
+
+
+def test_gpufeed_run_declares_the_command_a_serving_job(tmp_path: Path) -> None:
+    """`gpufeed run --serving-metrics URL -- COMMAND`: the launcher declares the job, under
+    the id the command's own processes resolve, while the command runs; a URL off this
+    host is refused with one line before anything runs."""
+    srv = SdkServer(
+        str(tmp_path / "sdk.sock"), max_jobs=8, max_messages_per_second=10000, grace_seconds=60
+    )
+    srv.start()
+    url = "http://127.0.0.1:8000/metrics"
+    ids = tmp_path / "ids"
+    prog = (
+        f"import time, gpufeed.sdk as s; open({str(ids)!r}, 'w').write(s.resolve_job_id('x'))\n"
+        "time.sleep(3)"
+    )
+    cmd = [*gpufeed_cmd("run"), "--socket", srv.socket_path, "--serving-metrics", url]
+    try:
+        proc = subprocess.Popen([*cmd, "--", sys.executable, "-c", prog], env=agent_env())
+        deadline = time.monotonic() + 10
+        got: dict[str, object] = {}
+        while time.monotonic() < deadline and not (got and ids.exists()):
+            got = dict(srv.serving_by_job())
+            time.sleep(0.05)
+        assert proc.wait(timeout=30) == 0
+        assert list(got) == [ids.read_text()], (got, ids.read_text())
+        assert [d.url for d in got.values()] == [url]  # type: ignore[attr-defined]
+        while srv.serving_by_job() and time.monotonic() < deadline + 5:
+            time.sleep(0.05)
+        assert srv.serving_by_job() == {}  # the launcher closed the job with its command
+    finally:
+        srv.stop()
+    bad = subprocess.run(
+        [*cmd[:-1], "http://10.0.0.1/metrics", "--", sys.executable, "-c", "pass"],
+        env=agent_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == (
+        "gpufeed run: --serving-metrics: a job may only declare metrics on this host's "
+        "loopback, not '10.0.0.1'"
+    )

@@ -362,8 +362,8 @@ class JobTable:
         within SERVING_DEMAND_STALE_SECONDS (an older report is unknown, not still true)."""
         out: dict[str, DeclaredServing] = {}
         for j in self._jobs.values():
-            if not j.serving or j.ended_at is not None:
-                continue
+            if not j.serving or not self._has_live_process(j, now):
+                continue  # every process that spoke for it has closed or exited
             fresh = j.serving_demand is not None and (
                 now - j.serving_demand_at <= SERVING_DEMAND_STALE_SECONDS
             )
