@@ -40,7 +40,8 @@ from gpufeed.fleet.timing import CycleTiming
 
 LabelKey = str
 Parsed = tuple[LabelKey, dict[str, Any], "array[float]", "array[float]"]
-Chunk = tuple[float, list[tuple[str, list[Parsed]]]]  # (its last instant, parsed answers)
+# (its last instant, parsed answers, every instant any answer holds, ascending)
+Chunk = tuple[float, list[tuple[str, list[Parsed]]], "array[float]"]
 
 CHUNK_STEPS = 10  # instants per query: bounds an answer (the whole fleet) in a cold start
 # A node's engine starts once it has this many utilization samples: its sampling interval
@@ -57,17 +58,28 @@ class Epoch:
     done_seconds: float
     nodes: dict[str, NodeSeries] = field(default_factory=dict)
     runs: dict[str, NodeRun] = field(default_factory=dict)
-    # (metric, labels as answered) -> its column, or None for a series the engine does
+    # metric -> labels as answered -> its column, or None for a series the engine does
     # not read: routing a label set is done once per epoch, not once per cycle
-    columns: dict[tuple[str, LabelKey], Series | None] = field(default_factory=dict)
+    columns: dict[str, dict[LabelKey, Series | None]] = field(default_factory=dict)
     # the cluster scheduler's series (CLUSTER_METRICS), shared by every node, as the
     # offline PromQL feed shares them (feeds/promql.py)
     cluster: dict[str, Series] = field(default_factory=dict)
+    # One timestamp column for every series that has a point at every instant routed so
+    # far (on a query grid, nearly all): `Series.ts is grid`, so the timestamps are held
+    # once, not once per series (they were half the columns' memory). Such a series gets
+    # only its values in `route`; `commit` then extends the grid, after giving every
+    # series that missed one of the chunk's instants a copy of its own.
+    grid: array[float] = field(default_factory=lambda: array("d"))
+    sharing: list[Series] = field(default_factory=list)
 
-    def route(self, metric: str, items: list[Parsed]) -> None:
+    def route(self, metric: str, items: list[Parsed], instants: array[float]) -> None:
+        """Appends an answer's points after `done_seconds` to their columns; `instants`,
+        the chunk's instants after it, are what a series sharing the grid must have."""
         done = self.done_seconds
-        cols = self.columns
+        cols = self.columns.setdefault(metric, {})
         shared = metric in CLUSTER_METRICS
+        grid, n = self.grid, len(self.grid)
+        full: dict[tuple[int, int], bool] = {}  # (answer timestamps, from) -> all instants?
         for key, labels, ts, vs in items:
             i = bisect_right(ts, done)
             if i >= len(ts):
@@ -76,9 +88,8 @@ class Epoch:
                 ckey = cluster_key(metric, {k: str(v) for k, v in labels.items()})
                 self.cluster.setdefault(ckey, Series()).extend_sorted(ts[i:], vs[i:])
                 continue
-            ck = (metric, key)
-            if ck in cols:
-                series = cols[ck]
+            if key in cols:
+                series = cols[key]
             else:  # first sight of this series: find (or make) its column once
                 inst = str(labels["instance"])
                 node = self.nodes.get(inst)
@@ -87,9 +98,39 @@ class Epoch:
                     node.cluster = self.cluster
                     self.runs[inst] = NodeRun(node)
                 rest = {k: str(v) for k, v in labels.items() if k not in ("instance", "__name__")}
-                series = cols[ck] = node.route(metric, rest)
-            if series is not None:
-                series.extend_sorted(ts[i:] if i else ts, vs[i:] if i else vs)
+                series = cols[key] = node.route(metric, rest)
+            if series is None:
+                continue
+            if not series.ts and not n:  # the epoch's first points: it starts on the grid
+                series.ts = grid
+                self.sharing.append(series)
+            if series.ts is grid:
+                same = full.get((id(ts), i))  # answers share their timestamp arrays
+                if same is None:
+                    same = full[id(ts), i] = (ts[i:] if i else ts) == instants
+                if same and len(series.vs) == n:
+                    series.vs.extend(vs[i:] if i else vs)
+                    continue
+                # off the grid from now on: its own copy of the timestamps it has
+                series.ts = array("d", grid)
+                if len(series.vs) > n:  # a second answer for this column in the chunk
+                    series.ts.extend(instants)
+            series.extend_sorted(ts[i:] if i else ts, vs[i:] if i else vs)
+
+    def commit(self, instants: array[float]) -> None:
+        """Extends the grid by the chunk's instants, once every answer is routed: a series
+        on it that did not get all of them gets its own timestamps first."""
+        grid, n = self.grid, len(self.grid)
+        keep = []
+        for series in self.sharing:
+            if series.ts is not grid:
+                continue  # left the grid (in route, or a trim)
+            if len(series.vs) == n:  # no points in this chunk
+                series.ts = array("d", grid)
+            else:
+                keep.append(series)
+        self.sharing = keep
+        grid.extend(instants)
 
     def advance(self, until: float, params: WindowParams) -> None:
         for inst in sorted(self.runs):
@@ -115,6 +156,7 @@ def _parse(result: list[dict[str, Any]], nodes: bool = True) -> tuple[list[Parse
     the epochs' column caches hold: the answer's label dictionaries go with the chunk."""
     out: list[Parsed] = []
     points = 0
+    distinct: dict[bytes, array[float]] = {}
     for item in result:
         metric = item.get("metric", {})
         if nodes and not metric.get("instance"):
@@ -124,6 +166,9 @@ def _parse(result: list[dict[str, Any]], nodes: bool = True) -> tuple[list[Parse
         ts = array("d", [p[0] for p in values])  # numbers in the answer already
         vs = array("d", [float(p[1]) for p in values])
         key = sys.intern("\x00".join(f"{k}\x01{v}" for k, v in metric.items()))
+        # one array per distinct list of timestamps (on a query grid, nearly every
+        # series has them all): the epochs compare and share it once (Epoch.grid)
+        ts = distinct.setdefault(ts.tobytes(), ts)
         out.append((key, metric, ts, vs))
     return out, points
 
@@ -200,14 +245,19 @@ class FleetEngines:
         metrics = (*USED_METRICS, *CLUSTER_METRICS)
         answers = list(pool.map(ask, metrics))
         parsed = [(m, items) for m, (items, _) in zip(metrics, answers, strict=True)]
-        return len(metrics), sum(n for _, n in answers), (e, parsed)
+        distinct = {id(ts): ts for _, items in parsed for _, _, ts, _ in items}
+        instants = array("d", sorted(set().union(*distinct.values())))
+        return len(metrics), sum(n for _, n in answers), (e, parsed, instants)
 
 
 def _apply(epoch: Epoch, chunk: Chunk, params: WindowParams) -> None:
     """Routes a chunk into an epoch that has not had it, and steps its engines through it."""
-    end, parsed = chunk
-    if epoch.done_seconds >= end:
+    end, parsed, instants = chunk
+    done = epoch.done_seconds
+    if done >= end:
         return
+    new = instants[bisect_right(instants, done) :]
     for metric, items in parsed:
-        epoch.route(metric, items)
+        epoch.route(metric, items, new)
+    epoch.commit(new)
     epoch.advance(end, params)

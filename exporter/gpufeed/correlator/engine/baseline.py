@@ -7,7 +7,7 @@ Peaks (for "throughput at its ceiling") are tracked over all time, healthy or no
 
 from __future__ import annotations
 
-from collections import deque
+from array import array
 from collections.abc import Hashable
 from statistics import median
 from typing import Final
@@ -66,7 +66,9 @@ class Baselines:
     __slots__ = ("_cache", "_hist", "_peak")
 
     def __init__(self) -> None:
-        self._hist: dict[Hashable, deque[float]] = {}
+        # the buckets as doubles, not a deque of float objects: a fleet replica holds one
+        # per signal of every node it watches, and boxed floats were 4x the memory
+        self._hist: dict[Hashable, array[float]] = {}
         self._cache: dict[Hashable, float] = {}
         self._peak: dict[Hashable, float] = {}
 
@@ -75,8 +77,10 @@ class Baselines:
             return
         h = self._hist.get(key)
         if h is None:
-            h = self._hist[key] = deque(maxlen=HOUR_BUCKETS)
+            h = self._hist[key] = array("d")
         h.append(value)
+        if len(h) > HOUR_BUCKETS:  # the oldest bucket leaves (120 doubles move: cheap)
+            del h[0]
         self._cache.pop(key, None)
 
     def median(self, key: Hashable) -> float | None:

@@ -54,8 +54,10 @@ class Series:
         """Drops points older than `t` (keeps one before it, for rates)."""
         i = bisect_right(self.ts, t) - 1
         if i > 0:
-            del self.ts[:i]
-            del self.vs[:i]
+            # new arrays, not `del` in place: the fleet shares one timestamp column among
+            # many series (fleet/carry.py), which a trim of one must not shorten
+            self.ts = self.ts[i:]
+            self.vs = self.vs[i:]
 
     def index_at(self, t: float) -> int:
         return bisect_right(self.ts, t) - 1

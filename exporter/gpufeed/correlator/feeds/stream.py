@@ -142,9 +142,9 @@ def _trim(node: NodeSeries, before: float) -> None:
             s.trim_before(before)
             continue
         i = bisect_right(s.ts, before) - 1  # as trim_before, but after the first point
-        if i > 1:
-            del s.ts[1:i]
-            del s.vs[1:i]
+        if i > 1:  # new arrays, not `del` in place: see Series.trim_before
+            s.ts = s.ts[:1] + s.ts[i:]
+            s.vs = s.vs[:1] + s.vs[i:]
 
 
 @dataclass(frozen=True, slots=True)
