@@ -18,7 +18,7 @@ T0 = 1_700_000_000.0
 
 def _item(gpu: str, ts: list[float], uuid: str = "GPU-a") -> Parsed:
     labels = {"__name__": UTIL, "instance": "n1:9400", "gpu": gpu, "uuid": uuid}
-    key = "|".join(f"{k}={v}" for k, v in labels.items())
+    key = hash(tuple(labels.items()))
     return key, labels, array("d", ts), array("d", [t / 1e9 + (uuid == "GPU-b") for t in ts])
 
 
@@ -46,6 +46,7 @@ def test_series_share_the_grid_until_they_miss_an_instant() -> None:
         all_ts = sorted({t for _, _, ts, _ in items for t in ts})
         _apply(epoch, (max(all_ts), [(UTIL, items)], array("d", all_ts)), WindowParams())
         for _, labels, ts, vs in items:
+            assert labels is not None
             want.setdefault(labels["gpu"], Series()).extend_sorted(ts, vs)
         grid = epoch.grid
         gpus = epoch.nodes["n1:9400"].gpus
