@@ -2,7 +2,8 @@
 names every other piece a cause needs that is still missing.
 
 For each cause: rules that can decide it (correlator/engine/rules.py; `unknown` has none), the
-words of its window summary (correlator/engine/summary.py), a bullet in the GpuUtilizationLow
+words of its window summary (correlator/engine/summary.py) and of a victim's summary
+naming it as its culprit's cause (correlator/job/culprit.py), a bullet in the GpuUtilizationLow
 runbook and in its `cause` label list (docs/runbooks.md), a row of the causes table
 (docs/correlator.md), a colour on the dashboards (dashboards/presets.py), an on-call hint
 in the alert's description (alerts/config.py), a routing decision tested through amtool
@@ -18,6 +19,7 @@ from alerts import config as alerts_config
 from dashboards import presets
 from gpufeed.correlator.engine.rules import RULES
 from gpufeed.correlator.engine.summary import HEADLINES
+from gpufeed.correlator.job.culprit import CULPRIT_WORDS
 from gpufeed.simulate.scenario import PHASES
 from gpufeed.vocabulary import Cause
 from stack_support import REPO_ROOT
@@ -41,6 +43,11 @@ def missing_pieces(cause: str) -> list[str]:
         missing.append("rules: no Rule for it in gpufeed/correlator/engine/rules.py RULES")
     if cause not in HEADLINES:
         missing.append("summary: no headline in gpufeed/correlator/engine/summary.py HEADLINES")
+    if cause not in CULPRIT_WORDS:
+        missing.append(
+            "culprit: no words in gpufeed/correlator/job/culprit.py CULPRIT_WORDS (a victim's "
+            "summary names its culprit's cause)"
+        )
     runbook = _section(RUNBOOKS.read_text(encoding="utf-8"), "## GpuUtilizationLow")
     if not re.search(rf"^- `{re.escape(cause)}`: ", runbook, re.MULTILINE):
         missing.append(
@@ -79,6 +86,7 @@ def test_a_new_cause_is_told_what_it_lacks() -> None:
     assert pieces == [
         "rules",
         "summary",
+        "culprit",
         "runbook",
         "runbook",
         "docs",
@@ -92,6 +100,7 @@ def test_a_new_cause_is_told_what_it_lacks() -> None:
 def test_no_piece_knows_a_cause_the_enum_does_not() -> None:
     causes = {c.value for c in Cause}
     assert set(HEADLINES) <= causes
+    assert set(CULPRIT_WORDS) <= causes
     assert set(presets.CAUSE_COLOURS) == causes
     assert set(alerts_config.CAUSE_HINTS) == causes
     assert {c for n, c in ROUTES if n == "GpuUtilizationLow"} == causes

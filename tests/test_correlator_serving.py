@@ -8,8 +8,10 @@ from pathlib import Path
 
 from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.correlator.engine.names import Feature as F
+from gpufeed.correlator.engine.node import NodeSeries
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.feeds.analyze import analyze_nodes
+from gpufeed.correlator.job.culprit import correlate_job
 from gpufeed.simulate.scenario import default_scenario, parse_scenario
 from gpufeed.simulate.tracegen import DEFAULT_START_UNIX, generate_trace
 from gpufeed.trace.reader import read_trace
@@ -78,3 +80,18 @@ def test_a_stalled_server_keeps_its_cause_and_says_how_many_requests_wait(
     assert F.SERVING_NO_DEMAND not in ev
     assert "requests waiting in its serving queue" in stall.summary
     assert quiet.start_seconds > stall.end_seconds
+
+
+def test_a_low_demand_node_is_no_culprit_of_a_multi_node_server() -> None:
+    """A server across two nodes: one node's GPU shows no reason (unknown), the other's is
+    idle for lack of requests. An idle server holds no peer back: no culprit, no straggler,
+    every window keeps its cause."""
+    t0 = 1_700_000_000.0
+
+    def window(instance: str, cause: Cause) -> Window:
+        return Window(instance, "0", f"GPU-{instance}", "chat", t0, t0 + 300, cause, 0.9, 0.1,
+                      (), "")  # fmt: skip
+
+    ws = [window("n1:9842", Cause.UNKNOWN), window("n2:9842", Cause.LOW_DEMAND)]
+    nodes = {w.instance: NodeSeries(w.instance) for w in ws}
+    assert correlate_job("chat", nodes, ws) == ws

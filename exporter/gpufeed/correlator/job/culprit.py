@@ -58,6 +58,7 @@ CULPRIT_WORDS = {
     Cause.IDLE: "is idle",
     Cause.GPU_ERROR: "has failed",
     Cause.STRAGGLER: "waits for another peer",
+    Cause.LOW_DEMAND: "has no request waiting (low demand)",
     Cause.UNKNOWN: "shows no reason on its node (a slow GPU or an imbalanced shard)",
 }
 
@@ -196,6 +197,8 @@ def _own_causes(
     began with the stall (a GPU lost an hour ago is no reason for it)."""
     own: dict[str, dict[Cause, float]] = {}
     for w in windows:
+        if w.cause is Cause.LOW_DEMAND:
+            continue  # a server with no request waiting holds no peer back
         d = min(w.end_seconds, end) - max(w.start_seconds, start)
         if not is_waiting(w) and d > 0 and w.start_seconds >= start - CLUSTER_GAP_SECONDS:
             per = own.setdefault(w.instance, {})
