@@ -61,6 +61,23 @@ dashboard = build_dashboard(
                     "GPUs idle for lack of requests (low_demand) are spare capacity and are "
                     "left out (the recording rule excludes them).",
                 ),
+                timeseries(
+                    "Serving GPUs idle for lack of requests (low_demand)",
+                    [
+                        target(
+                            "sum(rate(gpufeed_gpu_underutilized_seconds_total"
+                            f'{{{NODES},cause="low_demand"}}[$__rate_interval]))',
+                            "GPU-hours per hour",
+                        ),
+                        target(
+                            f"sum(gpufeed_serving_requests_waiting{{{NODES}}})",
+                            "requests waiting, all servers",
+                        ),
+                    ],
+                    GPU_HOURS_PER_HOUR,
+                    description="Inference servers underused with no request waiting: "
+                    "spare capacity beyond demand, not lost time (docs/serving.md).",
+                ),
                 table(
                     "Jobs losing the most GPU-hours (time range)",
                     [
