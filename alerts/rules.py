@@ -102,15 +102,23 @@ NOT_PAGING = "straggler|low_demand"
 
 def inference_saturated(cfg: RulesConfig) -> str:
     """Per node and serving job: more requests waiting than the threshold (summed over the
-    job's endpoints) while the job's GPUs are busy: the server is at its capacity."""
-    s = cfg.sel
-    return (
+    job's endpoints) while the job's GPUs are busy: the server is at its capacity. An
+    endpoint the config names by GPU (no job_id) is judged per GPU the same way."""
+    s, t, b = cfg.sel, f"{cfg.inference_waiting_requests:g}", f"{cfg.inference_busy_ratio:g}"
+    by_job = (
         f'sum by (instance, job_id) (gpufeed_serving_requests_waiting{{{s}, job_id!=""}})\n'
-        f"  > {cfg.inference_waiting_requests:g}\n"
+        f"  > {t}\n"
         "and on (instance, job_id)\n"
-        f"avg by (instance, job_id) (\n{_indent(held_utilization(cfg), 2)}\n)"
-        f" >= {cfg.inference_busy_ratio:g}"
+        f"avg by (instance, job_id) (\n{_indent(held_utilization(cfg), 2)}\n) >= {b}"
     )
+    by_gpu = (
+        "sum by (instance, gpu) (\n"
+        f'  gpufeed_serving_requests_waiting{{{s}, job_id="", gpu!=""}}\n'
+        f") > {t}\n"
+        "and on (instance, gpu)\n"
+        f"max by (instance, gpu) (gpufeed_gpu_utilization_ratio{{{s}}}) >= {b}"
+    )
+    return f"(\n{_indent(by_job, 2)}\n)\nor\n(\n{_indent(by_gpu, 2)}\n)"
 
 
 CULPRIT_LABELS = "job_id, culprit_instance, culprit_gpu, culprit_rank, cause"
@@ -538,7 +546,8 @@ def alert_rules(cfg: RulesConfig) -> list[Rule]:
             "annotations": {
                 "summary": "An inference server keeps requests waiting while its GPUs are busy.",
                 "description": (
-                    "Job {{ $labels.job_id }} on {{ $labels.instance }} has had more than "
+                    "{{ with $labels.job_id }}Job {{ . }}{{ else }}The server on GPU "
+                    "{{ $labels.gpu }}{{ end }} on {{ $labels.instance }} has had more than "
                     f"{cfg.inference_waiting_requests:g} requests waiting while its GPUs run "
                     f"at {cfg.inference_busy_ratio:.0%} or more, for "
                     f"{cfg.inference_saturated_for}: demand exceeds what it serves. Add "
