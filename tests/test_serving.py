@@ -260,7 +260,6 @@ def test_sdk_declares_serving_and_reports_demand(tmp_path: Path) -> None:
         )
         c = ServingCollector(CollectorContext(), srv.serving_by_job)
         fams = c.collect()
-        c.close()
         sdk_labels = (("endpoint", "sdk"), ("job_id", job.job_id), ("server", "sdk"))
         assert samples(fams, "gpufeed_serving_requests_waiting") == {sdk_labels: 5.0}
         # its declared URL is scraped too (nothing listens there: up 0)
@@ -271,6 +270,12 @@ def test_sdk_declares_serving_and_reports_demand(tmp_path: Path) -> None:
             sdk.Job("x", srv.socket_path, metrics_url="http://127.0.0.1/" + "a" * 300)
         job.close()
         other.close()
+        # the job is gone: its endpoint is not scraped, its failure counts go with it
+        deadline = time.monotonic() + 5
+        while srv.serving_by_job() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not list(iter_samples(c.collect()))
+        c.close()
     finally:
         srv.stop()
 

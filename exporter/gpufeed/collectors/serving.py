@@ -131,6 +131,13 @@ class ServingCollector:
             _put_demand(
                 f, labels, Demand(SDK_SERVER, d.requests_waiting or 0.0, d.requests_running)
             )
+        # an endpoint no longer declared (its job ended) takes its failure counts with it
+        current = {
+            (ls.get("job_id", ""), ls.get("gpu", ""), e.endpoint)
+            for e in endpoints
+            for ls in _label_sets(e)
+        }
+        self._failures = {k: n for k, n in self._failures.items() if k[:3] in current}
         for (job_id, gpu, endpoint, reason), n in sorted(self._failures.items()):
             labels = {"endpoint": endpoint, "reason": reason}
             labels |= {k: v for k, v in (("job_id", job_id), ("gpu", gpu)) if v}
