@@ -73,9 +73,10 @@ def test_queued_requests_are_a_stall_and_an_empty_queue_is_low_demand(
         (mapping / "6").write_text("chat-idle\n")
         cfg = tmp_path / "agent.yaml"
         cfg.write_text(
-            "interval_seconds: 0.5\n"
+            # generous time bounds: a loaded 2-core runner must not lose a scrape
+            "interval_seconds: 1\ncollector_timeout_seconds: 4\n"
             f"jobs: {{mapping_dir: {mapping}}}\n"
-            "serving:\n  endpoints:\n"
+            "serving:\n  timeout_seconds: 3\n  endpoints:\n"
             f"    - {{url: '{busy_url}/metrics', job_id: chat-busy}}\n"
             f"    - {{url: '{idle_url}/metrics', job_id: chat-idle, server: vllm}}\n"
             "correlator:\n"
@@ -85,7 +86,7 @@ def test_queued_requests_are_a_stall_and_an_empty_queue_is_low_demand(
         agent = run_agent("--config", str(cfg), "--gpu.backend", "simulated")
         body = wait_for_metrics(f"{agent.url}/metrics", agent.proc).decode()
         assert 'backend="simulated"' in body
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 40
         causes: dict[str, str] = {}
         while time.monotonic() < deadline:
             causes = open_causes(agent.url)
