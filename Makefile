@@ -109,8 +109,9 @@ soak: install
 
 # The fault lab (docs/lab.md), root, two tracks at once (docs/lab.md, "Time budget"):
 # A: the "lab" suite's single-node scenarios (lab/scenarios/*.yaml; ARGS go here), each under
-#    `gpufeed run` and with the SDK AT THE SAME TIME, real faults against the real agent
-#    (single-node 630 s + s3-slow 220 s, each + 35 s tail + setup: ~16 min);
+#    `gpufeed run` and with the SDK AT THE SAME TIME, real faults against the real agent, in
+#    LAB_JOBS lanes side by side (lab.run --jobs: single-node 630 s beside startup-idle 290 s
+#    then s3-slow 220 s, each + 35 s tail + setup: ~12 min; one lane ~23 min);
 # B: DLIO's agreement with gpufeed (lab/dlio_check.py, ~3 min; its venv once: dlio-venv),
 #    then the multi-node scenarios one at a time (~1.5 min each on 2 cores; LAB_MULTINODE_JOBS=2
 #    runs two at once, quicker but their ranks then share the CPU).
@@ -121,13 +122,14 @@ soak: install
 # ARGS="single-node --launcher sdk" runs a part of track A. The short forms run inside
 # `make test` (tests/test_lab_short.py, tests/test_lab_multinode.py).
 LAB_MULTINODE_JOBS ?= 1
+LAB_JOBS ?= 2
 lab: install promtool dlio-venv
 	@mkdir -p lab-results; status=0; \
 	  ( s=0; $(PY) -m lab.dlio_check --out lab-results --venv $(DLIO_VENV) || s=$$?; \
 	    $(PY) -m lab.multinode.run --suite lab --live-fleet --jobs $(LAB_MULTINODE_JOBS) \
 	      --results lab-results/multinode || s=$$?; exit $$s ) > lab-results/track-b.log 2>&1 & \
 	  b=$$!; \
-	  $(PY) -m lab.run --suite lab --out lab-results $(ARGS) || status=$$?; \
+	  $(PY) -m lab.run --suite lab --jobs $(LAB_JOBS) --out lab-results $(ARGS) || status=$$?; \
 	  wait $$b || status=$$?; cat lab-results/track-b.log; \
 	  exit $$status
 

@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 import yaml
 
-from lab.host import LoopTier
+from lab.host import LoopTier, dies_with_runner
 
 
 def listening_port(pid: int) -> int | None:
@@ -73,7 +73,9 @@ class Agent:
         argv += ["--web.listen-address", "127.0.0.1:0", "--instance", self.instance]
         log = open(self.run_dir / "agent.log", "wb")  # noqa: SIM115 - the child holds it
         try:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                dies_with_runner(argv), stdout=log, stderr=subprocess.STDOUT
+            )
         finally:
             log.close()
         deadline = time.monotonic() + timeout_s

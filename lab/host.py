@@ -30,6 +30,16 @@ def sh(*cmd: str) -> str:
     return out.stdout.strip()
 
 
+def dies_with_runner(argv: list[str]) -> list[str]:
+    """argv that the kernel kills (SIGKILL) when the runner thread that started it ends
+    (util-linux setpriv --pdeathsig; kept across the exec of a cgroup-entering shell). The
+    runner's traps stop every fault, but no trap sees SIGKILL: seen here, two CPU hogs and a
+    competing reader ran on for 1.5 hours after their runner was killed that way. The
+    agent and a capacity tier's FUSE server are started the same way; what a SIGKILL still
+    leaves (mounts, loop devices, cgroups) the next runner's start removes (lab.sweep)."""
+    return ["setpriv", "--pdeathsig", "KILL", "--", *argv]
+
+
 # The Python that runs lab/capacity_fs.py: the system's, with Debian's python3-fusepy.
 CAPACITY_PYTHON = "/usr/bin/python3"
 CAPACITY_FS = Path(__file__).resolve().parent / "capacity_fs.py"
@@ -93,7 +103,9 @@ class LoopTier:
         d = self.capacity_mnt = self.base / f"{self.name}.dev"
         d.mkdir()
         argv = [CAPACITY_PYTHON, str(CAPACITY_FS), str(self.image.parent), str(d)]
-        self.capacity_proc = subprocess.Popen([*argv, str(self.read_capacity_bytes_per_s)])
+        self.capacity_proc = subprocess.Popen(
+            dies_with_runner([*argv, str(self.read_capacity_bytes_per_s)])
+        )
         deadline = time.monotonic() + 15.0
         while not os.path.ismount(d):
             if self.capacity_proc.poll() is not None or time.monotonic() > deadline:

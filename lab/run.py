@@ -24,7 +24,8 @@ Cleanup: every part is undone in reverse order on a normal end, on an exception,
 SIGTERM, SIGINT or SIGHUP (turned into an exception): faults stopped (throttles lifted,
 hogs and readers killed, control file removed), the workload and agent ended, the job
 cgroup's processes killed and its directories removed, tiers unmounted, loop devices
-detached, the run directory deleted. Only a SIGKILL of the runner itself can leave them.
+detached, the run directory deleted. Only a SIGKILL of the runner itself can leave them;
+the next runner removes what dead runners left when it starts (lab.sweep), and says so.
 
 Exit status: 0 when every scenario ran and met its targets, 1 when one missed, 2 when one
 could not run.
@@ -57,6 +58,7 @@ from lab.faults.s3 import S3_TIER, LabS3
 from lab.host import JobCgroup, LoopTier, cgroup_mode
 from lab.scenario import Scenario, ScenarioError, find, load_all
 from lab.score import LabWindow, NodeRun, Sighting, Step, score
+from lab.sweep import sweep
 
 TRAIN = Path(__file__).resolve().parent / "workloads" / "train.py"
 POLL_SECONDS = 2.0
@@ -423,6 +425,13 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="scenarios at the same time (default 1; each with its launchers at once; "
+        "always 1 with --device cuda)",
+    )
+    ap.add_argument(
         "--one-at-a-time",
         action="store_true",
         help="run a scenario's launchers one after the other (default: at the same time; "
@@ -433,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"lab: {problem}", file=sys.stderr)
         return 2
+    for line in sweep():  # what runners killed with SIGKILL left (only dead runners')
+        print(f"lab: swept {line}", file=sys.stderr, flush=True)
     try:
         chosen = scenarios_for(args.names, args.suite)
     except ScenarioError as exc:
@@ -443,26 +454,27 @@ def main(argv: list[str] | None = None) -> int:
     results: list[RunResult] = []
     failed = 0
     began = time.monotonic()
+    apart = args.one_at_a_time or args.device != "stand-in"
+    groups: list[tuple[Scenario, list[str]]] = []
+    for s in chosen:
+        launchers = (
+            [s.workload.launcher]
+            if args.launcher == "scenario"
+            else ["run", "sdk"]
+            if args.launcher == "both"
+            else [args.launcher]
+        )
+        groups += [(s, [x]) for x in launchers] if apart else [(s, launchers)]
+    jobs = 1 if args.device != "stand-in" else max(1, args.jobs)
     with signals_raise():
-        for s in chosen:
-            launchers = (
-                [s.workload.launcher]
-                if args.launcher == "scenario"
-                else ["run", "sdk"]
-                if args.launcher == "both"
-                else [args.launcher]
-            )
-            apart = args.one_at_a_time or args.device != "stand-in"
-            groups = [[x] for x in launchers] if apart else [launchers]
-            for group in groups:
-                print(f"lab: {s.name} ({' + '.join(group)}), {s.duration_s:g} s", flush=True)
-                runs = run_together(s, group, args.out, args.nice, args.device)
-                for launcher, got in zip(group, runs, strict=True):
-                    if isinstance(got, RunResult):
-                        results.append(got)
-                        continue
-                    print(f"lab: {s.name} ({launcher}) could not run: {got}", file=sys.stderr)
-                    failed += 1
+        ran = run_lanes(lanes(groups, jobs), args.out, args.nice, args.device)
+        order = {s.name: i for i, s in enumerate(chosen)}  # the report in the suite's order
+        for s, launcher, got in sorted(ran, key=lambda x: order[x[0].name]):
+            if isinstance(got, RunResult):
+                results.append(got)
+                continue
+            print(f"lab: {s.name} ({launcher}) could not run: {got}", file=sys.stderr)
+            failed += 1
     report = write_report(results, args.out, time.monotonic() - began)
     print(report.read_text() if report.exists() else "", flush=True)
     if failed:
@@ -470,36 +482,61 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(score(r.scenario, [r.run]).passed() for r in results) else 1
 
 
-def run_together(
-    s: Scenario, launchers: list[str], out: Path, nice: int, device: str = "stand-in"
-) -> list[RunResult | Exception]:
-    """Runs `s` once per launcher, all at the same time (one thread each); a run that could
-    not run is its exception. SIGTERM, SIGHUP and SIGINT stop every run through its cleanup
-    and are then raised on as SystemExit, after the last run has cleaned up: an exception
-    that interrupts `Thread.join` can leave the thread marked finished while it still runs,
-    and the interpreter would then exit in the middle of that run's cleanup."""
-    together = Together(threading.Barrier(len(launchers)), threading.Event())
-    got: list[RunResult | Exception] = [LabError("did not run")] * len(launchers)
+Group = tuple[Scenario, list[str]]  # a scenario and the launchers that run it at once
+
+
+def lanes(groups: list[Group], jobs: int) -> list[list[Group]]:
+    """`groups` dealt to `jobs` lanes that run side by side, each lane one group after the
+    other: longest first, each to the lane that ends soonest (a scenario's length is its
+    fixed schedule, so this is what sets the wall time)."""
+    if jobs <= 1:
+        return [groups] if groups else []
+    out: list[list[Group]] = [[] for _ in range(min(jobs, len(groups)))]
+    ends = [0.0] * len(out)
+    for g in sorted(groups, key=lambda g: g[0].duration_s, reverse=True):
+        i = ends.index(min(ends))
+        out[i].append(g)
+        ends[i] += g[0].duration_s + TAIL_SECONDS
+    return [lane for lane in out if lane]
+
+
+def run_lanes(
+    plan: list[list[Group]], out: Path, nice: int, device: str = "stand-in"
+) -> list[tuple[Scenario, str, RunResult | Exception]]:
+    """Runs each lane's groups one after the other, the lanes at the same time (one thread
+    each), every group's launchers at the same time (`run_together`'s threads). What one
+    run sets up is its own (tiers, job cgroup, agent, SDK socket; CPU hogs inside its own
+    job's cgroup), so runs of different scenarios can share the host as the launchers of
+    one do. SIGTERM, SIGHUP and SIGINT stop every run through its cleanup and are then
+    raised on as SystemExit, after the last run has cleaned up: an exception that
+    interrupts `Thread.join` can leave the thread marked finished while it still runs, and
+    the interpreter would then exit in the middle of that run's cleanup."""
+    stop = threading.Event()
     received: list[int] = []
+    barriers: list[threading.Barrier] = []
+    got: list[list[tuple[Scenario, str, RunResult | Exception]]] = [[] for _ in plan]
 
-    def stop(signum: int, _frame: FrameType | None) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         received.append(signum)
-        together.stop.set()
-        together.start.abort()
+        stop.set()
+        for b in list(barriers):
+            b.abort()
 
-    def one(i: int, launcher: str) -> None:
-        try:
-            got[i] = run_one(s, launcher, out, nice, device, together)
-        except Exception as exc:  # reported as "could not run"; the other runs go on
-            got[i] = exc
-        finally:
-            together.start.abort()  # a run that ends before the barrier frees the others
+    def lane(i: int) -> None:
+        for s, launchers in plan[i]:
+            if stop.is_set():
+                got[i] += [(s, x, LabError("stopped (the runner got a signal)")) for x in launchers]
+                continue
+            print(f"lab: {s.name} ({' + '.join(launchers)}), {s.duration_s:g} s", flush=True)
+            together = Together(threading.Barrier(len(launchers)), stop)
+            barriers.append(together.start)
+            runs = run_together(s, launchers, out, nice, device, together)
+            got[i] += [(s, x, r) for x, r in zip(launchers, runs, strict=True)]
 
-    old = {x: signal.signal(x, stop) for x in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    old = {x: signal.signal(x, on_signal) for x in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
         threads = [
-            threading.Thread(target=one, args=(i, x), name=f"lab-{s.name}-{x}")
-            for i, x in enumerate(launchers)
+            threading.Thread(target=lane, args=(i,), name=f"lab-lane-{i}") for i in range(len(plan))
         ]
         for t in threads:
             t.start()
@@ -510,6 +547,38 @@ def run_together(
             signal.signal(x, h)
     if received:
         raise SystemExit(128 + received[0])
+    return [x for lane_got in got for x in lane_got]
+
+
+def run_together(
+    s: Scenario,
+    launchers: list[str],
+    out: Path,
+    nice: int,
+    device: str = "stand-in",
+    together: Together | None = None,
+) -> list[RunResult | Exception]:
+    """Runs `s` once per launcher, all at the same time (one thread each), their workloads
+    started together; a run that could not run is its exception. Signals: `run_lanes`."""
+    together = together or Together(threading.Barrier(len(launchers)), threading.Event())
+    got: list[RunResult | Exception] = [LabError("did not run")] * len(launchers)
+
+    def one(i: int, launcher: str) -> None:
+        try:
+            got[i] = run_one(s, launcher, out, nice, device, together)
+        except Exception as exc:  # reported as "could not run"; the other runs go on
+            got[i] = exc
+        finally:
+            together.start.abort()  # a run that ends before the barrier frees the others
+
+    threads = [
+        threading.Thread(target=one, args=(i, x), name=f"lab-{s.name}-{x}")
+        for i, x in enumerate(launchers)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     return got
 
 

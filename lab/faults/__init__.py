@@ -12,19 +12,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
-from lab.host import JobCgroup, LoopTier
+from lab.host import JobCgroup, LoopTier, dies_with_runner
 from lab.scenario import Fault
+
+__all__ = ["FaultContext", "Injector", "dies_with_runner", "kinds", "make", "tier_of"]
 
 if TYPE_CHECKING:
     from lab.faults.s3 import LabS3
-
-
-def dies_with_runner(argv: list[str]) -> list[str]:
-    """argv that the kernel kills (SIGKILL) when the runner thread that started it ends
-    (util-linux setpriv --pdeathsig; kept across the exec of a cgroup-entering shell). The
-    runner's traps stop every fault, but no trap sees SIGKILL: seen here, two CPU hogs and a
-    competing reader ran on for 1.5 hours after their runner was killed that way."""
-    return ["setpriv", "--pdeathsig", "KILL", "--", *argv]
 
 
 @dataclass(frozen=True, slots=True)

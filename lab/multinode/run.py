@@ -35,6 +35,7 @@ from lab.multinode.harness import REPO, run_scenario
 from lab.multinode.host import host_problem
 from lab.multinode.scenario import Plan, load, plan
 from lab.scenario import ScenarioError, load_all
+from lab.sweep import sweep
 
 Ran = tuple[dict[str, Any], dict[str, Any] | None]
 
@@ -74,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(f"lab: this host cannot run the multi-node lab: {problem}", file=sys.stderr)
         return 1
+    if not args.no_report:  # --jobs' children: their parent has swept
+        for line in sweep():  # what runners killed with SIGKILL left (only dead runners')
+            print(f"lab: swept {line}", file=sys.stderr, flush=True)
     for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(s, _raise)
     began = time.monotonic()
