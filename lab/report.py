@@ -148,8 +148,9 @@ def _time_md(results: Sequence[RunResult], wall_s: float | None) -> list[str]:
     lines = [
         "## Time",
         "",
-        "Runs of one scenario under both launchers run at the same time (lab.run), so the "
-        "total is less than the sum.",
+        "Runs of one scenario under both launchers run at the same time (lab.run), and "
+        "with --jobs N scenarios run in N lanes side by side, so the total is less than "
+        "the sum.",
         "",
         "| run | setup | scenario + tail | teardown | total |",
         "|---|---|---|---|---|",
