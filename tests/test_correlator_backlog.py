@@ -48,7 +48,7 @@ def test_idle_while_jobs_pend_says_fragmentation_and_the_queue(tmp_path: object)
     ev = dict(w.evidence)
     assert w.cause is Cause.IDLE  # still idle: no job holds the GPU
     assert ev[Ctx.SCHEDULER_BACKLOG] == "fragmentation"
-    queue = "2 GPU jobs pend (1 Resources, 1 Priority) while 3 GPUs are free, at most 2 on one node"
+    queue = "2 GPU jobs pend (1 Priority, 1 Resources) while 3 GPUs are free, at most 2 on one node"
     assert ev[Ctx.SCHEDULER_QUEUE] == queue
     assert w.summary.startswith(f"GPU 0 is idle while GPU jobs wait (fragmentation): {queue}")
 

@@ -62,3 +62,44 @@ def test_analyze_output_is_unchanged(name: str, make_trace: object, tmp_path: Pa
             difflib.unified_diff(want.splitlines(True), got.splitlines(True), name, "now", n=0)
         )
         pytest.fail(f"the windows of {name} changed (regenerate only if intended):\n{diff[:4000]}")
+
+
+def _reversed_series(text: str) -> str:
+    """The same trace with its families, and the series inside each, in reverse order:
+    what a TSDB that answers series in no fixed order does to the engine's input."""
+    families: list[tuple[list[str], dict[str, list[str]]]] = []
+    for line in text.splitlines():
+        if line == "# EOF":
+            break
+        if line.startswith("#"):
+            if not families or families[-1][1]:
+                families.append(([], {}))
+            families[-1][0].append(line)
+            continue
+        head = line.rsplit(" ", 2)[0]
+        families[-1][1].setdefault(head, []).append(line)
+    out: list[str] = []
+    for header, series in reversed(families):
+        out += header
+        for lines in reversed(series.values()):
+            out += lines
+    return "\n".join([*out, "# EOF", ""])
+
+
+def test_the_order_series_arrive_in_changes_no_window(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.om"
+    _simulated_trace(trace)
+    text = trace.read_text()
+    mixed = _reversed_series(text)
+    assert sorted(mixed.splitlines()) == sorted(text.splitlines()) and mixed != text
+    trace.write_text(mixed)
+    out = tmp_path / "windows.jsonl"
+    run = subprocess.run(
+        gpufeed_cmd("analyze", str(trace), "--format", "jsonl", "--output", str(out)),
+        env=agent_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stderr
+    assert out.read_text() == (GOLDEN / "windows-simulated.jsonl").read_text()

@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from gpufeed.correlator.engine.node import USED_METRIC_SET, NodeSeries
+from gpufeed.correlator.engine.node import USED_METRIC_SET, NodeSeries, put_in_order
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.feeds.labels import SeriesSyntaxError, parse_series
 
@@ -574,7 +574,7 @@ def read_trace(path: str, jobs: int = 1, validate_all: bool = False) -> Trace:
                 inst = labels.pop("instance", "")
                 node = nodes.get(inst)
                 if node is None:
-                    node = nodes[inst] = NodeSeries(inst)
+                    node = put_in_order(nodes, inst, NodeSeries(inst))
                 s = routes[head] = node.route(name, labels)
             if s is None:
                 continue

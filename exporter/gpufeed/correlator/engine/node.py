@@ -7,6 +7,7 @@ unknown names return None and cost nothing afterwards.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -14,7 +15,9 @@ from typing import TypeVar
 from gpufeed.correlator.engine.series import Series
 from gpufeed.trace.format import DROPPED_SAMPLES
 
-K = TypeVar("K", str, tuple[str, str])
+K = TypeVar("K", str, tuple[str, str])  # a column map's key, kept in natural order
+V = TypeVar("V")
+_DIGITS = re.compile(r"(\d+)")
 
 STORAGE_FIELDS = {
     "gpufeed_storage_read_bytes_total": "read_bytes",
@@ -235,13 +238,13 @@ class NodeSeries:
     def gpu(self, index: str) -> GpuColumns:
         g = self.gpus.get(index)
         if g is None:
-            g = self.gpus[index] = GpuColumns(index)
+            g = put_in_order(self.gpus, index, GpuColumns(index))
         return g
 
     def job(self, job_id: str) -> JobColumns:
         j = self.jobs.get(job_id)
         if j is None:
-            j = self.jobs[job_id] = JobColumns(job_id)
+            j = put_in_order(self.jobs, job_id, JobColumns(job_id))
         return j
 
     def route(self, name: str, labels: Mapping[str, str]) -> Series | None:
@@ -295,8 +298,7 @@ class NodeSeries:
             return _slot(self.dropped, get("family", ""))
         f = FABRIC_FIELDS.get(name)
         if f is not None:
-            peer = self.fabric.setdefault(get("peer", ""), {})
-            return _slot(peer, f)
+            return _slot(_slot_map(self.fabric, get("peer", "")), f)
         f = GDS_FIELDS.get(name)
         if f is not None:
             if get("op") != "read":
@@ -311,7 +313,7 @@ class NodeSeries:
         job_id = get("job_id", "")
         if name == "gpufeed_job_info":
             key = (job_id, get("gpu", ""))
-            self.job_uuid[key] = get("uuid", "")
+            put_in_order(self.job_uuid, key, get("uuid", ""))
             self.job(job_id)
             return _slot(self.job_info, key)
         j = self.job(job_id)
@@ -319,7 +321,7 @@ class NodeSeries:
             return _slot(j.rank_phases, (get("rank", ""), get("phase", "other")))
         if name == "gpufeed_job_rank_info":
             if get("uuid"):
-                j.rank_uuid[get("rank", "")] = get("uuid", "")
+                put_in_order(j.rank_uuid, get("rank", ""), get("uuid", ""))
             return _slot(j.rank_info, get("rank", ""))
         if name == "gpufeed_job_phase_seconds_total":
             return _slot(j.phases, get("phase", "other"))
@@ -391,17 +393,42 @@ def cluster_key(name: str, labels: Mapping[str, str]) -> str:
     return "node_free_max"
 
 
+def _natural(key: str | tuple[str, ...]) -> tuple[tuple[tuple[int, int, str], ...], ...]:
+    """GPU "2" before "10", mlx5_2 before mlx5_10; a tuple key part by part."""
+    parts = (key,) if isinstance(key, str) else key
+    return tuple(
+        tuple((0, int(c), "") if c.isdigit() else (1, 0, c) for c in _DIGITS.split(p) if c)
+        for p in parts
+    )
+
+
+def put_in_order(m: dict[K, V], key: K, value: V) -> V:
+    """Adds `key` where the natural order of the keys puts it, not where it came.
+
+    A TSDB answers a query's series in no fixed order (VictoriaMetrics, under load), and the
+    engine walks these dicts in their order: the peers a summary lists, the device that a
+    tie between two equally busy links names. Keeping every column map in one canonical
+    order makes a node's windows independent of how its series arrived (a file, a scrape,
+    a TSDB, any of two fleet replicas). Keys are added once, on first sight, so the
+    re-sort is rare."""
+    m[key] = value
+    keys = list(m)
+    if len(keys) > 1 and _natural(keys[-2]) > _natural(key):
+        items = sorted(m.items(), key=lambda kv: _natural(kv[0]))
+        m.clear()
+        m.update(items)
+    return value
+
+
 def _slot(m: dict[K, Series], key: K) -> Series:
     s = m.get(key)
     if s is None:
-        s = m[key] = Series()
+        s = put_in_order(m, key, Series())
     return s
 
 
-def _slot_map(
-    m: dict[tuple[str, str], dict[str, Series]], key: tuple[str, str]
-) -> dict[str, Series]:
+def _slot_map(m: dict[K, dict[str, Series]], key: K) -> dict[str, Series]:
     d = m.get(key)
     if d is None:
-        d = m[key] = {}
+        d = put_in_order(m, key, {})
     return d

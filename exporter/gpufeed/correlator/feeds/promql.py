@@ -26,7 +26,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gpufeed.correlator.engine.node import CLUSTER_METRICS, USED_METRICS, NodeSeries, cluster_key
+from gpufeed.correlator.engine.node import (
+    CLUSTER_METRICS,
+    USED_METRICS,
+    NodeSeries,
+    cluster_key,
+    put_in_order,
+)
 from gpufeed.correlator.engine.series import Series
 
 MAX_POINTS = 10_000
@@ -219,7 +225,7 @@ def route_result(nodes: dict[str, NodeSeries], metric: str, result: list[dict[st
         inst = labels.pop("instance", "")
         node = nodes.get(inst)
         if node is None:
-            node = nodes[inst] = NodeSeries(inst)
+            node = put_in_order(nodes, inst, NodeSeries(inst))
         series = node.route(metric, labels)
         if series is None:
             continue
