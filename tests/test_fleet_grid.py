@@ -56,3 +56,11 @@ def test_series_share_the_grid_until_they_miss_an_instant() -> None:
     assert list(epoch.grid) == _grid(0, 12)
     sharing = {gpu for gpu, g in gpus.items() if g.fields["util"].ts is grid}
     assert sharing == {"0"}  # 1 missed an instant, 2 started late, 3 had two answers, 4 none
+
+
+def test_the_service_limits_glibcs_malloc_arenas() -> None:
+    """fleet/memory.py: on glibc (every supported Linux, CI's Debian) the setting is taken;
+    its effect on memory is measured by bench/fleet_cycle.py."""
+    from gpufeed.fleet.memory import limit_malloc_arenas
+
+    assert limit_malloc_arenas() is True

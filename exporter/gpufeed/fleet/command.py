@@ -131,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     from gpufeed.correlator.feeds.access import AccessError
     from gpufeed.correlator.feeds.promql import parse_time
     from gpufeed.correlator.outputs.windowlog import WindowLogInUse
+    from gpufeed.fleet.memory import limit_malloc_arenas
     from gpufeed.fleet.metrics import Price
     from gpufeed.fleet.service import FleetService, FleetSettings
     from gpufeed.fleet.state import StateError
@@ -139,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
     def fail(msg: str, code: int = 2) -> int:
         print(f"gpufeed fleet: {msg}", file=sys.stderr)
         return code
+
+    limit_malloc_arenas()  # before any thread: see fleet/memory.py
 
     timing = CycleTiming(args.interval, args.lookback, args.step, args.settle, args.merge_gap)
     problem = timing.problem()
