@@ -209,6 +209,12 @@ class JobCgroup:
                     )
         return self
 
+    def views(self) -> list[tuple[Path, Path]]:
+        """(this job's top cgroup, the mount point of its hierarchy) per hierarchy: what a
+        multi-node lab node's agent bind-mounts over the hierarchy's root, so that it sees
+        its own node's cgroups only (lab.multinode.harness.node_argv says why)."""
+        return [(top, top.parent.resolve()) for top in self.tops]
+
     @property
     def blkio(self) -> Path:
         return self.dirs[0]

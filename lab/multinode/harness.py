@@ -24,6 +24,7 @@ import functools
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -189,24 +190,7 @@ def _agent_config(run: Run, node: Node) -> dict[str, Any]:
 def _start_agent(run: Run, node: Node) -> None:
     cfg = node.work / "agent.yaml"
     cfg.write_text(yaml.safe_dump(_agent_config(run, node)))
-    # In the node's network namespace with a sysfs of its own (its /sys/class/net shows its
-    # eth0, as `ip netns exec` gives it) but, unlike `ip netns exec`, with the host's cgroup
-    # tree kept under /sys/fs/cgroup: a node's agent sees its jobs' cgroups (the job_cpu
-    # collector's CPU throttling), as on a real node. UTS namespace: hostname node-<i>.
-    cmd = [
-        "nsenter",
-        f"--net=/run/netns/{node.link.netns}",
-        "unshare",
-        "--uts",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        'd=$(mktemp -d) && mount --rbind /sys/fs/cgroup "$d" && mount -t sysfs sysfs /sys'
-        ' && mount --move "$d" /sys/fs/cgroup && rmdir "$d"'
-        ' && hostname "$0" && exec "$@"',
-        f"node-{node.index}",
+    argv = [
         sys.executable,
         "-m",
         "gpufeed",
@@ -220,11 +204,44 @@ def _start_agent(run: Run, node: Node) -> None:
         "--gpu.backend",
         "off",
     ]
+    cmd = node_argv(node.link.netns, f"node-{node.index}", node.cgroup.views(), argv)
     with open(node.out / "agent.log", "wb") as log:
         node.agent = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     agent = node.agent
     run.undo.callback(procs.stop, agent)
     node.port = procs.wait_port(agent)
+
+
+def node_argv(
+    netns: str, hostname: str, views: list[tuple[Path, Path]], argv: list[str]
+) -> list[str]:
+    """argv run as a node's agent runs: in the node's network namespace with a sysfs of its
+    own (its /sys/class/net shows its eth0, as `ip netns exec` gives it) but, unlike `ip
+    netns exec`, with the host's cgroup tree kept under /sys/fs/cgroup, and in each
+    hierarchy the node's own top cgroup bind-mounted over the root (`views`: JobCgroup.
+    views()), so that it sees its own jobs' cgroups (job_cpu's CPU throttling, job_io's
+    bytes) and no other node's, as on a real node: every node's job has the same id, and
+    with the whole tree in view each agent read whichever node's cgroup came first in
+    directory order. A UTS namespace gives it its hostname."""
+    own_view = "".join(
+        f" && mount --bind {shlex.quote(str(top))} {shlex.quote(str(root))}" for top, root in views
+    )
+    return [
+        "nsenter",
+        f"--net=/run/netns/{netns}",
+        "unshare",
+        "--uts",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'd=$(mktemp -d) && mount --rbind /sys/fs/cgroup "$d" && mount -t sysfs sysfs /sys'
+        ' && mount --move "$d" /sys/fs/cgroup && rmdir "$d"' + own_view + ' && hostname "$0"'
+        ' && exec "$@"',
+        hostname,
+        *argv,
+    ]
 
 
 def _rank_env(run: Run, node: Node) -> dict[str, str]:
