@@ -289,6 +289,11 @@ def markdown(scored: dict[str, Any]) -> list[str]:
                 f"{fl['named_after_onset_s']} s after the fault's onset, "
                 f"{fl['named_after_window_opened_s']} s after its window opened "
                 f"(which opened {fl['window_opened_after_onset_s']} s after the onset); "
+                f"known to the engines between the cycles at "
+                f"+{fl.get('not_known_at_boundary_after_onset_s')} and "
+                f"+{fl.get('known_by_boundary_after_onset_s')} s, seen "
+                f"{fl.get('named_after_boundary_s')} s after that boundary (cycles took "
+                f"{fl.get('cycle_seconds_median')} s, at most {fl.get('cycle_seconds_max')} s); "
                 f"other culprits named: {', '.join(fl['other_culprits_named']) or 'none'}.",
             ]
     lines += [

@@ -24,6 +24,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import yaml
@@ -46,15 +47,27 @@ FLEET_ARGS = (
     "2",
 )
 POLL_SECONDS = 1.0
+# Each poll also reads the fleet's /metrics: the boundary of its last cycle (its cursor) and
+# how long that cycle took, so that a naming time splits into the engine's part (the data
+# time at which the window was known), the wait for the cycle boundary after it, and the
+# fleet's part (settle, the cycle itself, the poll).
 _POLLER = """
 import json, sys, time, urllib.request
 url, out, period = sys.argv[1], sys.argv[2], float(sys.argv[3])
+base = url.split("/api/")[0]
+def gauge(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
 with open(out, "a") as f:
     while True:
         t = time.time()
         try:
             with urllib.request.urlopen(url, timeout=5) as r:
                 body = json.loads(r.read())
+            with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
+                metrics = r.read().decode()
         except Exception as exc:
             f.write(json.dumps({"t": t, "error": str(exc)}) + "\\n")
         else:
@@ -65,7 +78,10 @@ with open(out, "a") as f:
                 for w in body.get("windows", []) + body.get("open", [])
                 if w.get("cause") == "straggler"
             ]
-            f.write(json.dumps({"t": t, "named": named}) + "\\n")
+            cursor = gauge(metrics, "gpufeed_fleet_cursor_timestamp_seconds")
+            took = gauge(metrics, "gpufeed_fleet_cycle_duration_seconds")
+            f.write(json.dumps({"t": t, "named": named, "cursor": cursor, "cycle_s": took})
+                    + "\\n")
         f.flush()
         time.sleep(max(0.0, period - (time.time() - t)))
 """
@@ -158,6 +174,10 @@ def naming_times(out: Path, culprit_instance: str, onset: float, stop: float) ->
     lines = path.read_text().splitlines() if path.exists() else []
     polls = errors = 0
     first: tuple[float, float] | None = None
+    boundary: float | None = None  # the cycle that first named it
+    before: float | None = None  # the cycle before it: the window was not known yet
+    cursor: float | None = None
+    cycles: list[float] = []
     wrong: set[str] = set()
     for line in lines:
         try:
@@ -168,6 +188,9 @@ def naming_times(out: Path, culprit_instance: str, onset: float, stop: float) ->
         if "error" in poll:
             errors += 1
             continue
+        if poll.get("cycle_s") is not None and poll.get("cursor") != cursor:
+            cycles.append(float(poll["cycle_s"]))
+        prev, cursor = cursor, poll.get("cursor")
         for w in poll["named"]:
             c = w.get("culprit") or {}
             end = w.get("end") or poll["t"]
@@ -178,11 +201,27 @@ def naming_times(out: Path, culprit_instance: str, onset: float, stop: float) ->
                 continue
             if first is None:
                 first = (poll["t"], float(w["start"]))
+                boundary = cursor
+                before = prev if prev != cursor else None
     return {
         "polls": polls,
         "poll_errors": errors,
         "named_after_onset_s": None if first is None else round(first[0] - onset, 1),
         "named_after_window_opened_s": None if first is None else round(first[0] - first[1], 1),
         "window_opened_after_onset_s": None if first is None else round(first[1] - onset, 1),
+        # where the time went: the window was known (data time) after the cycle `before`
+        # and by `boundary`; the fleet ran that cycle after its settle time and the poller
+        # saw it at most a poll later
+        "known_by_boundary_after_onset_s": _after(boundary, onset),
+        "not_known_at_boundary_after_onset_s": _after(before, onset),
+        "named_after_boundary_s": None
+        if first is None or boundary is None
+        else round(first[0] - boundary, 1),
+        "cycle_seconds_median": round(median(cycles), 2) if cycles else None,
+        "cycle_seconds_max": round(max(cycles), 2) if cycles else None,
         "other_culprits_named": sorted(wrong),
     }
+
+
+def _after(t: float | None, onset: float) -> float | None:
+    return None if t is None else round(t - onset, 1)
