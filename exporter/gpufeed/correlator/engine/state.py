@@ -96,6 +96,9 @@ class Unit:
     wait_share: float | None = None  # a CPU-only job's collective-wait share at this sample
     prev_t: float | None = None
     run_start: float | None = None
+    # how far before run_start the run really began (a CPU-only job's edge, see
+    # NodeCorrelator._edge): that time counts toward the minimum window too
+    run_lead: float = 0.0
     high_since: float | None = None
     low_time: float = 0.0
     marks: list[Mark] = field(default_factory=list)
