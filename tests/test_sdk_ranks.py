@@ -277,3 +277,30 @@ def test_the_sdk_collector_names_a_ranks_gpu_from_the_gpu_collectors_tick(
     # without the GPU collector's reading (off, failed, late): no uuid, the rest all the same
     plain = [s for s in iter_samples(collector.collect()) if s.name == "gpufeed_job_rank_info"]
     assert len(plain) == 3 and all("uuid" not in dict(s.labels) for s in plain)
+
+
+def test_a_collective_in_flight_reports_its_wait_as_it_grows(
+    server: SdkServer,  # noqa: F811 (the fixture imported above)
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rank blocked in a collective (its peer stopped) sends nothing from its loop; the
+    wait it accrues still reaches the agent each COLLECTIVE_SEND_SECONDS, and once the
+    collective returns only the rest is added (the whole wait counted once)."""
+    for var in LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("GPUFEED_JOB_ID", "blocked")
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    job = sdk.Job("blocked", socket=server.socket_path)
+    labels = {"job_id": "blocked", "rank": "1", "phase": "collective_wait"}
+    t0 = time.perf_counter()
+    with job.collective():
+        # still inside: at least one reporter period has been counted and sent
+        wait_value(server, "gpufeed_job_rank_phase_seconds_total", 1.0, timeout=6.0, **labels)
+        inside = value(server.families(), "gpufeed_job_rank_phase_seconds_total", **labels)
+    waited = time.perf_counter() - t0
+    job.close()
+    wait_value(server, "gpufeed_job_rank_phase_seconds_total", waited * 0.999, **labels)
+    total = value(server.families(), "gpufeed_job_rank_phase_seconds_total", **labels)
+    assert inside is not None and total is not None
+    assert inside < waited and abs(total - waited) < 0.01, (inside, total, waited)

@@ -208,6 +208,13 @@ class Job:
         self._collective_lock = threading.Lock()
         self._acc_collective = 0.0
         self._acc_collective_events = 0
+        # collectives in flight: token -> when their wait was last counted (perf_counter);
+        # a reporter thread counts and sends a long one's wait as it accrues (see
+        # collective_begin), started with the first collective of the process
+        self._in_flight: dict[object, float] = {}
+        self._reporter: threading.Thread | None = None
+        self._reporter_pid = 0
+        self._reporter_stop = threading.Event()
         # (rank, world size, local rank or -1) once known; when RANK was last sent
         self._rank = launcher_rank(os.environ)
         self._rank_sent_at = float("-inf")
@@ -334,11 +341,65 @@ class Job:
         It overlaps the enclosing phase (it is not subtracted from compute), and is
         reported only once the rank is known (launcher environment, torch.distributed or
         set_rank())."""
-        t0 = time.perf_counter()
+        token = self.collective_begin()
         try:
             yield
         finally:
-            self.add_collective_wait(time.perf_counter() - t0)
+            self.collective_end(token)
+
+    def collective_begin(self) -> object:
+        """Marks a collective as entered (any thread); pass the token to collective_end.
+
+        While it is in flight its wait is counted and sent each COLLECTIVE_SEND_SECONDS by
+        a reporter thread, not only once it returns: a rank whose peer has stopped (SIGSTOP,
+        a hang) blocks in its collective and its loop sends nothing, so without this the
+        agent would see every rank of the job fall silent alike; with it, the ranks that
+        wait in a collective show a wait that grows while the one that does not arrive shows
+        none (issue 13: the job-level join names the rank that waits least)."""
+        token = object()
+        with self._collective_lock:
+            self._in_flight[token] = time.perf_counter()
+        self._start_reporter()
+        return token
+
+    def collective_end(self, token: object) -> None:
+        """The collective returned: what of its wait the reporter has not counted yet."""
+        with self._collective_lock:
+            since = self._in_flight.pop(token, None)
+        if since is not None:
+            self.add_collective_wait(time.perf_counter() - since)
+
+    def _start_reporter(self) -> None:
+        if self._reporter_pid == os.getpid() or self._closed:
+            return  # running (a forked child has no thread of its parent's: it starts one)
+        with self._collective_lock:
+            if self._reporter_pid == os.getpid():
+                return
+            self._reporter_pid = os.getpid()
+            self._reporter = threading.Thread(
+                target=self._report_in_flight, name="gpufeed-collectives", daemon=True
+            )
+        self._reporter.start()
+
+    def _report_in_flight(self) -> None:
+        """Every COLLECTIVE_SEND_SECONDS: the wait of each collective in flight for longer,
+        counted up to now and sent at once (the thread that waits cannot flush)."""
+        while not self._reporter_stop.wait(COLLECTIVE_SEND_SECONDS):
+            now = time.perf_counter()
+            collective = 0.0
+            with self._collective_lock:
+                # only a long collective makes it send: short ones go with the loop's flush,
+                # so that a healthy rank sends no datagram more (the agent's queue is short)
+                for token, since in self._in_flight.items():
+                    if now - since >= COLLECTIVE_SEND_SECONDS:
+                        self._acc_collective += now - since
+                        self._in_flight[token] = now
+                        collective = 1.0
+                if collective:
+                    collective, self._acc_collective = self._acc_collective, 0.0
+            # only on the socket the loop's thread opened: two threads must not both open one
+            if collective > 0.0 and not self._closed and self._sock is not None:
+                self._send_rank_datagram(collective, now)
 
     def add_collective_wait(self, seconds: float) -> None:
         """Adds `seconds` of collective_wait (any thread may call this)."""
@@ -529,6 +590,7 @@ class Job:
         it exits would otherwise be lost with the process."""
         if self._closed:
             return
+        self._reporter_stop.set()
         self._flush(final=True)
         self._flush_objects(time.perf_counter())
         if os.getpid() == self._pid:  # not a forked child's copy of the parent's Job

@@ -41,13 +41,15 @@ from lab.multinode.report import node_runs
 from lab.multinode.scenario import Plan
 
 # What gpufeed should say of the culprit's node per fault kind. A stopped (SIGSTOP) rank
-# makes no progress and its node shows no reason of its own: the victims name the node
-# and say that it shows no reason, which is the truth, not a guess.
+# makes no progress while its process lives: its node says its job stopped working
+# (`idle`, "stopped stepping N s ago"), and its peers, blocked in a collective whose wait
+# they report as it grows, name it as the rank that waits least. A killed rank takes the
+# job down (its peers' collectives fail): nothing is scored for it yet.
 CULPRIT_CAUSE = {
     "link_rate_limit": "network",
     "blkio_read_limit": "data_loading",
     "cpu_quota": "preprocessing",
-    "rank_stop": "unknown",
+    "rank_stop": "idle",
     "rank_kill": "unknown",
 }
 RECOVERY_S = 10.0  # after a lift: the job's recovery (one window's merge gap), not scored

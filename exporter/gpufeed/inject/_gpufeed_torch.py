@@ -444,20 +444,34 @@ def _timed(orig: Any) -> Any:
         if _collective_depth():
             return orig(*args, **kwargs)
         _local.collective = 1
-        t0 = time.perf_counter()
+        token = _collective_begin()
         try:
             return orig(*args, **kwargs)
         finally:
             _local.collective = 0
-            _add_collective_wait(time.perf_counter() - t0)
+            _collective_end(token)
 
     timed._gpufeed = True  # type: ignore[attr-defined]
     return timed
 
 
-def _add_collective_wait(seconds: float) -> None:
+def _collective_begin() -> object:
+    """The Job's token for a collective in flight (its wait is reported as it accrues:
+    a peer that never arrives shows here as a wait that grows, see sdk.Job.collective_begin);
+    None where the Job cannot take it."""
     try:
-        job().add_collective_wait(seconds)
+        token: object = job().collective_begin()
+        return token
+    except Exception as exc:
+        _warn_once(f"collective waits not reported: {exc!r}")
+        return None
+
+
+def _collective_end(token: object) -> None:
+    if token is None:
+        return
+    try:
+        job().collective_end(token)
     except Exception as exc:
         _warn_once(f"collective waits not reported: {exc!r}")
 
@@ -495,12 +509,9 @@ def _time_ddp_gradient_sync(out: Any) -> None:
 
     engine = torch.autograd.Variable._execution_engine
 
-    def after_reducer(t0: float) -> None:
-        _add_collective_wait(time.perf_counter() - t0)
-
     def before_reducer() -> None:
-        t0 = time.perf_counter()
-        engine.queue_callback(lambda: after_reducer(t0))
+        token = _collective_begin()
+        engine.queue_callback(lambda: _collective_end(token))
 
     def on_backward(grad: Any) -> None:
         try:

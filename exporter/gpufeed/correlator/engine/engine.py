@@ -181,13 +181,17 @@ class NodeCorrelator:
         compute = j.phases.get("compute")
         comp = compute.rate_at(t, window, stale, gap) if compute is not None else None
         total = sum(r for r in rates if r is not None)
-        if comp is None or total <= 1e-9:
-            return self._not_stepping(u, t), None
         waits = [
             r
             for (_, p), s in j.rank_phases.items()
             if p == COLLECTIVE_WAIT and (r := s.rate_at(t, window, stale, gap)) is not None
         ]
+        if comp is None or total <= 1e-9:
+            if sum(waits) > 1e-9:
+                # blocked in a collective for a peer that does not arrive (its wait is
+                # reported as it grows): its phases stand still, it works not at all
+                return 0.0, 1.0
+            return self._not_stepping(u, t), None
         wait_share = None
         if waits:
             wait_share = min(sum(waits) / total, 1.0)

@@ -2,7 +2,9 @@
 job that still holds its devices.
 
 A job's progress is anything its own counters say it did: a step, phase time (a checkpoint,
-an eval, a data wait that ended), bytes read or written on a tier. A job whose counters
+an eval, a data wait that ended), bytes read or written on a tier, and a rank's wait in a
+collective as it grows (`gpufeed run` and the SDK report a collective in flight each
+second: a rank blocked on a peer that never arrives waits, it has not stopped). A job whose counters
 have all stood still for much longer than it takes to make a step, while its processes are
 alive, has stopped working: its loop ended and the process sleeps, or waits for something
 that never comes. Judged only for a job that has stepped at least once (before that it is
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 
 from gpufeed.correlator.engine.baseline import Baselines, Kind
 from gpufeed.correlator.engine.node import JobColumns, NodeSeries
+from gpufeed.correlator.engine.view import COLLECTIVE_WAIT
 
 # A job quiet this long (or for this many of its usual steps, if longer) has stopped: long
 # enough that a slow step, a pause of a loaded host or a short eval is not mistaken for it.
@@ -69,6 +72,7 @@ class Progress:
 def _counters_sum(j: JobColumns, t: float, stale_seconds: float) -> float:
     total = 0.0
     series = [j.steps, *j.phases.values(), *j.tier_read.values(), *j.tier_written.values()]
+    series += [s for (_, phase), s in j.rank_phases.items() if phase == COLLECTIVE_WAIT]
     series += [*j.load_seconds.values(), *j.load_bytes.values()]
     for s in series:
         if s is not None:
