@@ -359,14 +359,16 @@ class NodeCorrelator:
             u.pending.dt = t - u.pending.t
             self._commit(u, u.pending)
             u.pending = None
-        u.prev_t = t
+        prev, u.prev_t = u.prev_t, t
         if low:
             if u.run_start is None:
                 u.run_start = t
                 u.run_lead = t - self._edge(u, t, recovered=False)
                 u.low_time = 0.0
                 u.marks = []
-            elif u.high_since is not None and u.seg is None and t - u.high_since > u.low_time:
+            elif u.seg is None and u.high_since is not None and (
+                t - u.high_since > u.low_time or self._stale_run(u, t, prev)
+            ):
                 self._restart_run(u, t)
             elif u.high_since is not None:
                 for m in u.blip:  # the recovery did not last: the blip joins the window
@@ -413,6 +415,7 @@ class NodeCorrelator:
         window). A run this rule restarts was low for less than half its time when it
         resumed: the dip only delayed its opening (it needs 3/4 of its time low)."""
         u.run_start = t
+        u.run_lead = t - self._edge(u, t, recovered=False)
         u.low_time = 0.0
         u.marks = []
         u.blip = []
@@ -492,7 +495,13 @@ class NodeCorrelator:
                 seg.absorb(chal)
             chal = u.chal = Segment(m.t, m.cause, m.job_id)
         chal.add(m)
-        need = self.p.split_seconds * (2.0 if chal.cause is Cause.UNKNOWN else 1.0)
+        # A cause that holds as long as a window needs to open is a window of its own: with a
+        # minimum window shorter than the split time (the lab's 15 s), a 25 s stall that
+        # follows a window of another cause within the merge gap would otherwise never split
+        # off, and its victims' `straggler` stayed inside a start-up or input window that
+        # the job-level join does not read as waiting.
+        split = min(self.p.split_seconds, self.p.min_window_seconds)
+        need = split * (2.0 if chal.cause is Cause.UNKNOWN else 1.0)
         if chal.time >= need:
             self._emit(u, seg, chal.start)
             u.seg = chal
@@ -520,6 +529,23 @@ class NodeCorrelator:
         if u.seg is None and u.run_start is not None and self._long_enough(u, end):
             self._open(u)
         self._close(u, end)
+
+    def _stale_run(self, u: Unit, t: float, prev: float | None) -> bool:
+        """A low sample after a recovery shorter than the merge gap, in a run that has not
+        opened, starts a run of its own where the run so far was mostly healthy: its
+        recovery lasted longer than all its low time, and it is not low enough to open.
+        Otherwise a dip long ago keeps the run's start back there, and the low fraction
+        over all that healthy time keeps the stall that follows from opening (the lab's
+        link fault on a loaded host: one dip 10 s before a 25 s stall held it shut). Only
+        right after a healthy sample: a job that goes quiet after its loop (no data until
+        it counts as stopped) keeps its run, whose window begins where it stopped."""
+        if u.seg is not None or u.high_since is None or u.run_start is None:
+            return False
+        if prev is None or t - prev > self.timing.stale_seconds:
+            return False
+        elapsed = t - u.run_start + u.run_lead
+        low = u.low_time + u.run_lead
+        return prev - u.high_since > low and low < LOW_FRACTION_TO_OPEN * elapsed
 
     def _long_enough(self, u: Unit, t: float) -> bool:
         """Whether the run, low at least LOW_FRACTION_TO_OPEN of its time, has lasted the

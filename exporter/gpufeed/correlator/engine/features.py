@@ -161,6 +161,8 @@ def job_features(b: Baselines, view: NodeView, job_id: str, ev: Evidence) -> Non
         if jv.cpu_throttled_ratio is not None:
             ev.features[F.JOB_CPU_THROTTLED_RATIO] = jv.cpu_throttled_ratio
         _cpu_wait_features(b, job_id, jv, ev)
+        if cw is not None and jv.phases_stand_still:
+            _blocked_not_starved(ev, cw)
         _input_wait_is_cpu(ev, b.median((Kind.JOB_CPU_WAIT, job_id)) is not None)
 
 
@@ -233,6 +235,18 @@ def _not_waiting_for_input(ev: Evidence, collective_wait: float) -> None:
     dw = ev.features.get(F.SDK_DATA_WAIT_SHARE)
     if collective_wait >= COLLECTIVE_WAIT_CLEAR and dw is not None and dw < INPUT_WAIT_NONE:
         for name in (F.CPU_BUSY_RATIO, F.CPU_PRESSURE_RATIO):
+            if name in ev.features:
+                ev.features[name] = 0.0
+
+
+def _blocked_not_starved(ev: Evidence, collective_wait: float) -> None:
+    """A job whose phases stand still while its ranks wait in a collective is blocked on a
+    peer (the wait in flight, see sdk.Job.collective_begin), not starved of CPU: neither the
+    host's busy CPUs nor its own threads' run-queue wait explain it (they hardly run, so
+    what little they ask for waits behind the host's other work: 0.96-0.98 on the lab's
+    loaded host while node 1's rank was stopped). Its own quota throttling still counts."""
+    if collective_wait >= COLLECTIVE_WAIT_CLEAR:
+        for name in (F.CPU_BUSY_RATIO, F.CPU_PRESSURE_RATIO, F.JOB_CPU_WAIT_RATIO):
             if name in ev.features:
                 ev.features[name] = 0.0
 

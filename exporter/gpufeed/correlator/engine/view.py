@@ -92,6 +92,9 @@ class NetView:
 
 @dataclass(slots=True)
 class JobView:
+    # its phases are reported and stood still over the rate window (a job blocked, not one
+    # that reports none): with collective waits growing, blocked in a collective
+    phases_stand_still: bool = False
     shares: dict[str, float] = field(default_factory=dict)  # phase -> share of reported time
     steps_per_second: float | None = None
     checkpoint_bytes_per_second: float | None = None
@@ -237,6 +240,8 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
             tot = sum(r for r in pr.values() if r is not None)
             if tot > 1e-9:
                 jv.shares = {p: r / tot for p, r in pr.items() if r is not None}
+            else:
+                jv.phases_stand_still = any(r is not None for r in pr.values())
         jv.steps_per_second = rate(j.steps)
         jv.checkpoint_bytes_per_second = rate(j.checkpoint_bytes)
         for tier, s in j.tier_read.items():
