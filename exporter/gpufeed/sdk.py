@@ -397,9 +397,15 @@ class Job:
                         collective = 1.0
                 if collective:
                     collective, self._acc_collective = self._acc_collective, 0.0
-            # only on the socket the loop's thread opened: two threads must not both open one
-            if collective > 0.0 and not self._closed and self._sock is not None:
-                self._send_rank_datagram(collective, now)
+            if not collective:
+                continue
+            # only on the socket the loop's thread opened (two threads must not both open
+            # one); what does not go (no socket, the agent's queue full) stays counted for
+            # the next try, so that a busy agent costs the wait's timeliness, not the wait
+            sent = not self._closed and self._sock is not None
+            if not (sent and self._send_rank_datagram(collective, now)):
+                with self._collective_lock:
+                    self._acc_collective += collective
 
     def add_collective_wait(self, seconds: float) -> None:
         """Adds `seconds` of collective_wait (any thread may call this)."""
