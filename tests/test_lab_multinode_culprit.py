@@ -5,7 +5,10 @@ analyze` does, then scored by lab/multinode/culprit.py against the run's own sch
 
 - mn2-tier-throttle: node 1's data tier read-limited 20-45 s after the first step;
 - mn2-link-tbf: node 1's link rate-limited to 8 Mbit/s (tc tbf on both of its veth ends),
-  which its agent sees only through the root qdisc's rate (the veth says 10 Gbit/s).
+  which its agent sees only through the root qdisc's rate (the veth says 10 Gbit/s);
+- mn2-cpu-starve: node 1's rank and its input workers capped at 0.05 CPU (its cgroup's
+  CFS quota), recorded on a host at load 10-12 (other engineers' tests), with each node's
+  agent seeing its own node's cgroups only.
 """
 
 from __future__ import annotations
@@ -71,3 +74,32 @@ def test_shaped_link_is_named_saturated(tmp_path: Path) -> None:
         "saturated"
     }
     assert all("eth0" in w["evidence"]["summary"] for w in own)
+
+
+def test_the_cpu_starved_node_is_named_by_its_own_cgroup(tmp_path: Path) -> None:
+    """Each node's agent read its own job cgroup (docs/lab.md, "What one host cannot
+    reproduce"): only node 1's, under the quota, exports CPU-quota throttling. Before
+    that, both agents exported node 1's, node 0 read `preprocessing` too and nobody was
+    named. The host was loaded (a healthy rank's stand-in read 0.5-0.8), so windows opened
+    before the fault and ran past its recovery: coverage and precision are the loaded
+    host's, the culprit, its rank and its cause are what is checked."""
+    run, windows, scored = _scored("mn2-cpu-starve", tmp_path)
+    throttled = {}
+    for n in run["nodes"]:
+        trace = gzip.decompress(
+            (FIXTURES / "mn2-cpu-starve" / f"node-{n['index']}" / "trace.om.gz").read_bytes()
+        ).decode()
+        throttled[n["index"]] = [
+            float(line.rsplit(" ", 2)[1])
+            for line in trace.splitlines()
+            if line.startswith("gpufeed_job_cpu_throttled_periods_total{")
+        ]
+    assert throttled[0] == [] and throttled[1] and max(throttled[1]) >= 100, throttled
+    print(json.dumps(scored, indent=1))
+    (fault,) = scored["faults"]
+    assert fault["bit"] and fault["top1"], fault["named_s_by_culprit"]
+    assert fault["cause"] == "preprocessing" and fault["cause_right"] == 1.0
+    assert fault["ranks_named"] == ["1"]
+    assert fault["coverage"] >= 0.5 and fault["culprit_own_cause_ratio"] >= 0.9
+    own = [w for w in windows if w["instance"] == run["nodes"][1]["instance"]]
+    assert any("CPU quota throttled" in w["evidence"]["summary"] for w in own), own
