@@ -532,20 +532,27 @@ class NodeCorrelator:
 
     def _stale_run(self, u: Unit, t: float, prev: float | None) -> bool:
         """A low sample after a recovery shorter than the merge gap, in a run that has not
-        opened, starts a run of its own where the run so far was mostly healthy: its
-        recovery lasted longer than all its low time, and it is not low enough to open.
-        Otherwise a dip long ago keeps the run's start back there, and the low fraction
-        over all that healthy time keeps the stall that follows from opening (the lab's
-        link fault on a loaded host: one dip 10 s before a 25 s stall held it shut). Only
-        right after a healthy sample: a job that goes quiet after its loop (no data until
-        it counts as stopped) keeps its run, whose window begins where it stopped."""
+        opened, starts a run of its own where the run so far is not low enough to open
+        and the recovery lasted longer than the dip before it. Otherwise a dip long ago
+        keeps the run's start back there, and the low fraction over all that healthy time
+        keeps the stall that follows from opening (the lab's link fault on a loaded host:
+        dips of 1-2 s in the 20 s before a 25 s stall held it shut). A stall that flickers
+        (its recoveries shorter than its dips) keeps its run. Only right after a healthy
+        sample: a job that goes quiet after its loop (no data until it counts as stopped)
+        keeps its run, whose window begins where it stopped."""
         if u.seg is not None or u.high_since is None or u.run_start is None:
             return False
         if prev is None or t - prev > self.timing.stale_seconds:
             return False
         elapsed = t - u.run_start + u.run_lead
-        low = u.low_time + u.run_lead
-        return prev - u.high_since > low and low < LOW_FRACTION_TO_OPEN * elapsed
+        if u.low_time + u.run_lead >= LOW_FRACTION_TO_OPEN * elapsed:
+            return False
+        dip_start = u.high_since
+        for m in reversed(u.marks):  # the low marks just before the recovery
+            if m.cause is None:
+                break
+            dip_start = m.t
+        return prev - u.high_since > u.high_since - dip_start
 
     def _long_enough(self, u: Unit, t: float) -> bool:
         """Whether the run, low at least LOW_FRACTION_TO_OPEN of its time, has lasted the
