@@ -366,8 +366,10 @@ class NodeCorrelator:
                 u.run_lead = t - self._edge(u, t, recovered=False)
                 u.low_time = 0.0
                 u.marks = []
-            elif u.seg is None and u.high_since is not None and (
-                t - u.high_since > u.low_time or self._stale_run(u, t, prev)
+            elif (
+                u.seg is None
+                and u.high_since is not None
+                and (t - u.high_since > u.low_time or self._stale_run(u, t, prev))
             ):
                 self._restart_run(u, t)
             elif u.high_since is not None:
