@@ -4,8 +4,13 @@ many wait; judged by the real analysis over simulated traces."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from pathlib import Path
 
+import pytest
+
+from correlator_helpers import T0, trace_text
 from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.correlator.engine.names import Feature as F
 from gpufeed.correlator.engine.node import NodeSeries
@@ -16,6 +21,8 @@ from gpufeed.simulate.scenario import default_scenario, parse_scenario
 from gpufeed.simulate.tracegen import DEFAULT_START_UNIX, generate_trace
 from gpufeed.trace.reader import read_trace
 from gpufeed.vocabulary import Cause
+from prometheus_trace import prometheus_serving, run_analyze
+from window_match import assert_same_windows
 
 SERVER_WITH_A_STALL = """
 name: serving-stall
@@ -95,3 +102,39 @@ def test_a_low_demand_node_is_no_culprit_of_a_multi_node_server() -> None:
     ws = [window("n1:9842", Cause.UNKNOWN), window("n2:9842", Cause.LOW_DEMAND)]
     nodes = {w.instance: NodeSeries(w.instance) for w in ws}
     assert correlate_job("chat", nodes, ws) == ws
+
+
+def _serving_node(t: float) -> Iterable[tuple[str, float | None]]:
+    """One node, two serving jobs; in 600-1200 s both GPUs drop: chat-a's queue is empty,
+    chat-b's holds 30 requests."""
+    s = t - T0
+    low = 600 <= s < 1200
+    node = 'instance="n1:9400"'
+    for gpu, job, util, waiting in (("0", "chat-a", 0.1, 0.0), ("1", "chat-b", 0.2, 30.0)):
+        g = f'gpu="{gpu}",uuid="GPU-{gpu}",{node}'
+        yield f"gpufeed_gpu_up{{{g}}}", 1.0
+        yield f"gpufeed_gpu_utilization_ratio{{{g}}}", util if low else 0.95
+        yield f'gpufeed_job_info{{job_id="{job}",{g},scheduler="kubernetes",name="x"}}', 1.0
+        sv = f'job_id="{job}",server="vllm",endpoint="127.0.0.1:800{gpu}",{node}'
+        yield f"gpufeed_serving_requests_waiting{{{sv}}}", waiting if low else 4.0
+        yield f"gpufeed_serving_requests_running{{{sv}}}", 1.0 if low else 24.0
+
+
+@pytest.mark.slow
+def test_a_tsdb_gives_the_same_serving_windows_as_the_file(tmp_path: Path) -> None:
+    """`gpufeed analyze --prometheus` (the fleet's feed) reads the serving series like the
+    file analysis: low_demand for the empty queue, a stall with its queue for the other."""
+    trace = tmp_path / "trace.om"
+    trace.write_text(trace_text(_serving_node, 1800))
+    from_file, from_tsdb = tmp_path / "file.jsonl", tmp_path / "tsdb.jsonl"
+    assert run_analyze(str(trace), "--output", str(from_file)) == 0
+    with prometheus_serving(trace, tmp_path) as url:
+        args = ["--prometheus", url, "--start", str(T0), "--end", str(T0 + 1800)]
+        assert run_analyze(*args, "--step", "5", "--output", str(from_tsdb)) == 0
+    windows = [json.loads(x) for x in from_file.read_text().splitlines()]
+    assert [(w["gpu"], w["cause"] == "low_demand") for w in windows] == [
+        ("0", True),
+        ("1", False),
+    ], windows
+    assert windows[1]["evidence"]["serving_requests_waiting"] == 30.0
+    assert_same_windows(from_file.read_text(), from_tsdb.read_text())
