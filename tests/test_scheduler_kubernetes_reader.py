@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import kubernetes_validate
 import pytest
 
 from gpufeed.scheduler.kubernetes import KubernetesError, KubernetesReader
@@ -87,3 +88,13 @@ def test_a_refused_token_is_one_clear_error(api: str, tmp_path: Path) -> None:
         KubernetesReader(api, str(tmp_path / "token"), "").read(0.0)
     with pytest.raises(KubernetesError, match=r"^token .*/absent: No such file"):
         KubernetesReader(api, str(tmp_path / "absent"), "").read(0.0)
+
+
+@pytest.mark.parametrize("version", ["1.25.0", "1.37.0"])
+@pytest.mark.parametrize("name", ["pods.json", "nodes.json"])
+def test_the_fixtures_are_what_the_api_server_answers(name: str, version: str) -> None:
+    """The lists are written by hand (no API server runs here): each is checked, strictly
+    (no unknown field, every required one), against the Kubernetes API's own JSON schema
+    as kubernetes-validate ships it, for the oldest and newest version it knows. The
+    nodes' list lacked the kubelet's machine and boot ids until this check."""
+    kubernetes_validate.validate(json.loads((K8S / name).read_text()), version, strict=True)
