@@ -10,13 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from correlator_helpers import T0, trace_text
+from correlator_helpers import T0, Gen, analyze_text, snapshots_of, trace_text
+from gpufeed.config import CorrelatorConfig
 from gpufeed.correlator.engine.engine import WindowParams
+from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.names import Feature as F
 from gpufeed.correlator.engine.node import NodeSeries
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.feeds.analyze import analyze_nodes
+from gpufeed.correlator.feeds.live import CorrelatorProcessor
 from gpufeed.correlator.job.culprit import correlate_job
+from gpufeed.correlator.outputs.windowlog import read_log
 from gpufeed.simulate.scenario import default_scenario, parse_scenario
 from gpufeed.simulate.tracegen import DEFAULT_START_UNIX, generate_trace
 from gpufeed.trace.reader import read_trace
@@ -138,3 +142,58 @@ def test_a_tsdb_gives_the_same_serving_windows_as_the_file(tmp_path: Path) -> No
     ], windows
     assert windows[1]["evidence"]["serving_requests_waiting"] == 30.0
     assert_same_windows(from_file.read_text(), from_tsdb.read_text())
+
+
+def _two_endpoints(first_fails: bool) -> Gen:
+    """One GPU of chat-a served by two endpoints; in 600-1200 s the GPU drops and the second
+    endpoint's queue is empty. The first held 30 requests before the dip; with `first_fails`
+    it stops answering then (up 0, its demand absent, as the collector exports it), else it
+    answers with an empty queue too."""
+
+    def gen(t: float) -> Iterable[tuple[str, float | None]]:
+        low = 600 <= t - T0 < 1200
+        g = 'gpu="0",uuid="GPU-0",instance="n1:9400"'
+        yield f"gpufeed_gpu_up{{{g}}}", 1.0
+        yield f"gpufeed_gpu_utilization_ratio{{{g}}}", 0.1 if low else 0.95
+        yield f'gpufeed_job_info{{job_id="chat-a",{g},scheduler="kubernetes",name="x"}}', 1.0
+        for port, before in (("8000", 30.0), ("8001", 0.0)):
+            sv = f'job_id="chat-a",server="vllm",endpoint="127.0.0.1:{port}",instance="n1:9400"'
+            down = low and first_fails and port == "8000"
+            yield f"gpufeed_serving_up{{{sv}}}", 0.0 if down else 1.0
+            waiting = None if down else (0.0 if low else before)
+            yield f"gpufeed_serving_requests_waiting{{{sv}}}", waiting
+            yield f"gpufeed_serving_requests_running{{{sv}}}", None if down else 1.0
+
+    return gen
+
+
+def _live_causes(text: str, tmp_path: Path) -> list[str]:
+    """The causes of the windows the agent's own correlator logs over the same samples."""
+    log = tmp_path / "live.jsonl"
+    proc = CorrelatorProcessor(CorrelatorConfig(windows_log=str(log)), interval_seconds=5.0)
+    for snap in snapshots_of(text):
+        proc.process(snap)  # type: ignore[arg-type]
+    return [str(w.cause) for w in read_log(str(log)) if w.gpu == "0"]
+
+
+def test_a_failed_endpoint_leaves_the_demand_unknown_not_low(tmp_path: Path) -> None:
+    """One of the GPU's two endpoints fails (up 0, no queue) while the other is empty: the
+    queue is unknown, never `low_demand`, and the evidence names the endpoint down; in the
+    agent's live correlator too. Control: both answer with an empty queue: `low_demand`."""
+    failed = trace_text(_two_endpoints(first_fails=True), 1800)
+    ws = [w for w in analyze_text(failed, tmp_path) if w.gpu == "0"]
+    assert ws and all(w.cause is not Cause.LOW_DEMAND for w in ws), [
+        (w.cause, w.summary) for w in ws
+    ]
+    ev = evidence(ws[0])
+    assert F.SERVING_NO_DEMAND not in ev
+    assert ev[Ctx.SERVING_DOWN] == "127.0.0.1:8000"
+    assert "endpoint 127.0.0.1:8000 down: its queue unknown" in ws[0].summary
+    assert Cause.LOW_DEMAND.value not in _live_causes(failed, tmp_path)
+
+    empty = trace_text(_two_endpoints(first_fails=False), 1800)
+    ws = [w for w in analyze_text(empty, tmp_path) if w.gpu == "0"]
+    assert [w.cause for w in ws] == [Cause.LOW_DEMAND], [(w.cause, w.summary) for w in ws]
+    assert Ctx.SERVING_DOWN not in evidence(ws[0])
+    (tmp_path / "control").mkdir()
+    assert _live_causes(empty, tmp_path / "control") == [Cause.LOW_DEMAND.value]

@@ -175,19 +175,20 @@ class Classifier:
         self._serving_evidence(u.gpu, job, t, ev)
         return ev
 
-    def _serving_columns(self, job: str, gpu: str) -> list[dict[str, Series]]:
-        """The serving queues of the GPU: its job's endpoints (for this GPU or the whole
-        job) and the endpoints the config names for this GPU."""
+    def _serving_columns(self, job: str, gpu: str) -> list[tuple[str, dict[str, Series]]]:
+        """(endpoint, columns) of the serving queues of the GPU: its job's endpoints (for
+        this GPU or the whole job) and the endpoints the config names for this GPU."""
         return [
-            cols
-            for (j, g, _), cols in self.node.serving.items()
+            (ep, cols)
+            for (j, g, ep), cols in self.node.serving.items()
             if (j and j == job and (not g or g == gpu)) or (not j and g and g == gpu)
         ]
 
     def _serving_evidence(self, gpu: str, job: str, t: float, ev: Evidence) -> None:
-        """An inference server's queue: no request waiting over the last readings is low
-        demand (and then neither a start-up nor a stopped job: a server waits for
-        requests); requests waiting say how many, whatever the cause."""
+        """An inference server's queue: no request waiting over the last readings at every
+        endpoint is low demand (and then neither a start-up nor a stopped job: a server
+        waits for requests); requests waiting say how many, whatever the cause. An endpoint
+        down or stale over the lookback leaves the demand unknown: never low demand."""
         cols = self._serving_columns(job, gpu)
         if not cols:
             return
@@ -195,25 +196,32 @@ class Classifier:
         waiting: float | None = None
         running: float | None = None
         recent = 0.0
-        for c in cols:
-            w = c.get("waiting")
+        down: list[str] = []
+        for ep, c in cols:
+            w, up = c.get("waiting"), c.get("up")
             v = w.value_at(t, stale) if w is not None else None
-            if w is None or v is None:
-                continue  # an endpoint that did not answer: its queue is unknown
+            # up 0 at any reading of the lookback (or no reading): that queue is unknown
+            ups = [] if up is None else [up.value_at(t, stale), *_values_since(up, t - lookback, t)]
+            if w is None or v is None or any(x is None or x < 0.5 for x in ups):
+                down.append(ep)
+                continue
             waiting = (waiting or 0.0) + v
             recent = max(recent, v, *_values_since(w, t - lookback, t))
             r = c.get("running")
             rv = r.value_at(t, stale) if r is not None else None
             if rv is not None:
                 running = (running or 0.0) + rv
+        if down:
+            ev.context[Ctx.SERVING_DOWN] = ", ".join(sorted(down))
         if waiting is None:
             return
         ev.features[F.SERVING_REQUESTS_WAITING] = waiting
         if running is not None:
             ev.features[F.SERVING_REQUESTS_RUNNING] = running
-        idle = recent <= 0.0
-        ev.features[F.SERVING_NO_DEMAND] = 1.0 if idle else 0.0
-        if idle:
+        if recent > 0.0:
+            ev.features[F.SERVING_NO_DEMAND] = 0.0
+        elif not down:  # every endpoint up and empty over the lookback
+            ev.features[F.SERVING_NO_DEMAND] = 1.0
             for name in (F.JOB_NOT_YET_BUSY, F.JOB_STOPPED_SECONDS):
                 if name in ev.features:
                     ev.features[name] = 0.0

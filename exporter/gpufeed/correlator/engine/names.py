@@ -120,6 +120,8 @@ class Context:
     THROTTLED_PEERS: Final = "throttled_peers"
     XIDS: Final = "xids"
     FAILED_PEERS: Final = "failed_peers"
+    # serving endpoints of the GPU down or stale: its demand is unknown, never low demand
+    SERVING_DOWN: Final = "serving_down"
 
 
 # Features that decide nothing: they describe the situation beside the feature they

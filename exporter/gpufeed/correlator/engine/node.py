@@ -120,8 +120,10 @@ GDS_FIELDS = {
 }
 
 # An inference server's queue (collector serving): per (job_id, gpu, endpoint), where a
-# config entry for GPUs has no job and a job's own endpoint no GPU.
+# config entry for GPUs has no job and a job's own endpoint no GPU. `up` tracks an endpoint
+# that never answered (its demand absent): an unknown queue is not an empty one.
 SERVING_FIELDS = {
+    "gpufeed_serving_up": "up",
     "gpufeed_serving_requests_waiting": "waiting",
     "gpufeed_serving_requests_running": "running",
 }
@@ -233,7 +235,7 @@ class NodeSeries:
     gds: dict[str, Series] = field(default_factory=dict)
     # tier -> its read latency target (TIER_LATENCY_TARGET), where the config states one
     tier_latency_targets: dict[str, Series] = field(default_factory=dict)
-    # (job_id, gpu, endpoint) -> "waiting" / "running" (SERVING_FIELDS)
+    # (job_id, gpu, endpoint) -> "up" / "waiting" / "running" (SERVING_FIELDS)
     serving: dict[tuple[str, str, str], dict[str, Series]] = field(default_factory=dict)
 
     def gpu(self, index: str) -> GpuColumns:

@@ -163,7 +163,8 @@ def segment_window(
         if w > best.get(k, -1.0):
             best[k] = w
             ctx[k] = v
-    relevant = CONTEXT_FOR.get(cause, ())
+    # a serving endpoint down is why the queue is unknown, whatever the cause
+    relevant = (*CONTEXT_FOR.get(cause, ()), Ctx.SERVING_DOWN)
     ctx = {k: v for k, v in ctx.items() if k in relevant}
     reason = ""
     if cause is Cause.NETWORK:

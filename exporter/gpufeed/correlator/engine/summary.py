@@ -174,7 +174,12 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
         F.SM_ACTIVE_DROP_RATIO: f"SM activity {_pct(v)} below its healthy level",
         F.JOB_PEER_GPU_ERROR: f"GPU {ctx.get(Ctx.FAILED_PEERS, '?')} of the same job has failed",
         F.SERVING_NO_DEMAND: "no request waiting in its serving queue",
-        F.SERVING_REQUESTS_WAITING: f"{_requests(v)} waiting in its serving queue",
+        F.SERVING_REQUESTS_WAITING: f"{_requests(v)} waiting in its serving queue"
+        + (
+            f" (endpoint {down} down: its queue unknown)"
+            if (down := ctx.get(Ctx.SERVING_DOWN))
+            else ""
+        ),
         F.SERVING_REQUESTS_RUNNING: f"{_requests(v)} running",
     }
     return table.get(name)
