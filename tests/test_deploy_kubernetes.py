@@ -144,7 +144,7 @@ SERVICE_MONITOR_SCHEMA = {
 }
 
 
-@pytest.mark.parametrize("name", ["gpufeed-agent", "gpufeed-fleet"])
+@pytest.mark.parametrize("name", ["gpufeed-agent", "gpufeed-fleet", "gpufeed-scheduler"])
 def test_service_monitor_matches_its_crd_schema(name: str) -> None:
     jsonschema.validate(one("ServiceMonitor", name), SERVICE_MONITOR_SCHEMA)
 
@@ -274,8 +274,24 @@ def test_scheduler_exporter_reads_pods_and_nodes_and_nothing_else() -> None:
     args = build_parser().parse_args(container["args"])
     assert (args.command, args.kind) == ("scheduler", "kubernetes")
     port = int(args.listen.rpartition(":")[2])
-    assert deployment["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"] == port
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
+
+
+def test_scheduler_is_scraped_as_the_job_the_alert_rules_read() -> None:
+    """SchedulerBacklogWithIdleGpus selects the scheduler's job: scraped through pod
+    annotations it would be "kubernetes-pods" and the alert would never fire."""
+    from alerts.config import RulesConfig
+
+    docs = {d["kind"]: d for p, d in documents() if p.name == "scheduler.yaml"}
+    pod = docs["Deployment"]["spec"]["template"]
+    assert "prometheus.io/scrape" not in pod["metadata"].get("annotations", {})  # not twice
+    service, monitor = docs["Service"], docs["ServiceMonitor"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    (container,) = pod["spec"]["containers"]
+    _, relabel = scraped_port(service, monitor, container)
+    job = relabel["job"]["replacement"]
+    assert RulesConfig().scheduler_selector == f'job="{job}"'
 
 
 def fleet_container() -> dict[str, Any]:
