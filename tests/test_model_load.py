@@ -183,3 +183,84 @@ def test_gpufeed_run_times_torch_load_from_its_tier(server: SdkServer, tmp_path:
     assert 0 < by[LOAD].value < 30
     # checkpoints are untouched by this: the one torch.save to a path is one checkpoint
     assert by["gpufeed_job_checkpoint_written_bytes_total"].value == size
+
+
+# A stand-in for transformers' modeling_utils (transformers is not a test dependency: it is
+# large). Like the real one it binds `safe_open` at import and its from_pretrained opens
+# the weight files of one format in the model directory.
+FAKE_TRANSFORMERS = r"""
+import os
+from safetensors import safe_open
+
+class PreTrainedModel:
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path):
+        out = {}
+        for name in sorted(os.listdir(pretrained_model_name_or_path)):
+            if name.endswith(".safetensors"):
+                path = os.path.join(pretrained_model_name_or_path, name)
+                with safe_open(path, framework="pt") as f:
+                    out.update({k: f.get_tensor(k) for k in f.keys()})
+        return out
+"""
+
+SAFETENSORS_PROGRAM = r"""
+import json, os, sys
+import torch
+from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from transformers.modeling_utils import PreTrainedModel
+root = sys.argv[1]
+path = os.path.join(root, "model.safetensors")
+save_file({"w": torch.zeros(200_000), "b": torch.ones(1000)}, path)
+load_file(path)                                    # a load (through safe_open: once)
+with safe_open(path, framework="pt") as f:         # the header only: not a load
+    f.metadata()
+with safe_open(path, framework="pt") as f:         # a load
+    [f.get_tensor(k) for k in f.keys()]
+model = os.path.join(root, "model")
+os.mkdir(model)
+save_file({"w": torch.zeros(100_000)}, os.path.join(model, "model.safetensors"))
+torch.save({"w": torch.zeros(100_000)}, os.path.join(model, "pytorch_model.bin"))
+with open(os.path.join(model, "config.json"), "w") as c:
+    c.write("{}" * 1000)
+PreTrainedModel.from_pretrained(model)             # its safetensors file only
+print(json.dumps({"file": os.path.getsize(path),
+                  "model": os.path.getsize(os.path.join(model, "model.safetensors"))}))
+"""
+
+
+@pytest.mark.slow
+def test_gpufeed_run_times_safetensors_loads_once_per_file(
+    server: SdkServer, tmp_path: Path
+) -> None:
+    fake = tmp_path / "fake" / "transformers"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "modeling_utils.py").write_text(FAKE_TRANSFORMERS)
+    env = instrumented_env({"PATH": os.environ["PATH"]}, server.socket_path, "run-st")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (env.get("PYTHONPATH"), str(tmp_path / "fake")) if p
+    )
+    tiers = _tier_map(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", SAFETENSORS_PROGRAM, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    sizes = json.loads(proc.stdout.strip().splitlines()[-1])
+    want = 2 * sizes["file"] + sizes["model"]
+    got = _wait_for(
+        server, tiers, "run-st", lambda f: any(s.name == LOAD_BYTES and s.value >= want for s in f)
+    )
+    by = {s.name: s for s in got}
+    # load_file and the safe_open that read tensors, once each; the header-only open
+    # nothing; from_pretrained the directory's safetensors file, not the .bin copy nor
+    # the config
+    assert by[LOAD_BYTES].label("tier") == "cold"
+    assert by[LOAD_BYTES].value == want
+    assert by[LOAD].label("tier") == "cold" and 0 < by[LOAD].value < 30
+    assert LOADING not in by

@@ -1,8 +1,8 @@
 """An import hook that runs a patch right after a watched module finishes importing.
 
 Only `torch`, `torch.distributed.checkpoint`, `botocore.session`, the S3 connector's
-client module, `safetensors.torch` and `transformers.modeling_utils` are watched; for every
-other import the hook is one dict lookup. The patch code itself (_gpufeed_torch,
+client module, `safetensors`, `safetensors.torch` and `transformers.modeling_utils` are
+watched; for every other import the hook is one dict lookup. The patch code itself (_gpufeed_torch,
 _gpufeed_botocore, _gpufeed_s3torch) is imported only when the module it patches is.
 Standard library only; never raises into the importing program.
 """
@@ -60,6 +60,9 @@ WATCHED: dict[str, Callable[[ModuleType], None]] = {
     "botocore.session": _patch_botocore,
     # the PyTorch S3 connector: its own (Rust) client, not botocore
     "s3torchconnector._s3client._s3client": _patch_s3torch,
+    # the package, before anything binds its safe_open; safetensors.torch for a package
+    # imported before the hook was installed
+    "safetensors": _patch_safetensors,
     "safetensors.torch": _patch_safetensors,
     "transformers.modeling_utils": _patch_transformers,
 }

@@ -14,9 +14,10 @@
   torch.save into memory (io.BytesIO) is serialisation, not a checkpoint, and is ignored.
 - torch.load from a path or a real file is a model load (`Job.load`): its duration, the
   file's bytes and device (the agent names the storage tier). Loading from memory is not.
-  safetensors.torch.load_file likewise, and transformers' from_pretrained (a local
-  directory: its bytes; otherwise the bytes of the loads inside it); loads nested in
-  another count once, their bytes in the outer one's.
+  safetensors' safe_open likewise (load_file reads through it): from the first tensor read
+  to the close. transformers' from_pretrained is one load whose bytes are those of the
+  weight files the loads inside it open; loads nested in another count once, their bytes
+  in the outer one's.
 - torch.distributed.checkpoint.save (and save_state_dict) is a checkpoint: its duration on
   every rank, and the size of the checkpoint directory, reported by global rank 0 only
   (every rank sees the whole directory). Saves nested inside a checkpoint count once.
@@ -309,23 +310,93 @@ def _first_arg_path(key: str) -> Any:
 
 
 def patch_safetensors(module: ModuleType) -> None:
-    """safetensors.torch.load_file(filename, ...) is a model load of that file."""
-    orig = getattr(module, "load_file", None)
+    """safetensors' `safe_open` (on the package, and on any module that bound it before
+    this ran): every safetensors reader of a file goes through it, `load_file` and
+    transformers alike, so it alone is timed and each file opened counts once."""
+    orig = getattr(module, "safe_open", None)
     if orig is not None:
-        module.load_file = _timed_load(orig, _first_arg_path("filename"))  # type: ignore[attr-defined]
+        module.safe_open = _timed_safe_open(orig)  # type: ignore[attr-defined]
+
+
+def _timed_safe_open(orig: Any) -> Any:
+    if getattr(orig, "_gpufeed", False):
+        return orig
+
+    def safe_open(filename: Any, *args: Any, **kwargs: Any) -> Any:
+        return _SafeOpen(orig(filename, *args, **kwargs), filename)
+
+    with contextlib.suppress(Exception):
+        functools.update_wrapper(safe_open, orig)
+    safe_open._gpufeed = True  # type: ignore[attr-defined]
+    return safe_open
+
+
+class _SafeOpen:
+    """A `safe_open` handle whose use inside `with` is a model load of its file: from the
+    first tensor read (get_tensor, get_tensors, get_slice) to the close. An open that reads only the
+    header (metadata(), keys(): transformers checks the format this way) is no load, and
+    a handle used without `with` is not timed (it has no end to time to)."""
+
+    __slots__ = ("_handle", "_inside", "_path", "_stack", "_started")
+
+    def __init__(self, handle: Any, path: Any) -> None:
+        self._handle = handle
+        self._path = path
+        self._stack = contextlib.ExitStack()
+        self._inside = False
+        self._started = False
+
+    def __enter__(self) -> Any:
+        self._handle.__enter__()
+        self._inside = True
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            return self._handle.__exit__(*exc)
+        finally:
+            self._inside = False
+            with contextlib.suppress(Exception):
+                self._stack.close()
+
+    def _begin(self) -> None:
+        if self._inside and not self._started:
+            self._started = True
+            try:
+                self._stack.enter_context(job().load(self._path))
+            except Exception as exc:
+                _warn_once(f"model loads not reported: {exc!r}")
+
+    def get_tensor(self, *args: Any, **kwargs: Any) -> Any:
+        self._begin()
+        return self._handle.get_tensor(*args, **kwargs)
+
+    def get_slice(self, *args: Any, **kwargs: Any) -> Any:
+        self._begin()
+        return self._handle.get_slice(*args, **kwargs)
+
+    def get_tensors(self, *args: Any, **kwargs: Any) -> Any:  # load_file reads this way
+        self._begin()
+        return self._handle.get_tensors(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
 
 
 def patch_transformers(module: ModuleType) -> None:
-    """transformers.modeling_utils.PreTrainedModel.from_pretrained is a model load: of a
-    local directory (its bytes), or of whatever the loads inside it read."""
+    """transformers.modeling_utils.PreTrainedModel.from_pretrained is a model load. Its
+    bytes are those of the weight files the loads inside it open (torch.load, safe_open),
+    not the model directory's: a directory holding both .bin and .safetensors copies of
+    the weights, with configs and tokenizers, would count what is never read."""
+    opener = getattr(module, "safe_open", None)
+    if opener is not None:  # bound by `from safetensors import safe_open`
+        module.safe_open = _timed_safe_open(opener)  # type: ignore[attr-defined]
     cls = getattr(module, "PreTrainedModel", None)
     method = cls.__dict__.get("from_pretrained") if cls is not None else None
     func = getattr(method, "__func__", None)
     if cls is None or func is None or getattr(func, "_gpufeed", False):
         return
-    cls.from_pretrained = classmethod(  # type: ignore[attr-defined]
-        _timed_load(func, lambda a, k: _first_arg_path("pretrained_model_name_or_path")(a[1:], k))
-    )
+    cls.from_pretrained = classmethod(_timed_load(func, lambda a, k: None))  # type: ignore[attr-defined]
 
 
 def _depth() -> int:
