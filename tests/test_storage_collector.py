@@ -342,6 +342,7 @@ def test_hung_tier_path_maps_by_text_and_reports_stuck(monkeypatch: pytest.Monke
     assert labels_of(fams, "gpufeed_storage_tier_path_missing") == []
 
 
+@pytest.mark.serial  # a time bound: runs alone, after the parallel pass
 def test_hangs_in_path_checks_and_statvfs_share_one_time_budget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
