@@ -133,11 +133,13 @@ def test_it_lives_with_the_agent_and_selects_the_service_monitors_job() -> None:
     (daemonset,) = kubernetes_objects("DaemonSet")
     assert rule["metadata"]["namespace"] == daemonset["metadata"]["namespace"]
     assert rule["metadata"]["labels"] == RulesConfig().prometheus_rule_labels
-    # the agents' series are read with `selector`, the fleet service's with `fleet_selector`
+    # the agents' series are read with `selector`, the fleet service's with `fleet_selector`,
+    # the scheduler exporter's with `scheduler_selector`
     want = {}
     for name, selector in (
         ("gpufeed-agent", RulesConfig().selector),
         ("gpufeed-fleet", RulesConfig().fleet_selector),
+        ("gpufeed-scheduler", RulesConfig().scheduler_selector),
     ):
         job = re.fullmatch(r'job="([^"]+)"', selector)
         assert job, "the default selectors are job matchers"
