@@ -35,14 +35,9 @@ def _simulated_trace(path: Path) -> None:
     generate_trace(path, None, nodes=2, duration_s=3600.0, step_s=15.0, seed=5)
 
 
-@pytest.mark.parametrize(
-    ("name", "make_trace"),
-    [("windows-bench.jsonl", _bench_trace), ("windows-simulated.jsonl", _simulated_trace)],
-)
-def test_analyze_output_is_unchanged(name: str, make_trace: object, tmp_path: Path) -> None:
-    trace = tmp_path / "trace.om"
-    make_trace(trace)  # type: ignore[operator]
-    out = tmp_path / "windows.jsonl"
+def _analyze(trace: Path) -> str:
+    """The windows the real CLI writes for `trace`, as JSON lines."""
+    out = trace.with_name("windows.jsonl")
     run = subprocess.run(
         gpufeed_cmd("analyze", str(trace), "--format", "jsonl", "--output", str(out)),
         env=agent_env(),
@@ -51,7 +46,17 @@ def test_analyze_output_is_unchanged(name: str, make_trace: object, tmp_path: Pa
         timeout=240,
     )
     assert run.returncode == 0, run.stderr
-    got = out.read_text()
+    return out.read_text()
+
+
+@pytest.mark.parametrize(
+    ("name", "make_trace"),
+    [("windows-bench.jsonl", _bench_trace), ("windows-simulated.jsonl", _simulated_trace)],
+)
+def test_analyze_output_is_unchanged(name: str, make_trace: object, tmp_path: Path) -> None:
+    trace = tmp_path / "trace.om"
+    make_trace(trace)  # type: ignore[operator]
+    got = _analyze(trace)
     assert got.count("\n") >= 5, "too few windows to guard anything"
     golden = GOLDEN / name
     if os.environ.get("GPUFEED_UPDATE_GOLDEN"):
@@ -93,13 +98,4 @@ def test_the_order_series_arrive_in_changes_no_window(tmp_path: Path) -> None:
     mixed = _reversed_series(text)
     assert sorted(mixed.splitlines()) == sorted(text.splitlines()) and mixed != text
     trace.write_text(mixed)
-    out = tmp_path / "windows.jsonl"
-    run = subprocess.run(
-        gpufeed_cmd("analyze", str(trace), "--format", "jsonl", "--output", str(out)),
-        env=agent_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert run.returncode == 0, run.stderr
-    assert out.read_text() == (GOLDEN / "windows-simulated.jsonl").read_text()
+    assert _analyze(trace) == (GOLDEN / "windows-simulated.jsonl").read_text()
