@@ -90,9 +90,12 @@ class Fabric:
         return {(n, labels.get("peer", "")): v for n, labels, v in json.loads(line)}
 
 
-def ss_rtt_ms(ns: str) -> float:
+def ss_rtt_ms(ns: str, port: str) -> float:
+    """`ss`'s smoothed RTT of the connection to PEER:port only: with the pinger's connection
+    to the same peer, the first `rtt:` of `ss ... dst PEER` was either connection, in the
+    order of the host's socket table (read 1.3x apart in one CI run)."""
     out = subprocess.run(
-        ["ip", "netns", "exec", ns, "ss", "-tni", "dst", PEER],
+        ["ip", "netns", "exec", ns, "ss", "-tni", "dst", f"{PEER}:{port}"],
         capture_output=True, text=True, timeout=20, check=True,
     ).stdout  # fmt: skip
     m = re.search(r"\brtt:([\d.]+)/", out)
@@ -148,9 +151,9 @@ def test_rtt_and_jitter_follow_a_real_queue(link: Link) -> None:  # noqa: F811
         procs.append(ping)
         rtts, jitters, ss, to_ss = [], [], [], []
         while ping.poll() is None:
-            before = ss_rtt_ms(link.ns_a) / 1e3
+            before = ss_rtt_ms(link.ns_a, port) / 1e3
             got = fabric.read()
-            after = ss_rtt_ms(link.ns_a) / 1e3
+            after = ss_rtt_ms(link.ns_a, port) / 1e3
             rtts.append(got[("gpufeed_fabric_rtt_seconds", PEER)])
             jitters.append(got[("gpufeed_fabric_rtt_jitter_seconds", PEER)])
             ss += [before, after]
