@@ -68,8 +68,14 @@ def _offline(trace: str, end: float, tmp: Path) -> list[dict[str, object]]:
     return [w.to_json() for w in sorted(got, key=_key)]
 
 
-def _sorted_lines(text: str) -> str:
-    return "\n".join(sorted(text.splitlines()))
+def _assert_file_windows(trace: str, out: Path, tmp: Path) -> None:
+    """`out`, analysed from VictoriaMetrics, holds the trace file's windows (to the TSDB's
+    precision: tests/window_match.py), in any order."""
+
+    def lines(text: str) -> str:
+        return "\n".join(sorted(text.splitlines()))
+
+    assert_same_windows(lines(render(analyze_text(trace, tmp), "jsonl")), lines(out.read_text()))
 
 
 def _timing() -> CycleTiming:
@@ -214,10 +220,7 @@ def test_victoriametrics_with_http_auth_refuses_wrong_credentials_in_one_line(
         assert len(err) == 1 and "HTTP 401" in err[0], err
         assert not out.exists()
         assert run_analyze(*common, f"--prometheus.password-file={good}") == 0
-        assert_same_windows(
-            _sorted_lines(render(analyze_text(trace, tmp_path), "jsonl")),
-            _sorted_lines(out.read_text()),
-        )
+        _assert_file_windows(trace, out, tmp_path)
         # the fleet service: refused, then with the right credentials, the offline windows
         timing = _timing()
         log = tmp_path / "fleet.jsonl"
@@ -321,10 +324,7 @@ def test_a_tenant_header_selects_the_tenants_data_and_none_is_refused(
             assert not out.exists()
             for name, text in (("team-a", trace), ("team-b", other)):
                 assert run_analyze(*common, f"--prometheus.header=X-Scope-OrgID={name}") == 0
-                assert_same_windows(
-                    _sorted_lines(render(analyze_text(text, tmp_path), "jsonl")),
-                    _sorted_lines(out.read_text()),
-                )
+                _assert_file_windows(text, out, tmp_path)
             # the fleet service with team a's header: team a's windows, none of team b's
             timing = _timing()
             log = tmp_path / "fleet.jsonl"
