@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -84,6 +85,10 @@ def test_short_scenario_names_the_throttled_tier_and_cleans_up(tmp_path: Path) -
     assert "| data_loading |" in (tmp_path / "report.md").read_text()
 
 
+# a fault's start as the runner prints it (lab.run._drive), not a line of its report
+_FAULT_STARTED = re.compile(r"^\s*\[(run|sdk)\]\s+[\d.]+ s\s+start \w+$")
+
+
 def test_a_run_stopped_mid_fault_leaves_nothing_behind(tmp_path: Path) -> None:
     """Both launchers at once (what `make lab` does: one thread per run), stopped by
     SIGTERM while all six faults (three per run) are on: every part of both is undone."""
@@ -101,16 +106,18 @@ def test_a_run_stopped_mid_fault_leaves_nothing_behind(tmp_path: Path) -> None:
     proc = _runner([str(scen), "--launcher", "both"], tmp_path / "out")
     assert proc.stdout is not None
     started: list[str] = []
+    said: list[str] = []  # everything the runner printed, for the failure message
     deadline = time.monotonic() + 240
     try:
         while len(started) < 6 and time.monotonic() < deadline:
             line = proc.stdout.readline()
             if not line:
                 break
-            if " start " in line:
+            said.append(line.rstrip())
+            if _FAULT_STARTED.match(line):
                 started.append(line.strip())
-        assert len(started) == 6, f"the faults did not start: {started}"
-        assert {line.split()[0] for line in started} == {"[run]", "[sdk]"}, started
+        assert len(started) == 6, "the faults did not start:\n" + "\n".join(said)
+        assert {line.split()[0] for line in started} == {"[run]", "[sdk]"}, said
         time.sleep(2)
         hogs = _cgroup_pids(proc.pid)
         assert hogs, "no process in the job's cgroup while the hogs run"
