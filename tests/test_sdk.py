@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -611,3 +612,79 @@ def test_a_sender_back_from_silence_does_not_reset_the_shares() -> None:
     t += 2.0
     s.take(b, t)  # b comes back after a silence: two active, not one
     assert s.active() == 2 and s.share_per_second == 500.0
+
+
+def _fill(path: str) -> socket.socket:
+    """Another sender's datagrams until the receiver's kernel queue refuses one: a busy
+    agent whose queue (net.unix.max_dgram_qlen, 10 by default) every rank shares."""
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    other.connect(path)
+    for sent in range(10_000):
+        try:
+            other.send(b"x", socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            assert sent > 0, "the queue refused the very first datagram"
+            return other
+    raise AssertionError("the receiver's queue never filled")
+
+
+def test_a_full_queue_delays_steps_and_checkpoints_it_does_not_lose_them(tmp_path: Path) -> None:
+    """A real receiving socket nobody reads for a while: the flushes meanwhile are refused,
+    their sums and observations go with the first flush the queue takes, none is lost."""
+    path = str(tmp_path / "sdk.sock")
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent.bind(path)
+    other = _fill(path)
+    job = sdk.Job("burst", socket=path)
+    steps = 0
+    for flush in range(5):
+        for _ in range(7):
+            job._add_step(0.001, 0.01, 0.0)  # now=0.0: summed, no flush of its own
+            steps += 1
+        job._emit(sdk.KIND_CHECKPOINT, 0.5, 1000 + flush)
+        job._flush()  # refused: the queue is full
+    assert job.events_dropped == 0, "a full queue lost events"
+    assert job.events_sent == 0, "nothing can have gone yet"
+    agent.setblocking(False)
+    while True:  # the agent catches up
+        try:
+            agent.recv(65536)
+        except BlockingIOError:
+            break
+    job.close()
+    got = []
+    while True:
+        try:
+            decoded = wire.decode_datagram(agent.recv(65536))
+        except BlockingIOError:
+            break
+        assert not isinstance(decoded, str), decoded
+        got += decoded
+    stepped = [m for m in got if m.kind == wire.KIND_STEP]
+    checkpoints = sorted(m.checkpoint_bytes or 0 for m in got if m.kind == wire.KIND_CHECKPOINT)
+    assert sum(m.steps for m in stepped) == steps == 35
+    assert sum(m.compute_seconds for m in stepped) == pytest.approx(35 * 0.01)
+    assert checkpoints == [1000, 1001, 1002, 1003, 1004]
+    assert (job.events_sent, job.events_dropped) == (35 + 5 + 1, 0)  # + CLOSE
+    other.close()
+    agent.close()
+
+
+def test_close_gives_a_full_queue_half_a_second_then_drops(tmp_path: Path) -> None:
+    """Nothing comes after close(): it tries a full queue again for a moment (the loop is
+    over), then counts what did not go as dropped rather than wait for ever."""
+    path = str(tmp_path / "sdk.sock")
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent.bind(path)
+    other = _fill(path)
+    job = sdk.Job("stuck", socket=path)
+    for _ in range(3):
+        job._add_step(0.001, 0.01, 0.0)
+    began = time.monotonic()
+    job.close()
+    took = time.monotonic() - began
+    assert job.events_sent == 0
+    assert job.events_dropped == 3 + 1  # the steps, the CLOSE
+    assert 0.5 <= took < 5.0, took
+    other.close()
+    agent.close()

@@ -16,8 +16,9 @@
     job.serving_demand(waiting=3, running=16)    # or report the queue itself, every second
 
 Events go as datagrams on a Unix socket (the agent's `--sdk.socket`), sent with
-MSG_DONTWAIT: when the agent is absent or its queue is full they are dropped and counted
-in `Job.events_dropped`; the training loop never waits for the agent. Steps and phase
+MSG_DONTWAIT: when the agent is absent they are dropped and counted in
+`Job.events_dropped`; when its queue is full, the sums wait for the next flush; the training
+loop never waits for the agent. Steps and phase
 times are summed in the process and sent every FLUSH_SECONDS (see `Job`).
 
 This file is deliberately self-contained (standard library only, no gpufeed imports, Python
@@ -129,6 +130,8 @@ FLUSH_SECONDS = 0.1
 # (restarted, or forgot the job after its grace period) learns it back.
 RANK_RESEND_SECONDS = 10.0
 COLLECTIVE_SEND_SECONDS = 1.0  # how often collective waits go (see Job._flush)
+_SENT, _FULL, _GONE = 0, 1, 2  # what became of a datagram (Job._send_status)
+_FINAL_PATIENCE_SECONDS = 0.5  # how long close() tries a full queue again
 # (rank, world size, local rank) variables of each launcher, the first one set wins: torchrun
 # (also under srun, where SLURM_PROCID is torchrun's own task), Open MPI's mpirun, srun.
 RANK_ENVIRONMENTS = (
@@ -602,9 +605,10 @@ class Job:
         if os.getpid() == self._pid:  # not a forked child's copy of the parent's Job
             report = self._io_report()
             if report is not None:
-                self._send(report)  # alone: an older agent refuses the kind, and only it
+                # alone: an older agent refuses the kind, and only it
+                self._send_patiently(report, final=True)
         close = HEADER.pack(MAGIC, WIRE_VERSION, KIND_CLOSE, 0, 0, *self._lens, 0.0, 0.0, 0)
-        if self._send(close + self._suffix):
+        if self._send_patiently(close + self._suffix, final=True) == _SENT:
             self.events_sent += 1
         else:
             self.events_dropped += 1
@@ -676,8 +680,11 @@ class Job:
             self._flush()
 
     def _flush(self, final: bool = False) -> None:
-        """Sends the pending sums and observations, packed into as few datagrams as fit;
-        if any datagram fails, all the flush's events count as dropped.
+        """Sends the pending sums and observations, packed into as few datagrams as fit.
+        A datagram the agent's full queue refused is kept for the next flush (its sums
+        added back, its observations queued again), so a burst of ranks delays a step
+        rather than losing it; the final flush, or an agent that is gone, drops them, and
+        all the flush's events count as dropped.
 
         Collective waits go at most every COLLECTIVE_SEND_SECONDS (and in the final flush):
         their datagram is one more in the agent's short kernel queue (10 by default, shared
@@ -695,54 +702,84 @@ class Job:
         if not events:
             return
         rank_first = self._rank_sent_at == float("-inf")
-        ok = self._send_rank_datagram(collective, now) if rank_first else True
+        refused: list[int] = []  # the statuses of the datagrams that did not go
+        if rank_first:
+            refused += self._send_rank_or_keep(collective, now, final)
         pack, head = HEADER.pack, (MAGIC, WIRE_VERSION)
         lens, suffix = self._lens, self._suffix
-        msgs = []
+        # (message, what it carries): what a datagram refused by a full queue gives back
+        msgs: list[tuple[bytes, tuple[int, float, float, int]]] = []
         if self._acc_steps or self._acc_wait or self._acc_compute:
-            msgs.append(
-                pack(
-                    *head,
-                    KIND_STEP,
-                    0,
-                    0,
-                    *lens,
-                    self._acc_wait,
-                    self._acc_compute,
-                    self._acc_steps,
-                )
-                + suffix
-            )
+            step = (KIND_STEP, self._acc_wait, self._acc_compute, self._acc_steps)
+            msgs.append((pack(*head, KIND_STEP, 0, 0, *lens, *step[1:]) + suffix, step))
         for index, seconds in enumerate(self._acc_phase):
             if seconds > 0.0:
-                msgs.append(pack(*head, KIND_PHASE, index, 0, *lens, seconds, 0.0, 0) + suffix)
+                m = pack(*head, KIND_PHASE, index, 0, *lens, seconds, 0.0, 0) + suffix
+                msgs.append((m, (KIND_PHASE, float(index), seconds, 0)))
         for kind, a, n in self._acc_observations:
-            msgs.append(pack(*head, kind, 0, 0, *lens, a, 0.0, n) + suffix)
+            msgs.append((pack(*head, kind, 0, 0, *lens, a, 0.0, n) + suffix, (kind, a, 0.0, n)))
         self._acc_observations = []
         self._acc_wait = self._acc_compute = 0.0
         self._acc_steps = self._acc_events = 0
         self._acc_phase = [0.0] * len(PHASES)
-        per_datagram = max(MAX_DATAGRAM_BYTES // len(msgs[0]), 1) if msgs else 1
+        per_datagram = max(MAX_DATAGRAM_BYTES // len(msgs[0][0]), 1) if msgs else 1
         for i in range(0, len(msgs), per_datagram):
-            ok = self._send(b"".join(msgs[i : i + per_datagram])) and ok
+            group = msgs[i : i + per_datagram]
+            got = self._send_patiently(b"".join(m for m, _ in group), final)
+            if got == _FULL and not final:
+                for _, carried in group:
+                    self._keep(carried)
+            if got != _SENT:
+                refused.append(_GONE if final else got)
         if not rank_first:
-            ok = self._send_rank_datagram(collective, now) and ok
-        if ok:
-            self.events_sent += events
-        else:
+            refused += self._send_rank_or_keep(collective, now, final)
+        if _GONE in refused:  # something lost for good: the flush's events, as before
             self.events_dropped += events
+        elif refused:  # all kept: counted when they go
+            self._acc_events += events
+        else:
+            self.events_sent += events
+
+    def _keep(self, carried: tuple[int, float, float, int]) -> None:
+        """Gives a refused message's content back to the sums of the next flush."""
+        kind, a, b, n = carried
+        if kind == KIND_STEP:
+            self._acc_wait += a
+            self._acc_compute += b
+            self._acc_steps += n
+        elif kind == KIND_PHASE:
+            self._acc_phase[int(a)] += b
+        else:
+            self._acc_observations.append((kind, a, n))
+
+    def _send_rank_or_keep(self, collective: float, now: float, final: bool) -> list[int]:
+        """The rank datagram (see _send_rank_datagram): [] when it went or had nothing to
+        say; a collective wait a full queue refused goes back to the sum for the next flush,
+        as the in-flight reporter does ([_FULL]); [_GONE] when it is lost."""
+        got = self._send_rank_status(collective, now, final)
+        if got == _SENT:
+            return []
+        if got == _FULL and not final:
+            if collective > 0.0:
+                with self._collective_lock:
+                    self._acc_collective += collective
+            return [_FULL]
+        return [_GONE]
 
     def _send_rank_datagram(self, collective: float, now: float) -> bool:
+        return self._send_rank_status(collective, now) == _SENT
+
+    def _send_rank_status(self, collective: float, now: float, final: bool = False) -> int:
         """RANK (when due) and collective_wait, in a datagram of their own before the rest
         of the flush, so that the agent knows the rank before the steps arrive. Without a
         known rank the collective wait has nowhere to go and is left out."""
         if self._rank is None:
             self._rank = torch_rank()
             if self._rank is None:
-                return True
+                return _SENT
         due = now - self._rank_sent_at >= RANK_RESEND_SECONDS
         if not due and collective <= 0.0:
-            return True
+            return _SENT
         head, lens = (MAGIC, WIRE_VERSION), self._lens
         rank, world, local = self._rank
         msgs = [HEADER.pack(*head, KIND_RANK, 0, 0, *lens, float(local), float(world), rank)]
@@ -751,10 +788,10 @@ class Job:
                 HEADER.pack(*head, KIND_PHASE, _COLLECTIVE_INDEX, 0, *lens, collective, 0.0, 0)
             )
             self._collective_sent_at = now
-        ok = self._send(b"".join(m + self._suffix for m in msgs))
-        if ok:
+        got = self._send_patiently(b"".join(m + self._suffix for m in msgs), final)
+        if got == _SENT:
             self._rank_sent_at = now
-        return ok
+        return got
 
     def _emit(self, kind: int, a: float, n: int) -> None:
         """A checkpoint or an epoch: an observation of its own, sent with the next flush."""
@@ -766,23 +803,38 @@ class Job:
     # -- transport ---------------------------------------------------------------------------
 
     def _send(self, datagram: bytes) -> bool:
+        return self._send_status(datagram) == _SENT
+
+    def _send_patiently(self, datagram: bytes, final: bool) -> int:
+        """_send_status; at close (final), a full queue is tried again for up to
+        _FINAL_PATIENCE_SECONDS: nothing comes after it, and the loop is over."""
+        got = self._send_status(datagram)
+        if final:
+            give_up = time.monotonic() + _FINAL_PATIENCE_SECONDS
+            while got == _FULL and time.monotonic() < give_up:
+                time.sleep(0.005)
+                got = self._send_status(datagram)
+        return got
+
+    def _send_status(self, datagram: bytes) -> int:
+        """_SENT, _FULL (the agent's queue is full: never wait) or _GONE (no agent)."""
         if self._closed:
-            return False
+            return _GONE
         sock = self._sock
         if sock is None:
             sock = self._connect()
             if sock is None:
-                return False
+                return _GONE
         try:
             sock.send(datagram, _socket.MSG_DONTWAIT)
-            return True
-        except BlockingIOError:  # the agent's queue is full: drop, never wait
-            return False
+            return _SENT
+        except BlockingIOError:
+            return _FULL
         except OSError:  # the agent went away (restart): reconnect later
             sock.close()
             self._sock = None
             self._retry_at = time.monotonic() + _RECONNECT_SECONDS
-            return False
+            return _GONE
 
     def _connect(self) -> _socket.socket | None:
         now = time.monotonic()
