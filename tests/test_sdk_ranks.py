@@ -153,6 +153,8 @@ def test_ranks_are_summed_apart_and_the_job_as_before() -> None:
         # rank 0 is on one GPU: named; rank 1 on two (a stray context): not guessed
         key("gpufeed_job_rank_info", rank="0", local_rank="0", world_size="16", uuid="GPU-a"): 1,
         key("gpufeed_job_rank_info", rank="1", world_size="16"): 1,
+        key("gpufeed_job_rank_lost", rank="0"): 0,  # both run (issue 13's lost rank)
+        key("gpufeed_job_rank_lost", rank="1"): 0,
     }
 
 

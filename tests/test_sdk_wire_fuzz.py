@@ -22,7 +22,7 @@ seconds = st.floats(min_value=0.0, max_value=wire.MAX_EVENT_SECONDS, allow_nan=F
 
 @st.composite
 def messages(draw: st.DrawFn) -> wire.Message:
-    kind = draw(st.sampled_from([1, 2, 3, 4, 5, 6, 7]))
+    kind = draw(st.sampled_from([1, 2, 3, 4, 5, 6, 7, wire.KIND_EXIT]))
     job_id, name = draw(label), draw(label)
     if kind == wire.KIND_STEP:
         return wire.Message(
@@ -61,6 +61,14 @@ def messages(draw: st.DrawFn) -> wire.Message:
             local_rank=draw(st.none() | st.integers(0, world - 1)),
             world_size=world,
         )
+    if kind == wire.KIND_EXIT:
+        return wire.Message(
+            kind,
+            job_id,
+            name,
+            exit_pid=draw(st.integers(1, wire.MAX_PID)),
+            exit_status=draw(st.integers(0, wire.MAX_EXIT_STATUS)),
+        )
     return wire.Message(kind, job_id, name)
 
 
@@ -68,7 +76,7 @@ def _check(result: wire.Message | str) -> None:
     if isinstance(result, str):
         assert result in wire.DROP_REASONS
         return
-    assert 1 <= result.kind <= wire.KIND_RANK
+    assert 1 <= result.kind <= wire.KIND_EXIT
     assert 0 <= result.read_bytes <= wire.MAX_IO_BYTES
     assert 0 <= result.written_bytes <= wire.MAX_IO_BYTES
     assert 0 < len(result.job_id.encode()) <= wire.MAX_JOB_ID_BYTES

@@ -796,6 +796,29 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         optional_labels=("local_rank", "uuid"),
     ),
     MetricSpec(
+        "gpufeed_job_rank_lost",
+        "gauge",
+        "1 once every process of a rank of the job on this node has exited without closing "
+        "its job (killed, crashed), 0 while it runs or after a clean close; kept while the "
+        "job's series stay, back to 0 when a process registers the rank again",
+        ("job_id", "rank"),
+        "",
+        "jobs",
+        "sdk",
+    ),
+    MetricSpec(
+        "gpufeed_job_rank_exit_status",
+        "gauge",
+        "Exit status of the rank's process as a shell gives it (128 + N: killed by signal "
+        "N), where `gpufeed run` launched it and reported it; absent otherwise",
+        ("job_id", "rank"),
+        "",
+        "jobs",
+        "sdk",
+        # not yet in the contract: no simulated rank exits (tests/test_catalogue.py)
+        contract=False,
+    ),
+    MetricSpec(
         "gpufeed_job_storage_read_bytes_total",
         "counter",
         "Bytes the job read per storage tier (cgroup io accounting, else /proc/PID/io)",

@@ -124,7 +124,18 @@ def run_command(
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return 128 - code if code < 0 else code
+    status = 128 - code if code < 0 else code
+    _report_exit(env, proc.pid, status)
+    return status
+
+
+def _report_exit(env: Mapping[str, str], pid: int, status: int) -> None:
+    """Tells the agent how the command ended: a rank killed by a signal cannot say so
+    itself, and without this the agent only sees its pid gone (docs/jobs.md, lost ranks)."""
+    from gpufeed.sdk import report_exit, resolve_job_id
+
+    name = env["GPUFEED_JOB_NAME"]
+    report_exit(name, resolve_job_id(name, env), pid, status & 0xFF, env["GPUFEED_SOCKET"])
 
 
 def _wait_serving(

@@ -99,6 +99,7 @@ KIND_SERVING = 10
 SERVING_DECLARE = 0
 SERVING_DEMAND = 1
 _MAX_SERVING_REQUESTS = 1 << 32  # gpufeed.jobs.wire.MAX_SERVING_REQUESTS
+KIND_EXIT = 11  # sent by a launcher (`gpufeed run`) for its command: see report_exit
 PHASES = ("compute", "data_wait", "checkpoint", "communication", "startup", "eval", "other")
 COLLECTIVE_WAIT = "collective_wait"  # a per-rank phase: PHASE index len(PHASES)
 RANK_PHASES = (*PHASES, COLLECTIVE_WAIT)
@@ -854,6 +855,39 @@ class Job:
         self._sock = sock
         self._rank_sent_at = float("-inf")  # maybe a new agent: tell it the rank again
         return sock
+
+
+def report_exit(name: str, job_id: str, pid: int, status: int, socket: str | None = None) -> bool:
+    """Tells the agent that process `pid` of job `job_id` ended with exit `status` (as a
+    shell gives it: 128 + N when killed by signal N). For a launcher (`gpufeed run`), the
+    parent that saw its command end: a killed process cannot say it was killed, and without
+    this the agent only sees its pid gone. Sends one datagram, registers nothing (the
+    launcher is not a process of the job); False when it could not be sent."""
+    if not 0 <= status <= 255 or pid <= 0:
+        raise ValueError(f"gpufeed: exit status {status} of pid {pid} out of range")
+    job_bytes = _truncate_utf8(job_id, MAX_JOB_ID_BYTES)
+    name_bytes = _truncate_utf8(name, MAX_NAME_BYTES)
+    head = HEADER.pack(
+        MAGIC,
+        WIRE_VERSION,
+        KIND_EXIT,
+        0,
+        0,
+        len(job_bytes),
+        len(name_bytes),
+        float(status),
+        0.0,
+        pid,
+    )
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+    try:
+        sock.connect(socket or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
+        sock.send(head + job_bytes + name_bytes, _socket.MSG_DONTWAIT)
+    except (OSError, ValueError):
+        return False
+    finally:
+        sock.close()
+    return True
 
 
 def resolve_job_id(name: str, environ: Mapping[str, str] | None = None) -> str:

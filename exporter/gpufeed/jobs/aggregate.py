@@ -25,6 +25,13 @@ phase `collective_wait` overlaps the other phases and goes to the rank only. A j
 most MAX_RANKS_PER_JOB ranks on one node: only the ranks running here report here, so more
 is a broken or lying sender; its further ranks are refused with one log line per job.
 
+A lost rank (issue 13): a rank whose every process exited without a CLOSE (killed,
+crashed: the SDK closes at exit, so only a death it could not run its exit handlers in
+gets here) is *lost* from the moment the agent sees its pids gone (`expire`, at the next
+scrape) until a new process registers that rank. The SDK in the killed process cannot say
+how it ended; `gpufeed run`, its parent, can: it sends EXIT (the child's pid and its exit
+status as a shell gives it), which closes the pid at once and names the status.
+
 Model loads (issue 17): a load's time and bytes are summed per device of the file it read,
 and a load in progress is kept per process until it ends (or the process does); the
 devices become storage tiers when the families are built (`devices_to_tier`, the storage
@@ -128,6 +135,8 @@ class RankState:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     steps: int = 0
     pids: set[int] = field(default_factory=set)
+    lost: bool = False  # every process of the rank exited without closing its job
+    exit_status: int | None = None  # as a shell gives it (128 + N: signal N); None unknown
 
 
 @dataclass(slots=True)
@@ -185,6 +194,10 @@ class JobTable:
         """Adds one message from process `pid` (0 = unknown; `ppid` its parent, 0 = unknown,
         used for IO reports) of sender `owner`; returns a drop reason or None."""
         job = self._jobs.get(msg.job_id)
+        if msg.kind == wire.KIND_EXIT:
+            if job is not None:  # the launcher is no process of the job: not registered
+                self._exited(job, msg.exit_pid, msg.exit_status)
+            return None
         if job is None:
             if (
                 len(self._jobs) >= self.max_jobs
@@ -315,8 +328,28 @@ class JobTable:
         state.local_rank, state.world_size = msg.local_rank, msg.world_size
         # a rank restarted many times (elastic) keeps only its live processes
         state.pids = {p for p in state.pids if not job.processes.get(p, (True, 0.0))[0]}
+        if pid not in state.pids:
+            state.lost, state.exit_status = False, None  # (re)started: not lost any more
         state.pids.add(pid)
         job.pid_ranks[pid] = msg.rank
+
+    def _exited(self, job: JobState, pid: int, status: int | None) -> None:
+        """Process `pid` of `job` is gone (`status`: its exit status where its launcher
+        said it); a rank process gone without its CLOSE leaves the rank lost unless
+        another of its processes lives."""
+        entry = job.processes.get(pid)
+        if entry is None:
+            return
+        closed, seen = entry
+        job.processes[pid] = (True, seen)
+        state = job.ranks.get(job.pid_ranks[pid]) if pid in job.pid_ranks else None
+        if state is None:
+            return
+        if status is not None:
+            state.exit_status = status
+        live = [p for p in state.pids if not job.processes.get(p, (True, 0.0))[0]]
+        if not closed and not live:
+            state.lost = True
 
     def expire(self, now: float) -> None:
         """Marks jobs with no live process as ended, and drops those past their grace.
@@ -325,9 +358,9 @@ class JobTable:
         by an unrelated process, which must neither keep the job alive (its series would
         never go) nor have its I/O summed into the job's (`pids_by_job`)."""
         for job_id, job in list(self._jobs.items()):
-            for pid, (closed, seen) in list(job.processes.items()):
+            for pid, (closed, _seen) in list(job.processes.items()):
                 if pid > 0 and not closed and not self._pid_alive(pid):
-                    job.processes[pid] = (True, seen)
+                    self._exited(job, pid, None)
             for pid in [p for p in job.loading if job.processes.get(p, (True, 0.0))[0]]:
                 del job.loading[pid]  # a load its process never ended: it is over
             if self._has_live_process(job, now):
@@ -474,7 +507,9 @@ class JobTable:
         phases = spec("gpufeed_job_rank_phase_seconds_total")
         steps = spec("gpufeed_job_rank_steps_total")
         info = spec("gpufeed_job_rank_info")
-        for s in (phases, steps, info):
+        lost = spec("gpufeed_job_rank_lost")
+        status = spec("gpufeed_job_rank_exit_status")
+        for s in (phases, steps, info, lost, status):
             f.declare_spec(s)
         for job in self._jobs.values():
             for rank, state in sorted(job.ranks.items()):
@@ -490,6 +525,8 @@ class JobTable:
                 if len(gpus) == 1:  # on several GPUs (a stray context): which is not known
                     extra["uuid"] = gpus.pop()
                 f.put(info, {**labels, **extra}, 1.0)
+                f.put(lost, labels, 1.0 if state.lost else 0.0)
+                f.put(status, labels, state.exit_status)
 
     def _has_live_process(self, job: JobState, now: float) -> bool:
         """Whether a process still speaks for the job (exited ones are closed by expire)."""

@@ -58,6 +58,13 @@ LOAD_STAGES: Final = ("begin", "end")
 # b = requests running (-1: not known), whole numbers.
 KIND_SERVING: Final = 10
 SERVING_STAGES: Final = ("declare", "demand")
+# Added in 0.3.0 (issue 13), sent by `gpufeed run` (not a process of the job: the parent of
+# its command) in a datagram of its own once its command has ended: n = the command's pid,
+# a = its exit status as a shell gives it (0-255; 128 + N: killed by signal N). The SDK in
+# a killed process cannot say it was killed; its parent can.
+KIND_EXIT: Final = 11
+MAX_EXIT_STATUS: Final = 255
+MAX_PID: Final = 1 << 22  # the kernel's pid_max limit (PID_MAX_LIMIT)
 MAX_SERVING_REQUESTS: Final = 1 << 32
 PHASES: Final = ("compute", "data_wait", "checkpoint", "communication", "startup", "eval", "other")
 # Time inside torch.distributed collectives and barriers: a per-rank phase only, overlapping
@@ -133,6 +140,9 @@ class Message:
     # SERVING demand only (the declaration's URL is in `location`)
     requests_waiting: float | None = None
     requests_running: float | None = None
+    # EXIT only: the ended command's pid and exit status
+    exit_pid: int = 0
+    exit_status: int | None = None
 
 
 def decode_datagram(data: bytes) -> list[Message] | str:
@@ -163,7 +173,7 @@ def _decode_one(
         return REASON_SCHEMA
     if version != WIRE_VERSION:
         return REASON_VERSION
-    if not KIND_STEP <= kind <= KIND_SERVING:
+    if not KIND_STEP <= kind <= KIND_EXIT:
         return REASON_SCHEMA
     if (reserved != 0 and kind not in (KIND_OBJECT, KIND_SERVING)) or (
         kind == KIND_OBJECT and reserved == 0
@@ -269,6 +279,8 @@ def _message(
         return _rank_message(phase, a, b, n, job_id, name)
     if kind == KIND_LOAD:
         return _load_message(phase, a, b, n, job_id, name)
+    if kind == KIND_EXIT:
+        return _exit_message(phase, a, b, n, job_id, name)
     if not (_duration_ok(a) and _duration_ok(b)):
         return REASON_SCHEMA
     if kind == KIND_PHASE:
@@ -305,6 +317,17 @@ def _rank_message(phase: int, a: float, b: float, n: int, job_id: str, name: str
         return REASON_SCHEMA
     local = None if a < 0 else int(a)
     return Message(KIND_RANK, job_id, name, rank=n, local_rank=local, world_size=int(b))
+
+
+def _exit_message(phase: int, a: float, b: float, n: int, job_id: str, name: str) -> Message | str:
+    """EXIT: n = pid (1..MAX_PID), a = exit status (a whole number 0..MAX_EXIT_STATUS)."""
+    if phase != 0:
+        return REASON_PHASE
+    if b != 0.0 or not 0 < n <= MAX_PID:
+        return REASON_SCHEMA
+    if not (math.isfinite(a) and a.is_integer() and 0 <= a <= MAX_EXIT_STATUS):
+        return REASON_SCHEMA
+    return Message(KIND_EXIT, job_id, name, exit_pid=n, exit_status=int(a))
 
 
 def _load_message(phase: int, a: float, b: float, n: int, job_id: str, name: str) -> Message | str:
@@ -352,6 +375,8 @@ def encode(msg: Message) -> bytes:
         a, b, n = msg.seconds, float(msg.object_bytes), msg.requests
         phase = OBJECT_OPERATIONS.index(msg.operation) * len(OBJECT_OUTCOMES)
         phase += OBJECT_OUTCOMES.index(msg.outcome)
+    elif msg.kind == KIND_EXIT:
+        a, b, n = float(msg.exit_status or 0), 0.0, msg.exit_pid
     elif msg.kind == KIND_SERVING:
         phase, n = SERVING_STAGES.index(msg.phase), 0
         a = msg.requests_waiting or 0.0

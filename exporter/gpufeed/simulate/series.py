@@ -396,6 +396,9 @@ def _rank_series(lay: L.Layout, j: int, job_id: str, uuids: list[str]) -> list[S
         fam = "gpufeed_job_rank_info"
         out.append(SeriesDef(fam, "gauge", fam, label_pairs(info), CONST, 0, 1.0,
                              JOB_PRESENT, j))  # fmt: skip
+        fam = "gpufeed_job_rank_lost"  # a simulated rank never dies
+        out.append(SeriesDef(fam, "gauge", fam, label_pairs(rl), CONST, 0, 0.0,
+                             JOB_PRESENT, j))  # fmt: skip
     return out
 
 
