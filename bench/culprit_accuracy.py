@@ -2,9 +2,9 @@
 
 Generates one job per scenario of bench/multinode_scenarios.py (16 nodes x 8 GPUs by
 default; one GPU clock-limited, a slow GPU, one node's data tier slow, its CPUs starved,
-its link degraded, congestion on every node, a rank hung, a GPU lost mid-run and a GPU
-lost an hour before a stall elsewhere, a healthy job), writes each as one merged trace
-file, runs `gpufeed analyze`'s engine and the job-level join on it and scores:
+its link degraded, congestion on every node, a rank hung, a rank killed, a GPU lost
+mid-run and a GPU lost an hour before a stall elsewhere, a healthy job), writes each as one
+merged trace file, runs `gpufeed analyze`'s engine and the job-level join on it and scores:
 
 - culprit top-1 precision (predicted `straggler` GPU-time whose culprit is the true one,
   over all predicted `straggler` time) and recall (true `straggler` GPU-time covered by a

@@ -15,8 +15,11 @@ and `gpufeed_job_rank_info` (with the rank's GPU uuid).
 Scenarios (`SCENARIOS`), one stall each after a healthy stretch (two for `lost_before`):
 one GPU clock-limited (with a clock event reason, and a slow GPU without any), one node's
 data tier slow, one node's CPUs starved, one node's link degraded (flapping), congestion
-on every node (no culprit: every node's own `network`), one rank hung, one GPU lost
-mid-run, and one GPU lost an hour before a data tier stall on another node.
+on every node (no culprit: every node's own `network`), one rank hung, one rank killed
+(SIGKILL: its process gone without closing the job, `gpufeed_job_rank_lost` 1 and exit
+status 137 from `gpufeed run`; NCCL's peers block in the collective until the launcher
+restarts the worker group), one GPU lost mid-run, and one GPU lost an hour before a data
+tier stall on another node.
 
 Truth (`Label`): per GPU, when it was underutilized, why, and for `straggler` the culprit
 (instance, GPU: "" for the whole node). The culprit's own GPUs carry its cause; a culprit
@@ -38,6 +41,7 @@ SCENARIOS = (
     "link_degraded",
     "congestion_everywhere",
     "rank_hung",
+    "rank_killed",
     "gpu_lost",
     "gpu_lost_before",
 )
@@ -142,6 +146,7 @@ def build(
             "link_degraded": ("network", -1),
             "congestion_everywhere": ("network", -1),
             "rank_hung": ("unknown", cgpu),
+            "rank_killed": ("idle", cgpu),  # its GPU runs nothing of the job any more
             "gpu_lost": ("gpu_error", cgpu),
         }[kind]
         node = -1 if kind == "congestion_everywhere" else culprit
@@ -217,6 +222,7 @@ def _sample(
     tx_wait = [0.002 * _n(r, 0.3) for _ in range(nn)]
     link_drop = [1.0] * nn
     hung: tuple[int, int] | None = None
+    killed: tuple[int, int] | None = None
     lost: set[tuple[int, int]] = set()
     reason: dict[tuple[int, int], str] = {}
     clock = [[1.98e9] * gpus for _ in range(nn)]
@@ -246,8 +252,10 @@ def _sample(
             tx_wait = [r.uniform(0.3, 0.6) for _ in range(nn)]
             link_drop = [r.uniform(0.25, 0.45) for _ in range(nn)]
             comm = 1.5 * _n(r, 0.05)
-        elif st.kind in ("rank_hung", "gpu_lost"):
+        elif st.kind in ("rank_hung", "gpu_lost", "rank_killed"):
             hung = (k, g)
+            if st.kind == "rank_killed":
+                killed = (k, g)
             if st.kind == "gpu_lost":
                 lost.add((k, g))
     own = [[max(comp[k][g], inp[k][g]) for g in range(gpus)] for k in range(nn)]
@@ -311,6 +319,10 @@ def _sample(
                     f'gpufeed_job_rank_info{{job_id="{job}",rank="{rank}",local_rank="{g}",'
                     f'world_size="{nn * gpus}",uuid="{n.uuid[g]}",{il}}} 1 {ts}'
                 )
+                rl = f'job_id="{job}",rank="{rank}",{il}'
+                L(f"gpufeed_job_rank_lost{{{rl}}} {1 if (k, g) == killed else 0} {ts}")
+                if (k, g) == killed:
+                    L(f"gpufeed_job_rank_exit_status{{{rl}}} 137 {ts}")
         # the job's own account (SDK): summed over the node's ranks
         for ph, v in (("compute", comp_total), ("data_wait", dw_total),
                       ("communication", cw_total)):  # fmt: skip

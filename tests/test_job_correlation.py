@@ -61,6 +61,7 @@ def _check_victims(tr: mn.MultiNodeTrace, windows: list[Window]) -> None:
         ("clock_limited", True),
         ("slow_gpu", True),
         ("rank_hung", True),
+        ("rank_killed", True),  # named by its loss; its own GPU `idle`, saying how it ended
         ("gpu_lost_before", True),
     ],
 )

@@ -158,6 +158,8 @@ USED_METRICS: tuple[str, ...] = (
     "gpufeed_job_storage_written_bytes_total",
     "gpufeed_job_rank_phase_seconds_total",
     "gpufeed_job_rank_info",
+    "gpufeed_job_rank_lost",
+    "gpufeed_job_rank_exit_status",
     *JOB_CPU_FIELDS,
     *JOB_CACHE_FIELDS,
     *JOB_CACHE_TIER_FIELDS,
@@ -193,6 +195,10 @@ class JobColumns:
     rank_phases: dict[tuple[str, str], Series] = field(default_factory=dict)
     rank_info: dict[str, Series] = field(default_factory=dict)
     rank_uuid: dict[str, str] = field(default_factory=dict)  # rank -> its GPU, where known
+    # rank -> 1 once it exited without closing the job (killed, crashed); its exit status
+    # where `gpufeed run` reported it (137: SIGKILL)
+    rank_lost: dict[str, Series] = field(default_factory=dict)
+    rank_exit_status: dict[str, Series] = field(default_factory=dict)
     # cgroup CPU-quota periods (present only where a quota is set), the threads' run-queue
     # wait and run time, v2 cgroup CPU pressure (JOB_CPU_FIELDS)
     cpu: dict[str, Series] = field(default_factory=dict)
@@ -326,6 +332,10 @@ class NodeSeries:
             if get("uuid"):
                 put_in_order(j.rank_uuid, get("rank", ""), get("uuid", ""))
             return _slot(j.rank_info, get("rank", ""))
+        if name == "gpufeed_job_rank_lost":
+            return _slot(j.rank_lost, get("rank", ""))
+        if name == "gpufeed_job_rank_exit_status":
+            return _slot(j.rank_exit_status, get("rank", ""))
         if name == "gpufeed_job_phase_seconds_total":
             return _slot(j.phases, get("phase", "other"))
         if name == "gpufeed_job_steps_total":
@@ -375,6 +385,7 @@ class NodeSeries:
         for j in self.jobs.values():
             out += [*j.phases.values(), *j.tier_read.values(), *j.tier_written.values()]
             out += [*j.rank_phases.values(), *j.rank_info.values()]
+            out += [*j.rank_lost.values(), *j.rank_exit_status.values()]
             out += [*j.cpu.values(), *j.cache.values(), *j.cache_tier.values()]
             for m in (j.load_seconds, j.load_bytes, j.loading_bytes):
                 out += m.values()

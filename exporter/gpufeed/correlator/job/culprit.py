@@ -7,6 +7,14 @@ joins every node (instance) of a job: the windows the node engines found, per st
 job's windows that overlap in time), and the nodes' columns.
 
 The culprit, in order of what decides it:
+0. **A lost rank** (`gpufeed_job_rank_lost`: a rank whose processes exited without closing
+   the job, killed or crashed): the rank lost first, where that loss came at most
+   `LOST_RANK_LEAD_SECONDS` before the stall began or during it (a peer's fault explains a
+   stall only if the stall follows it: a rank lost while the job trained on does not
+   explain a later stall). Its cause is its node's own cause over the stall (a GPU that
+   failed under it), else `idle` (nothing of the job runs there any more); the victims'
+   evidence says how it ended (`culprit_exit`: "killed by signal 9" where `gpufeed run`
+   reported its exit status, else "exited without closing the job").
 1. **Who arrives last** (per-rank signals, `gpufeed_job_rank_phase_seconds_total{phase=
    "collective_wait"}`): the rank that waits least in collectives over the stall, if it
    waits clearly less than the rest (under half the ranks' median, which is itself at
@@ -46,6 +54,11 @@ CLUSTER_GAP_SECONDS = 60.0  # windows of a job this close in time are one stall
 MIN_MEDIAN_WAIT = 0.25  # the ranks' median collective wait during a stall, seconds/second
 LAST_ARRIVER_RATIO = 0.5  # the culprit waits less than this share of the median
 ACTIVE_LOOKBACK_SECONDS = 300.0  # a rank that reported in this span before the stall
+# A lost rank explains a stall that begins at most this long after it was seen lost (the
+# agent notices at its next scrape; the peers' window opens when they stop stepping), or
+# that had begun at most this long before (the peers' first low readings, up to one
+# scrape before the loss is seen). A stall that begins later has a cause of its own.
+LOST_RANK_LEAD_SECONDS = 30.0
 WAITING = frozenset((Cause.UNKNOWN, Cause.STRAGGLER))
 # the culprit's own cause in words, for the victims' summary
 CULPRIT_WORDS = {
@@ -66,8 +79,9 @@ CULPRIT_WORDS = {
 @dataclass(frozen=True, slots=True)
 class Found:
     culprit: Culprit
-    signal: str  # what decided it: "last_to_arrive", "own_cause", "busiest_gpu"
+    signal: str  # what decided it: "rank_lost", "last_to_arrive", "own_cause", "busiest_gpu"
     tier: str = ""  # the culprit's data tier, where its cause is data_loading
+    exit: str = ""  # a lost rank: how it ended ("killed by signal 9", ...)
 
 
 def correlate_jobs(
@@ -116,6 +130,8 @@ def correlate_job(
             w = windows[i]
             if is_waiting(w) and not _is_culprit_gpu(w, found.culprit):
                 out[i] = as_straggler(w, found)
+            elif found.exit and w.cause is Cause.UNKNOWN and _is_culprit_gpu(w, found.culprit):
+                out[i] = as_lost(w, found)
     return out
 
 
@@ -161,9 +177,15 @@ def find_culprit(
     own = _own_causes(windows, start, end)
     if len(own) > len(nodes) / 2:
         return None  # most nodes have their own reason: a job-wide cause, not a straggler
-    gpu = uuid = rank = ""
-    last = _last_to_arrive(job_id, nodes, start, end)
-    if last is not None:
+    gpu = uuid = rank = exit_words = ""
+    lost = lost_rank(job_id, nodes, start, end)
+    last = _last_to_arrive(job_id, nodes, start, end) if lost is None else None
+    if lost is not None:
+        inst, rank, exit_words = lost
+        uuid = nodes[inst].jobs[job_id].rank_uuid.get(rank, "")
+        gpu = next((g for g, c in nodes[inst].gpus.items() if uuid and c.uuid == uuid), "")
+        signal = "rank_lost"
+    elif last is not None:
         inst, gpu, uuid, rank = last
         signal = "last_to_arrive"
     elif own and len(own) <= max(1, len(nodes) // 4):
@@ -182,12 +204,52 @@ def find_culprit(
     uuid = uuid or (n.gpus[gpu].uuid if gpu in n.gpus else "")
     rank = rank or _rank_of(n, job_id, uuid) or _only_rank(n, job_id, start)
     cause = _cause_on(own.get(inst))
+    if lost is not None and cause is Cause.UNKNOWN:
+        cause = Cause.IDLE  # its node runs nothing of the job any more
     tier = next(
         (str(v) for w in windows if w.instance == inst and w.cause is Cause.DATA_LOADING
          for k, v in w.evidence if k == Ctx.DATA_TIER),
         "",
     )  # fmt: skip
-    return Found(Culprit(inst, gpu, uuid, rank, cause), signal, tier)
+    return Found(Culprit(inst, gpu, uuid, rank, cause), signal, tier, exit_words)
+
+
+def lost_rank(
+    job_id: str, nodes: Mapping[str, NodeSeries], start: float, end: float
+) -> tuple[str, str, str] | None:
+    """(instance, rank, how it ended) of the job's rank lost first, where the stall over
+    [start, end] follows its loss: seen lost within LOST_RANK_LEAD_SECONDS of the stall's
+    beginning (before or after it), and not after its end."""
+    best: tuple[float, str, str] | None = None
+    for inst, n in sorted(nodes.items()):
+        j = n.jobs.get(job_id)
+        if j is None:
+            continue
+        for rank, s in j.rank_lost.items():
+            at = _first_at_least(s, 1.0)
+            lo, hi = start - LOST_RANK_LEAD_SECONDS, min(end, start + LOST_RANK_LEAD_SECONDS)
+            if at is not None and lo <= at <= hi and (best is None or (at, inst, rank) < best):
+                best = (at, inst, rank)
+    if best is None:
+        return None
+    _, inst, rank = best
+    status = nodes[inst].jobs[job_id].rank_exit_status.get(rank)
+    code = status.vs[-1] if status is not None and len(status) else None
+    return inst, rank, _exit_words(code)
+
+
+def _first_at_least(s: Series, level: float) -> float | None:
+    return next((t for t, v in zip(s.ts, s.vs, strict=True) if v >= level), None)
+
+
+def _exit_words(status: float | None) -> str:
+    """How a lost rank ended, from the exit status its launcher reported (shell style)."""
+    if status is None:
+        return "exited without closing the job"
+    code = int(status)
+    if code > 128:
+        return f"killed by signal {code - 128}"
+    return f"exited with status {code} without closing the job"
 
 
 def _own_causes(
@@ -349,11 +411,29 @@ def _is_culprit_gpu(w: Window, c: Culprit) -> bool:
     return w.instance == c.instance and (not c.gpu or w.gpu == c.gpu)
 
 
-def culprit_words(c: Culprit, tier: str = "") -> str:
+def culprit_words(c: Culprit, tier: str = "", exit_words: str = "") -> str:
     where = (
         c.instance + (f" GPU {c.gpu}" if c.gpu else "") + (f" (rank {c.rank})" if c.rank else "")
     )
+    if exit_words:  # a lost rank: how it ended says more than its node's idle GPU
+        verb = "was " if exit_words.startswith("killed") else ""
+        return f"{where}, whose rank process {verb}{exit_words}"
     return f"{where}, which " + CULPRIT_WORDS[c.cause].format(tier=tier or "data")
+
+
+def as_lost(w: Window, found: Found) -> Window:
+    """The lost rank's own window, which its node could not explain (its GPU just went
+    quiet): `idle`, with how the rank ended in evidence and summary."""
+    c = found.culprit
+    who = f"GPU {w.gpu}" if w.gpu else "CPU job"
+    verb = "was " if found.exit.startswith("killed") else ""
+    summary = (
+        f"{who} (job {w.job_id}) runs nothing of its job: its rank"
+        + (f" {c.rank}" if c.rank else "")
+        + f" process {verb}{found.exit}"
+    )
+    ev = (*w.evidence, ("culprit_signal", found.signal), ("culprit_exit", found.exit))
+    return replace(w, cause=Cause.IDLE, evidence=ev, summary=summary)
 
 
 def as_straggler(w: Window, found: Found) -> Window:
@@ -362,13 +442,14 @@ def as_straggler(w: Window, found: Found) -> Window:
     who = f"GPU {w.gpu}" if w.gpu else "CPU job"
     summary = (
         f"{who} (job {w.job_id}) {HEADLINES[Cause.STRAGGLER]}: job {w.job_id} waits on "
-        + culprit_words(c, found.tier)
+        + culprit_words(c, found.tier, found.exit)
     )
-    ev = tuple(kv for kv in w.evidence if kv[0] != "culprit_signal")
+    ev = tuple(kv for kv in w.evidence if kv[0] not in ("culprit_signal", "culprit_exit"))
+    said = (("culprit_exit", found.exit),) if found.exit else ()
     return replace(
         w,
         cause=Cause.STRAGGLER,
-        evidence=(*ev, ("culprit_signal", found.signal)),
+        evidence=(*ev, ("culprit_signal", found.signal), *said),
         summary=summary,
         culprit=c,
         network_reason="",  # a `peer` network window: its peer is now named
