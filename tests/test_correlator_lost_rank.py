@@ -24,11 +24,12 @@ PARAMS = WindowParams(min_window_seconds=15.0, merge_gap_seconds=10.0)  # the la
 
 
 def job(
-    killed_at: float, hang_at: float, status: float | None
+    killed_at: float, hang_at: float, status: float | None, victim_exit_at: float = 1e9
 ) -> Callable[[float], Iterable[tuple[str, float | None]]]:
     """One rank per node, 10 steps a second. Node 1's rank dies at `killed_at` (seen lost
     at the next scrape; its exit `status` where its launcher said it); node 0's rank goes
-    on (an elastic job) until `hang_at`, then waits in a collective that never returns."""
+    on (an elastic job) until `hang_at`, then waits in a collective that never returns,
+    or (gloo) fails and exits 1 after closing its job at `victim_exit_at`."""
     acc = {(n, k): 0.0 for n in range(2) for k in ("compute", "wait", "steps")}
     last = [T0]
 
@@ -37,11 +38,12 @@ def job(
         last[0] = t
         for n, inst in enumerate(NODES):
             dead = n == 1 and s > killed_at
+            failed = n == 0 and s > victim_exit_at
             if not dead and s < hang_at:
                 acc[n, "compute"] += 0.9 * dt
                 acc[n, "wait"] += 0.2 * dt
                 acc[n, "steps"] += 10 * dt
-            elif not dead:
+            elif not dead and not failed:
                 acc[n, "wait"] += dt  # blocked in the all-reduce, reported in flight
             jl = f'job_id="j1",name="ddp",instance="{inst}"'
             rl = f'job_id="j1",rank="{n}",instance="{inst}"'
@@ -55,18 +57,24 @@ def job(
             yield f"gpufeed_job_rank_lost{{{rl}}}", 1.0 if dead else 0.0
             if dead:
                 yield f"gpufeed_job_rank_exit_status{{{rl}}}", status
+            if failed:
+                yield f"gpufeed_job_rank_exit_status{{{rl}}}", 1.0
             yield f"gpufeed_job_steps_total{{{jl}}}", float(int(acc[n, "steps"]))
-            yield f"gpufeed_job_processes{{{jl}}}", 0.0 if dead else 1.0
+            yield f"gpufeed_job_processes{{{jl}}}", 0.0 if dead or failed else 1.0
 
     return gen
 
 
 def _analyse(
-    tmp_path: object, killed_at: float, hang_at: float, status: float | None = 137.0
+    tmp_path: object,
+    killed_at: float,
+    hang_at: float,
+    status: float | None = 137.0,
+    victim_exit_at: float = 1e9,
 ) -> tuple[list[dict[str, object]], dict[str, object]]:
     path = f"{tmp_path}/trace.om"
     with open(path, "w") as f:
-        f.write(trace_text(job(killed_at, hang_at, status), END, interval=1.0))
+        f.write(trace_text(job(killed_at, hang_at, status, victim_exit_at), END, interval=1.0))
     nodes = read_trace(path).nodes
     ws = correlate_jobs(nodes.values(), analyze_nodes(nodes.values(), PARAMS), 0.8)
     return [w.to_json() for w in ws], dict(nodes)
@@ -92,6 +100,43 @@ def test_the_killed_rank_is_named_with_its_signal(tmp_path: object) -> None:
     assert str(ev["summary"]).endswith(
         f"job j1 waits on {NODES[1]} (rank 1), whose rank process was killed by signal 9"
     ), ev["summary"]
+
+
+def _own(ws: list[dict[str, object]], inst: str) -> list[tuple[str, str]]:
+    out = []
+    for w in ws:
+        ev = w["evidence"]
+        assert isinstance(ev, dict)
+        if w["instance"] == inst:
+            out.append((str(w["cause"]), str(ev["summary"])))
+    return out
+
+
+def test_the_killed_ranks_node_says_how_its_rank_ended(tmp_path: object) -> None:
+    """Node 1 runs nothing of the job after the kill: `idle`, saying which rank and how
+    (its job's series stay for the agent's grace period: the job was brought down)."""
+    ws, _ = _analyse(tmp_path, killed_at=120.0, hang_at=120.0)
+    assert _own(ws, NODES[1]) == [
+        (
+            "idle",
+            "CPU job (job j1) runs nothing of its job any more: its rank 1 (killed by "
+            "signal 9) here ended without closing the job",
+        )
+    ], ws
+
+
+def test_a_peer_that_fails_with_it_is_its_victim(tmp_path: object) -> None:
+    """gloo: node 0's collective fails 6 s after the kill, its rank exits 1 after closing
+    its job. Its job was brought down with nothing of its own to say (`unknown` on its
+    node); the join names the lost rank."""
+    ws, _ = _analyse(tmp_path, killed_at=120.0, hang_at=120.0, victim_exit_at=126.0)
+    mine = [w for w in ws if w["instance"] == NODES[0]]  # waiting, then brought down
+    for w in mine:
+        ev = w["evidence"]
+        assert isinstance(ev, dict)
+        assert (w["cause"], ev["culprit_signal"]) == ("straggler", "rank_lost"), w
+    assert abs(float(mine[0]["start"]) - T0 - 120.0) <= 5, mine
+    assert float(mine[-1]["end"]) - T0 >= END - 5, mine
 
 
 def test_without_the_launchers_status_it_exited_without_closing(tmp_path: object) -> None:

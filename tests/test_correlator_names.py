@@ -48,6 +48,7 @@ NOT_IN_BENCH = {
     Feature.DATA_TIER_THROTTLED_RATIO,
     Feature.JOB_CPU_WAIT_RATIO,
     Feature.SERVING_NO_DEMAND,
+    Feature.JOB_RANK_LOST,  # a killed CPU-only rank: tests/test_correlator_lost_rank.py
 }
 
 

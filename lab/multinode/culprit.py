@@ -44,13 +44,16 @@ from lab.multinode.scenario import Plan
 # makes no progress while its process lives: its node says its job stopped working
 # (`idle`, "stopped stepping N s ago"), and its peers, blocked in a collective whose wait
 # they report as it grows, name it as the rank that waits least. A killed rank takes the
-# job down (its peers' collectives fail): nothing is scored for it yet.
+# job down (its peers' gloo collectives fail, the peers exit 1): its agent sees it lost
+# (`gpufeed run` says "killed by signal 9"), the job counts as brought down (0% busy) on
+# every node while its series stay, and the join names the lost rank; its own node runs
+# nothing of the job any more (`idle`).
 CULPRIT_CAUSE = {
     "link_rate_limit": "network",
     "blkio_read_limit": "data_loading",
     "cpu_quota": "preprocessing",
     "rank_stop": "idle",
-    "rank_kill": "unknown",
+    "rank_kill": "idle",
 }
 RECOVERY_S = 10.0  # after a lift: the job's recovery (one window's merge gap), not scored
 TARGET_PRECISION = 0.95

@@ -411,6 +411,11 @@ def _schedule(run: Run) -> None:
             raise RuntimeError("the job did not end in time")
         time.sleep(0.5)
     run.log("job ended", exit_codes=[n.rank.returncode for n in run.nodes if n.rank])
+    # A killed rank's interval runs to its stop_s: what the agents say of the loss after
+    # the job went down is the fault's aftermath, recorded until then.
+    _sleep_until(
+        run, run.t0 + max((f.stop_s for f in run.plan.faults if f.kind == "rank_kill"), default=0.0)
+    )
 
 
 def _sleep_until(run: Run, when: float) -> None:

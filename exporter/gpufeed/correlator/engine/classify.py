@@ -144,11 +144,34 @@ class Classifier:
             # no job holds the GPU: idle unless it failed; the node's signals do not matter
             d = decide({F.NO_JOB: 1.0})
             return Mark(t, util, d.cause, "", d.confidence, {F.NO_JOB: 1.0}, {})
-        ev = self.evidence(u, job, t, util, lost)
+        down = self._brought_down(u, job, t)
+        ev = down if down is not None else self.evidence(u, job, t, util, lost)
         d = decide(ev.features)
         m = Mark(t, util, d.cause, job, d.confidence, ev.features, ev.context)
         m.lost = lost
         return m
+
+    def _brought_down(self, u: Unit, job: str, t: float) -> Evidence | None:
+        """The evidence of a CPU-only job whose processes here are gone after a rank of it
+        failed (`JobColumns.failed_at`): the node's signals do not matter any more. A rank
+        lost here (killed, crashed) says the job was brought down here (`idle`); a rank
+        that exited with an error after a peer's loss says nothing of its own (`unknown`:
+        the job-level join names the lost peer). None for any other sample."""
+        j = self.node.jobs.get(job) if u.cols is None and job else None
+        if j is None or j.processes is None:
+            return None
+        stale = self.timing.stale_seconds
+        alive = j.processes.value_at(t, stale)
+        if alive is None or alive > 0 or not j.failed_at(t, stale):
+            return None
+        ev = Evidence()
+        lost = j.lost_ranks_at(t, stale)
+        if lost:
+            ev.features[F.JOB_RANK_LOST] = 1.0
+            ev.context[Ctx.LOST_RANKS] = ", ".join(
+                f"{r} ({how})" for r, how in sorted(lost.items())
+            )
+        return ev
 
     # ---- evidence: the node's and the job's (features.py), then this GPU's --------------------
     def evidence(self, u: Unit, job: str, t: float, util: float, lost: bool) -> Evidence:

@@ -203,12 +203,17 @@ class NodeCorrelator:
     def _not_stepping(self, u: Unit, t: float) -> float | None:
         """The stand-in of a CPU-only job whose phases do not move: 0 while its processes
         live, unless it has stepped and is quiet for less than a few of its steps (in the
-        middle of a long one, reported when it ends: not judged); None once they are gone."""
+        middle of a long one, reported when it ends: not judged); None once they are gone,
+        unless a rank of the job here failed (`JobColumns.failed_at`): a job brought down has not
+        finished, and it is 0% busy for as long as its series stay (issue 13: the join
+        names the lost rank behind it)."""
         j = self.node.jobs[u.cpu_job]
         stale = self.timing.stale_seconds
         alive = j.processes.value_at(t, stale) if j.processes is not None else None
-        if alive is None or alive <= 0:
+        if alive is None:
             return None
+        if alive <= 0:
+            return 0.0 if j.failed_at(t, stale) else None
         stopped = self.watch.progress.stopped_for(self.node, self.baselines, u.cpu_job, t, stale)
         stepped = j.steps is not None and bool(j.steps.value_at(t, stale))
         return None if stopped == 0.0 and stepped else 0.0

@@ -26,6 +26,9 @@ class Feature:
     # seconds the job's counters (steps, phases, tier I/O) have stood still after it had
     # stepped, while its processes live; 0 while within a few of its steps (progress.py)
     JOB_STOPPED_SECONDS: Final = "job_stopped_seconds"
+    # a rank of the job here exited without closing it (gpufeed_job_rank_lost 1: killed,
+    # crashed) and none of its processes lives: the job was brought down here (issue 13)
+    JOB_RANK_LOST: Final = "job_rank_lost"
     # startup
     JOB_NOT_YET_BUSY: Final = "job_not_yet_busy"
     SDK_STARTUP_SHARE: Final = "sdk_startup_share"
@@ -120,6 +123,8 @@ class Context:
     THROTTLED_PEERS: Final = "throttled_peers"
     XIDS: Final = "xids"
     FAILED_PEERS: Final = "failed_peers"
+    # the job's ranks here that were lost, and how each ended ("1 (killed by signal 9)")
+    LOST_RANKS: Final = "lost_ranks"
     # serving endpoints of the GPU down or stale: its demand is unknown, never low demand
     SERVING_DOWN: Final = "serving_down"
 

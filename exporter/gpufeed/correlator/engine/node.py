@@ -210,6 +210,35 @@ class JobColumns:
     load_bytes: dict[str, Series] = field(default_factory=dict)
     loading_bytes: dict[str, Series] = field(default_factory=dict)
 
+    def lost_ranks_at(self, t: float, stale: float) -> dict[str, str]:
+        """rank -> how it ended, for the ranks here lost at t (exited without closing the
+        job: gpufeed_job_rank_lost 1), in words (`exit_words`)."""
+        out: dict[str, str] = {}
+        for rank, s in self.rank_lost.items():
+            if (s.value_at(t, stale) or 0.0) >= 1.0:
+                status = self.rank_exit_status.get(rank)
+                out[rank] = exit_words(status.value_at(t, stale) if status is not None else None)
+        return out
+
+    def failed_at(self, t: float, stale: float) -> bool:
+        """Whether a rank of the job here ended without finishing at t: lost, or exited
+        with a non-zero status (its launcher said so: a peer's loss failed its
+        collectives)."""
+        if self.lost_ranks_at(t, stale):
+            return True
+        return any((s.value_at(t, stale) or 0.0) > 0.0 for s in self.rank_exit_status.values())
+
+
+def exit_words(status: float | None) -> str:
+    """How a lost rank ended, from the exit status its launcher reported (shell style:
+    128 + N for signal N); without one, all the agent saw was its pid gone."""
+    if status is None:
+        return "exited without closing the job"
+    code = int(status)
+    if code > 128:
+        return f"killed by signal {code - 128}"
+    return f"exited with status {code} without closing the job"
+
 
 @dataclass(slots=True)
 class NodeSeries:

@@ -62,6 +62,8 @@ RULES: tuple[Rule, ...] = (
     Rule(C.IDLE, F.GPU_MEMORY_IDLE, 0.5, 1.0, 0.85),
     # the job holds its devices but has stopped working: its loop ended, its process lives
     Rule(C.IDLE, F.JOB_STOPPED_SECONDS, 5.0, 10.0, 0.9),
+    # a rank here exited without closing the job (killed, crashed): nothing of it runs here
+    Rule(C.IDLE, F.JOB_RANK_LOST, 0.5, 1.0, 0.95),
     # a job before its first steps
     Rule(C.STARTUP, F.JOB_NOT_YET_BUSY, 0.5, 1.0, 0.9),
     Rule(C.STARTUP, F.SDK_STARTUP_SHARE, 0.25, 0.55, 0.9),

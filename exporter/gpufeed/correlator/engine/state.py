@@ -232,4 +232,5 @@ CONTEXT_FOR: dict[Cause, tuple[str, ...]] = {
     Cause.NETWORK: (Ctx.NETWORK_DEVICE,),
     Cause.THROTTLING: (Ctx.THROTTLE_REASONS, Ctx.THROTTLED_PEERS),
     Cause.GPU_ERROR: (Ctx.XIDS, Ctx.FAILED_PEERS),
+    Cause.IDLE: (Ctx.LOST_RANKS,),
 }

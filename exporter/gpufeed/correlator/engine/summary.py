@@ -85,6 +85,8 @@ def _headline(cause: Cause, evidence: Mapping[str, float], ctx: Mapping[str, str
         what = f"loading {_bytes(size)}" if size else "loading"
         at = f" at {_rate(rate)}" if rate else ""
         return f"is starting up, {what} from the {ctx[Ctx.LOAD_TIER]} tier{at}"
+    if cause is Cause.IDLE and F.JOB_RANK_LOST in evidence:
+        return "runs nothing of its job any more"
     if cause is Cause.IDLE and F.JOB_STOPPED_SECONDS in evidence:
         return "is idle: its job has stopped working but holds its devices"
     return HEADLINES[cause]
@@ -165,6 +167,9 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
         F.STARTUP_LOAD_BYTES: f"loads {_bytes(v)} of model weights",
         F.JOB_STOPPED_SECONDS: (
             f"no step, phase time or I/O for {v:.0f} s while its processes live"
+        ),
+        F.JOB_RANK_LOST: (
+            f"its rank {ctx.get(Ctx.LOST_RANKS, '?')} here ended without closing the job"
         ),
         F.NO_JOB: "no job holds the GPU",
         F.GPU_MEMORY_IDLE: "nothing is resident on the GPU",

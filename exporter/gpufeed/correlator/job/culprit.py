@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from statistics import median
 
 from gpufeed.correlator.engine.names import Context as Ctx
-from gpufeed.correlator.engine.node import NodeSeries
+from gpufeed.correlator.engine.node import NodeSeries, exit_words
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.summary import HEADLINES
 from gpufeed.correlator.engine.window import Culprit, Window
@@ -235,21 +235,11 @@ def lost_rank(
     _, inst, rank = best
     status = nodes[inst].jobs[job_id].rank_exit_status.get(rank)
     code = status.vs[-1] if status is not None and len(status) else None
-    return inst, rank, _exit_words(code)
+    return inst, rank, exit_words(code)
 
 
 def _first_at_least(s: Series, level: float) -> float | None:
     return next((t for t, v in zip(s.ts, s.vs, strict=True) if v >= level), None)
-
-
-def _exit_words(status: float | None) -> str:
-    """How a lost rank ended, from the exit status its launcher reported (shell style)."""
-    if status is None:
-        return "exited without closing the job"
-    code = int(status)
-    if code > 128:
-        return f"killed by signal {code - 128}"
-    return f"exited with status {code} without closing the job"
 
 
 def _own_causes(
