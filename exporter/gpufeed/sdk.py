@@ -52,6 +52,9 @@ MAX_DATAGRAM_BYTES in all, each:
                 (http on loopback; 0: none) after the name; phase 1 = its demand: a =
                 requests waiting, b = requests running (-1: not known), whole numbers
                 (added in 0.3.0; sent at once, in a datagram of its own)
+    EXIT:       n = a pid, a = its exit status as a shell gives it (0-255; 128 + N for
+                signal N): sent by a launcher (`gpufeed run`, `report_exit`) once its
+                command ended; the sender is no process of the job (added in 0.3.0)
 A PHASE with phase = len(PHASES) is collective_wait (added in 0.3.0). RANK and
 collective_wait go in a datagram of their own, sent before the rest of a flush: an agent
 that predates them refuses that datagram only (as it refuses IO), and everything else
