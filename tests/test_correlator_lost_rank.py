@@ -162,3 +162,14 @@ def test_a_rank_lost_long_before_the_stall_does_not_explain_it(tmp_path: object)
     # the same loss against a stall that begins with it: named
     got = lost_rank("j1", nodes, T0 + 40.0, T0 + 100.0)  # type: ignore[arg-type]
     assert got == (NODES[1], "1", "killed by signal 9")
+
+
+def test_a_rank_stopped_on_request_did_not_bring_its_job_down(tmp_path: object) -> None:
+    """SIGTERM (143: a cancelled or preempted job) is a stop, not a failure: its node's job
+    simply ended; a peer that still waits for it names it all the same."""
+    ws, _ = _analyse(tmp_path, killed_at=120.0, hang_at=120.0, status=143.0)
+    assert _own(ws, NODES[1]) == [], ws
+    (w,) = [w for w in ws if w["instance"] == NODES[0]]
+    ev = w["evidence"]
+    assert isinstance(ev, dict)
+    assert ev["culprit_exit"] == "killed by signal 15", ev

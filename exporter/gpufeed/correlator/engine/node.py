@@ -223,10 +223,21 @@ class JobColumns:
     def failed_at(self, t: float, stale: float) -> bool:
         """Whether a rank of the job here ended without finishing at t: lost, or exited
         with a non-zero status (its launcher said so: a peer's loss failed its
-        collectives)."""
-        if self.lost_ranks_at(t, stale):
-            return True
-        return any((s.value_at(t, stale) or 0.0) > 0.0 for s in self.rank_exit_status.values())
+        collectives). A rank stopped by SIGTERM, SIGINT or SIGHUP (its launcher said so)
+        was asked to stop (a cancelled or preempted job): no failure."""
+        for rank, lost in self.rank_lost.items():
+            status = self.rank_exit_status.get(rank)
+            code = status.value_at(t, stale) if status is not None else None
+            if (lost.value_at(t, stale) or 0.0) >= 1.0 and code not in STOP_STATUSES:
+                return True
+        return any(
+            (code := s.value_at(t, stale)) is not None and code > 0 and code not in STOP_STATUSES
+            for s in self.rank_exit_status.values()
+        )
+
+
+# Exit statuses (shell style) of a process stopped on request: SIGHUP, SIGINT, SIGTERM.
+STOP_STATUSES = frozenset(128.0 + sig for sig in (1, 2, 15))
 
 
 def exit_words(status: float | None) -> str:
