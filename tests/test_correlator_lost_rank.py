@@ -127,8 +127,8 @@ def test_the_killed_ranks_node_says_how_its_rank_ended(tmp_path: object) -> None
 
 def test_a_peer_that_fails_with_it_is_its_victim(tmp_path: object) -> None:
     """gloo: node 0's collective fails 6 s after the kill, its rank exits 1 after closing
-    its job. Its job was brought down with nothing of its own to say (`unknown` on its
-    node); the join names the lost rank."""
+    its job. Its job was brought down while it waited in the collective (`straggler` on
+    its own node: `job_failed_in_collective`); the join names the lost rank."""
     ws, _ = _analyse(tmp_path, killed_at=120.0, hang_at=120.0, victim_exit_at=126.0)
     mine = [w for w in ws if w["instance"] == NODES[0]]  # waiting, then brought down
     for w in mine:
@@ -137,6 +137,9 @@ def test_a_peer_that_fails_with_it_is_its_victim(tmp_path: object) -> None:
         assert (w["cause"], ev["culprit_signal"]) == ("straggler", "rank_lost"), w
     assert abs(float(mine[0]["start"]) - T0 - 120.0) <= 5, mine
     assert float(mine[-1]["end"]) - T0 >= END - 5, mine
+    # its own node's reason: its rank failed while it waited in the collective
+    last = mine[-1]["evidence"]
+    assert isinstance(last, dict) and last["job_failed_in_collective"] == 1.0, last
 
 
 def test_without_the_launchers_status_it_exited_without_closing(tmp_path: object) -> None:

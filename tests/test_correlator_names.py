@@ -49,6 +49,7 @@ NOT_IN_BENCH = {
     Feature.JOB_CPU_WAIT_RATIO,
     Feature.SERVING_NO_DEMAND,
     Feature.JOB_RANK_LOST,  # a killed CPU-only rank: tests/test_correlator_lost_rank.py
+    Feature.JOB_FAILED_IN_COLLECTIVE,  # its peer there (the same test)
 }
 
 

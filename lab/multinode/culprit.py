@@ -136,7 +136,9 @@ def score_culprit(
         else:
             own.append((node, a, b, str(w.get("cause"))))
     truths = truth(plan)
-    tails = [(stop, min(stop + RECOVERY_S, end)) for _, _, stop, _ in truths]
+    # not capped at `end`: a killed rank's job stays down past stop_s, and windows that run
+    # on until the agents are stopped (a few seconds after `end`) are its aftermath
+    tails = [(stop, stop + RECOVERY_S) for _, _, stop, _ in truths]
     faults = [_fault(plan, instance, steps, naming, own, t, end) for t in truths]
     # time-weighted precision: every second a node names a culprit, outside recovery tails
     named_total = right_total = 0.0

@@ -17,11 +17,11 @@ from gpufeed.correlator.engine.features import (
 )
 from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.names import Feature as F
-from gpufeed.correlator.engine.node import GpuColumns, NodeSeries
+from gpufeed.correlator.engine.node import GpuColumns, JobColumns, NodeSeries
 from gpufeed.correlator.engine.rules import decide
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.state import Mark, Unit, Watch
-from gpufeed.correlator.engine.view import NodeView, Timing, compute_view
+from gpufeed.correlator.engine.view import COLLECTIVE_WAIT, NodeView, Timing, compute_view
 
 STARTUP_MAX_SECONDS = 1800.0
 FRESH_MEMORY_RATIO = 0.1  # below this share of GPU memory, a job's process has not loaded yet
@@ -171,7 +171,30 @@ class Classifier:
             ev.context[Ctx.LOST_RANKS] = ", ".join(
                 f"{r} ({how})" for r, how in sorted(lost.items())
             )
+        elif self._failed_waiting(j, t):
+            ev.features[F.JOB_FAILED_IN_COLLECTIVE] = 1.0
         return ev
+
+    def _failed_waiting(self, j: JobColumns, t: float) -> bool:
+        """Whether the job's ranks here were blocked in a collective when its last process
+        here ended (over the share window before: their wait, reported in flight, grew at
+        least half a second per second per rank, faster than their compute): they failed
+        waiting for a peer."""
+        procs = j.processes
+        if procs is None:
+            return False
+        i = procs.index_at(t)
+        while i >= 0 and procs.vs[i] <= 0:
+            i -= 1
+        if i < 0:
+            return False
+        end, tm = procs.ts[i], self.timing
+        win, stale, gap = tm.share_window_seconds, tm.stale_seconds, tm.gap_seconds
+        waits = [s for (_, p), s in j.rank_phases.items() if p == COLLECTIVE_WAIT]
+        waited = sum(r for s in waits if (r := s.rate_at(end, win, stale, gap)) is not None)
+        compute = j.phases.get("compute")
+        worked = compute.rate_at(end, win, stale, gap) if compute is not None else None
+        return bool(waits) and waited >= 0.5 * len(waits) and waited > (worked or 0.0)
 
     # ---- evidence: the node's and the job's (features.py), then this GPU's --------------------
     def evidence(self, u: Unit, job: str, t: float, util: float, lost: bool) -> Evidence:

@@ -29,6 +29,9 @@ class Feature:
     # a rank of the job here exited without closing it (gpufeed_job_rank_lost 1: killed,
     # crashed) and none of its processes lives: the job was brought down here (issue 13)
     JOB_RANK_LOST: Final = "job_rank_lost"
+    # straggler: the job's ranks here failed (exited with an error, none lives) while they
+    # waited in a collective: a peer brought the job down (gloo: "Connection reset by peer")
+    JOB_FAILED_IN_COLLECTIVE: Final = "job_failed_in_collective"
     # startup
     JOB_NOT_YET_BUSY: Final = "job_not_yet_busy"
     SDK_STARTUP_SHARE: Final = "sdk_startup_share"

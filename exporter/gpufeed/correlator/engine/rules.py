@@ -114,6 +114,7 @@ RULES: tuple[Rule, ...] = (
     # (the job-level correlation, correlator/job/, names it); a GPU that reads busy while
     # its SM activity is far below its own healthy level spins in a collective kernel
     Rule(C.STRAGGLER, F.COLLECTIVE_WAIT_RATIO, 0.25, 0.55, 0.9),
+    Rule(C.STRAGGLER, F.JOB_FAILED_IN_COLLECTIVE, 0.5, 1.0, 0.9),
     Rule(C.STRAGGLER, F.SM_ACTIVE_DROP_RATIO, 0.5, 0.8, 0.4, primary=False),
     # the link itself: it went down (flapped) in the last minutes, is down now, or counts
     # errors far above its healthy rate

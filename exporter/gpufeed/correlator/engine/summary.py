@@ -171,6 +171,9 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
         F.JOB_RANK_LOST: (
             f"its rank {ctx.get(Ctx.LOST_RANKS, '?')} here ended without closing the job"
         ),
+        F.JOB_FAILED_IN_COLLECTIVE: (
+            "its ranks here failed while they waited in a collective (the job was brought down)"
+        ),
         F.NO_JOB: "no job holds the GPU",
         F.GPU_MEMORY_IDLE: "nothing is resident on the GPU",
         F.GPU_LOST: "the GPU is lost (gpufeed_gpu_up 0)",
