@@ -95,9 +95,20 @@ def _job_suffix(node: int, base_nodes: int) -> str:
     return f"-g{k}" if k else ""
 
 
-def _lines(base: _Base, instance: str, group: str, job_suffix: str) -> Iterator[str]:
+def _lines(
+    base: _Base, instance: str, group: str, job_suffix: str, part: str = ""
+) -> Iterator[str]:
+    """`part`, when given, is a `fleet_part` label on every series of the node: what a
+    cluster's scrape config sets per target (cluster, rack), for a split with `--match`."""
+    extra = {"fleet_part": part} if part else {}
     for sample, labels, tail, _ in base.series:
-        metric = {"__name__": sample, **dict(labels), "instance": instance, "scale_set": group}
+        metric = {
+            "__name__": sample,
+            **dict(labels),
+            "instance": instance,
+            "scale_set": group,
+            **extra,
+        }
         if job_suffix and "job_id" in metric:
             metric["job_id"] += job_suffix
         yield '{"metric":' + json.dumps(metric, separators=(",", ":")) + "," + tail
