@@ -23,8 +23,10 @@ from correlator_helpers import analyze_text, scenarios
 from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.outputs.windowlog import read_log
+from gpufeed.fleet.cycle import CycleResult
 from gpufeed.fleet.ledger import PRODUCTIVE
 from gpufeed.fleet.service import FleetService, FleetSettings
+from gpufeed.fleet.state import FleetState
 from gpufeed.fleet.timing import CycleTiming
 from procports import stop, wait_listening
 from tsdb_vm import RestartableVictoria, shift_trace
@@ -50,7 +52,9 @@ class Fleet:
 def _trace() -> str:
     a, _ = scenarios.single("data_loading", "contended", seed=2, minutes=MINUTES)
     b, _ = scenarios.single("network", "congested", seed=3, sdk=False, minutes=MINUTES)
+    # a second node with a job of its own: two jobs, so the fleet can be split along them
     b = b.replace('instance="node-t:9400"', 'instance="node-u:9400"')
+    b = b.replace('job_id="node-t-a0"', 'job_id="node-u-a0"')
     body = [x for x in (a + b).splitlines() if x != "# EOF"]
     return "\n".join([*body, "# EOF"]) + "\n"
 
@@ -89,30 +93,48 @@ def _key(w: Window) -> tuple[object, ...]:
     return (w.instance, w.gpu, w.job_id, w.start_seconds, w.end_seconds, w.cause.value)
 
 
-def test_cycles_log_the_offline_windows_and_a_ledger_that_sums(
-    fleet: Fleet, tmp_path: Path
-) -> None:
+@dataclass(frozen=True)
+class Cycled:
+    """A replica's cycles from the trace's start to the newest due boundary, run in process."""
+
+    log: str
+    state: FleetState
+    results: tuple[CycleResult, ...]
+    after: float  # the boundary after the last cycle
+
+
+def _cycle(
+    fleet: Fleet, log: Path, match: str = "", first: float | None = None, last: float = 0.0
+) -> Cycled:
+    """Cycles from the trace's start (or the boundary `first`: a cold start there) to `last`
+    (or the newest due boundary)."""
+    timing = _timing()
+    b = timing.first_after(fleet.start) if first is None else first
     settings = FleetSettings(
-        fleet.vm.url,
-        "",
-        _timing(),
-        WindowParams(),
-        str(tmp_path / "w.jsonl"),
-        start_seconds=fleet.start,
+        fleet.vm.url, match, timing, WindowParams(), str(log), start_seconds=fleet.start
     )
     svc = FleetService(settings)
-    timing = settings.timing
-    b = timing.first_after(fleet.start)
-    last = timing.due(time.time())
+    last = last or timing.due(time.time())
     began = time.monotonic()
-    n = 0
+    results = []
     while b <= last:
-        svc.run_cycle(b)
+        results.append(svc.run_cycle(b))
         b += INTERVAL
-        n += 1
-    print(f"{n} cycles in {time.monotonic() - began:.1f} s")
+    print(f"{match or 'unsplit'}: {len(results)} cycles in {time.monotonic() - began:.1f} s")
     svc.close()
-    logged = list(read_log(settings.windows_log))
+    return Cycled(str(log), svc.state, tuple(results), b)
+
+
+@pytest.fixture(scope="module")
+def unsplit(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Cycled:
+    return _cycle(fleet, tmp_path_factory.mktemp("unsplit") / "w.jsonl")
+
+
+def test_cycles_log_the_offline_windows_and_a_ledger_that_sums(
+    fleet: Fleet, unsplit: Cycled, tmp_path: Path
+) -> None:
+    timing, b = _timing(), unsplit.after
+    logged = list(read_log(unsplit.log))
     expected = _expected(fleet, tmp_path)
     assert expected, "the trace has no closed windows: the test would prove nothing"
     assert_same_windows(
@@ -121,7 +143,7 @@ def test_cycles_log_the_offline_windows_and_a_ledger_that_sums(
     )
     # the ledger: every job's states sum to its allocation (within 0.1%), and the
     # underutilized GPU-seconds are the windows' time inside the reported slices
-    st = svc.state
+    st = unsplit.state
     assert st.allocated_gpu_seconds
     for job, alloc in st.allocated_gpu_seconds.items():
         parts = sum(v for (j, _, _), v in st.gpu_seconds.items() if j == job)
@@ -138,6 +160,34 @@ def test_cycles_log_the_offline_windows_and_a_ledger_that_sums(
         if w.job_id
     )
     assert lost >= in_slices - STEP * len(logged)
+
+
+def test_two_replicas_splitting_the_fleet_by_match_add_up_to_one(
+    fleet: Fleet, unsplit: Cycled, tmp_path: Path
+) -> None:
+    """A fleet too big for one replica is split with complementary `--match` selectors
+    (docs/fleet.md; bench/fleet_cycle.py --split at 1,000 nodes): each node, and so each
+    job, in exactly one part. Cycle for cycle, the parts (started cold where windows close)
+    log together the unsplit replica's windows, and their ledgers are its ledger."""
+    closing = [r.boundary_seconds for r in unsplit.results if r.closed]
+    first, last = closing[0] - INTERVAL, closing[-1] + INTERVAL
+    one = 'instance="node-t:9400"'
+    parts = [
+        _cycle(fleet, tmp_path / f"{k}.jsonl", "{" + sel + "}", first, last)
+        for k, sel in enumerate((one, one.replace("=", "!=", 1)))
+    ]
+    whole = [r for r in unsplit.results if first <= r.boundary_seconds <= last]
+    assert len(whole) == len(parts[0].results) == len(parts[1].results) >= 3
+    for k, part in enumerate(parts):
+        assert any(r.closed for r in part.results), f"part {k} closed no window: proves nothing"
+    for w, a, b in zip(whole, *(p.results for p in parts), strict=True):
+        assert sorted(json.dumps(x.to_json(), sort_keys=True) for x in a.closed + b.closed) == (
+            sorted(json.dumps(x.to_json(), sort_keys=True) for x in w.closed)
+        ), w.boundary_seconds
+        jobs = (a.ledger.allocated_gpu_seconds, b.ledger.allocated_gpu_seconds)
+        assert all(jobs) and not jobs[0].keys() & jobs[1].keys()  # a job in one part only
+        assert {**jobs[0], **jobs[1]} == w.ledger.allocated_gpu_seconds
+        assert {**a.ledger.gpu_seconds, **b.ledger.gpu_seconds} == w.ledger.gpu_seconds
 
 
 def _start(fleet: Fleet, log: Path) -> tuple[subprocess.Popen[bytes], str]:

@@ -1,7 +1,7 @@
 """Loading a node's contract series from any Prometheus-compatible range-query API.
 
-Works against Prometheus, VictoriaMetrics, Thanos and Mimir: only `/api/v1/label/.../values`
-and `/api/v1/query_range` are used. Each used metric is queried as
+Works against Prometheus, VictoriaMetrics, Thanos and Mimir: only `/api/v1/label/.../values`,
+`/api/v1/series` and `/api/v1/query_range` are used. Each used metric is queried as
 `last_over_time(metric{instance=~"...",<match>}[step])`, so a value exists at a step only
 if a sample fell in that step (no five-minute lookback smearing a lost series forward),
 chunked in time so that no series exceeds `MAX_POINTS` points (Prometheus refuses more
@@ -37,6 +37,7 @@ from gpufeed.correlator.engine.series import Series
 
 MAX_POINTS = 10_000
 INSTANCE_BATCH = 16
+JOB_SERIES_BATCH = 64  # instances per `/api/v1/series` call of the discovery
 THREADS = 8
 TIMEOUT_SECONDS = 60.0
 # Answers worth asking again: the server is overloaded, restarting or behind a proxy that
@@ -45,6 +46,13 @@ RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 REFUSED = (
     "(the server refused the credentials or the tenant: check --prometheus.user and "
     "--prometheus.password-file, --prometheus.bearer-token-file, --prometheus.header)"
+)
+# A 422 naming a limit: the query matched more series or samples than the server allows.
+OVER_LIMIT = re.compile(r"exceed|too many|limit", re.IGNORECASE)
+LIMITED = (
+    "(a limit of the server's: raise VictoriaMetrics' -search.maxUniqueTimeseries, "
+    "-search.maxSeries or -search.maxSamplesPerQuery, or Prometheus' --query.max-samples; "
+    "or select fewer instances per process with --match, or for analyze --shard K/N)"
 )
 
 
@@ -127,6 +135,8 @@ def _get_once(base: str, path: str, params: list[tuple[str, str]], timeout: floa
             detail = json.loads(e.read()).get("error", "")
         if e.code in (401, 403):  # asked again, the same credentials fail the same way
             detail = f"{detail} {REFUSED}".strip()
+        elif e.code == 422 and OVER_LIMIT.search(detail):
+            detail = f"{detail} {LIMITED}"
         kind = _Transient if e.code in RETRY_STATUSES else PromError
         raise kind(f"{path}: HTTP {e.code} {detail}".strip()) from None
     except ValueError as e:  # not JSON: a proxy's error page, a truncated body
@@ -150,31 +160,52 @@ def _get_once(base: str, path: str, params: list[tuple[str, str]], timeout: floa
 def instances(
     base: str, start: float, end: float, match: str, retry: Retry = DEFAULT_RETRY
 ) -> list[str]:
+    """Every instance with a series of a family the correlator reads in [start, end] (no
+    other instance has anything to analyse). One label-values call per family, never one
+    over every family: a server caps the series one call may match (VictoriaMetrics'
+    -search.maxUniqueTimeseries, 300,000 by default: a 1,000-node fleet holds more), and
+    one family's series are what a fleet cycle's query of that family matches anyway."""
     inner = _matchers(match)
-    sel = '{__name__=~"gpufeed_.+"' + (f",{inner}" if inner else "") + "}"
-    data = _get(
-        base,
-        "/api/v1/label/instance/values",
-        [("match[]", sel), ("start", f"{start:.3f}"), ("end", f"{end:.3f}")],
-        retry,
-    )
-    return sorted(str(x) for x in data)
+    span = [("start", f"{start:.3f}"), ("end", f"{end:.3f}")]
+
+    def of(metric: str) -> list[Any]:
+        sel = f'{{__name__="{metric}"' + (f",{inner}" if inner else "") + "}"
+        found: list[Any] = _get(
+            base, "/api/v1/label/instance/values", [("match[]", sel), *span], retry
+        )
+        return found
+
+    with ThreadPoolExecutor(max_workers=THREADS) as pool:
+        return sorted({str(x) for found in pool.map(of, USED_METRICS) for x in found})
 
 
 def instance_jobs(
-    base: str, start: float, end: float, match: str, retry: Retry = DEFAULT_RETRY
+    base: str,
+    start: float,
+    end: float,
+    match: str,
+    insts: Sequence[str],
+    retry: Retry = DEFAULT_RETRY,
 ) -> list[tuple[str, str]]:
-    """(instance, job_id) of every `gpufeed_job_info` series in the range: which instances
-    a job spans (one series per job and GPU, so cheap next to the data itself)."""
+    """(instance, job_id) of every `gpufeed_job_info` series of `insts` in the range: which
+    instances a job spans (one series per job and GPU), asked for JOB_SERIES_BATCH instances
+    at a time: `/api/v1/series` answers at most VictoriaMetrics' -search.maxSeries (30,000 by
+    default), fewer than a large fleet's jobs and GPUs over a day."""
     inner = _matchers(match)
-    sel = "gpufeed_job_info" + (f"{{{inner}}}" if inner else "")
-    data = _get(
-        base,
-        "/api/v1/series",
-        [("match[]", sel), ("start", f"{start:.3f}"), ("end", f"{end:.3f}")],
-        retry,
-    )
-    pairs = {(str(d.get("instance", "")), str(d.get("job_id", ""))) for d in data}
+    span = [("start", f"{start:.3f}"), ("end", f"{end:.3f}")]
+
+    def of(batch: Sequence[str]) -> list[Any]:
+        sel = "gpufeed_job_info{" + _instance_selector(batch, inner) + "}"
+        found: list[Any] = _get(base, "/api/v1/series", [("match[]", sel), *span], retry)
+        return found
+
+    batches = [insts[i : i + JOB_SERIES_BATCH] for i in range(0, len(insts), JOB_SERIES_BATCH)]
+    with ThreadPoolExecutor(max_workers=THREADS) as pool:
+        pairs = {
+            (str(d.get("instance", "")), str(d.get("job_id", "")))
+            for found in pool.map(of, batches)
+            for d in found
+        }
     return sorted(p for p in pairs if p[0] and p[1])
 
 

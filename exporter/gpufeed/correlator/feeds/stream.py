@@ -78,11 +78,13 @@ class StreamConfig:
 
 
 def plan(cfg: StreamConfig) -> list[Batch]:
-    """This shard's batches (the two discovery queries; no data is fetched)."""
+    """This shard's batches (the discovery calls: `promql.instances` and
+    `promql.instance_jobs`; no data is fetched)."""
     if cfg.end_seconds <= cfg.start_seconds:
         raise ValueError("--end must be after --start")
-    args = (cfg.url, cfg.start_seconds, cfg.end_seconds, cfg.match, cfg.retry)
-    groups = job_groups(promql.instances(*args), promql.instance_jobs(*args))
+    span = (cfg.url, cfg.start_seconds, cfg.end_seconds, cfg.match)
+    insts = promql.instances(*span, cfg.retry)
+    groups = job_groups(insts, promql.instance_jobs(*span, insts, cfg.retry))
     return pack_batches(shard_groups(groups, cfg.shard, cfg.shards), cfg.batch_instances)
 
 
