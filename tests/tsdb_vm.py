@@ -8,8 +8,12 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from procports import stop, wait_listening, wait_ready
-from victoria import binary
+try:
+    from procports import stop, wait_listening, wait_ready
+    from victoria import binary
+except ImportError:  # imported as tests.tsdb_vm (bench/fleet_outage.py)
+    from tests.procports import stop, wait_listening, wait_ready
+    from tests.victoria import binary
 
 
 class RestartableVictoria:

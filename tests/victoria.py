@@ -47,9 +47,9 @@ def victoria(storage: Path, log: Path | None = None) -> Iterator[str]:
         "-retentionPeriod=100y",  # the traces lie in the past
         # imported history must be answered as it is, not from a cache of earlier answers
         "-search.disableCache",
-        # a 1,000-node benchmark fleet holds 312,000 series: above the default 300,000 that
-        # one discovery call (analyze's label values) may match
-        "-search.maxUniqueTimeseries=2000000",
+        # -search.maxUniqueTimeseries stays at its default (300,000): a 1,000-node benchmark
+        # fleet holds 312,000 series, and no call gpufeed makes matches more than one
+        # family's (docs/fleet.md, TSDB limits)
         "-loggerLevel=ERROR",
     ]
     with owned_server(args, "/health", log) as (_, url):
