@@ -220,7 +220,7 @@ def proxy(request: pytest.FixtureRequest, fleet: Fleet) -> Iterator[_Faulty]:
 
 
 @pytest.mark.slow
-# requests 100-102 of about 200: after the discovery (65 calls for 4 nodes), mid-data
+# requests 100-102 of about 200: after the discovery (67 calls for 4 nodes), mid-data
 @pytest.mark.parametrize("proxy", [(100, 102)], indirect=True)
 def test_a_tsdb_down_for_a_while_is_waited_out(
     proxy: _Faulty, fleet: Fleet, tmp_path: Path
