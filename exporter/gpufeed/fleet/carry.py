@@ -34,14 +34,15 @@ from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.correlator.engine.node import CLUSTER_METRICS, USED_METRICS, NodeSeries, cluster_key
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.window import Window
-from gpufeed.correlator.feeds import promql
+from gpufeed.correlator.feeds import matrix, promql
+from gpufeed.correlator.feeds.matrix import Matrix
 from gpufeed.correlator.feeds.stream import NodeRun
 from gpufeed.fleet.timing import CycleTiming
 
 LabelKey = int
 # (label key, labels as answered or None where every epoch has routed them, timestamps,
 # values)
-Parsed = tuple[LabelKey, dict[str, Any] | None, "array[float]", "array[float]"]
+Parsed = tuple[LabelKey, dict[str, str] | None, "array[float]", "array[float]"]
 # (its last instant, parsed answers, every instant any answer holds, ascending)
 Chunk = tuple[float, list[tuple[str, list[Parsed]]], "array[float]"]
 
@@ -88,7 +89,7 @@ class Epoch:
                 continue
             if shared:
                 assert labels is not None  # the cluster's answers keep their labels
-                ckey = cluster_key(metric, {k: str(v) for k, v in labels.items()})
+                ckey = cluster_key(metric, labels)
                 self.cluster.setdefault(ckey, Series()).extend_sorted(ts[i:], vs[i:])
                 continue
             if key in cols:
@@ -96,13 +97,13 @@ class Epoch:
             else:  # first sight of this series: find (or make) its column once
                 if labels is None:
                     raise RuntimeError(f"{metric}: an unrouted series came without its labels")
-                inst = str(labels["instance"])
+                inst = labels["instance"]
                 node = self.nodes.get(inst)
                 if node is None:
                     node = self.nodes[inst] = NodeSeries(inst)
                     node.cluster = self.cluster
                     self.runs[inst] = NodeRun(node)
-                rest = {k: str(v) for k, v in labels.items() if k not in ("instance", "__name__")}
+                rest = {k: v for k, v in labels.items() if k not in ("instance", "__name__")}
                 series = cols[key] = node.route(metric, rest)
             if series is None:
                 continue
@@ -154,39 +155,49 @@ class Epoch:
         return closed, open_
 
 
+_UNROUTED: Any = object()  # not in an epoch's column cache (None: routed, not read)
+
+
 def _parse(
-    result: list[dict[str, Any]],
+    result: Matrix,
     nodes: bool = True,
     known: Sequence[Mapping[LabelKey, Series | None]] = (),
 ) -> tuple[list[Parsed], int]:
     """An answer's series as (label key, labels as answered, timestamps, values), parsed
     once for every epoch; series without an instance are not a node's (`nodes`: the
-    cluster's series are nobody's). The key, the hash of the label set, is what the
-    epochs' column caches hold (the answer's label dictionaries go with the chunk): a
-    64-bit hash, 20x cheaper to make and 10x smaller to keep than the labels' text, and
-    two label sets of one metric in one replica hash alike with a chance of about
+    cluster's series are nobody's). The key, the hash of the label set's text as the
+    answer wrote it (feeds/matrix.py), is what the epochs' column caches hold: a 64-bit
+    hash, and two label sets of one metric in one replica hash alike with a chance of about
     n^2 / 2^65 (n = 8,000 series: 2e-12).
 
     `known`: the column caches of the epochs the chunk goes to. A series all of them have
-    routed keeps no labels (a chunk held 1.3 M label dictionaries at 1,000 nodes, half a
-    steady cycle's memory), and one none of them reads is left out."""
+    routed keeps no labels, and its labels' text is never decoded (a chunk held 1.3 M label
+    dictionaries at 1,000 nodes, half a steady cycle's memory); one none of them reads is
+    left out."""
     out: list[Parsed] = []
     points = 0
     distinct: dict[bytes, array[float]] = {}
-    for item in result:
-        metric = item.get("metric", {})
-        if nodes and not metric.get("instance"):
-            continue
-        values = item.get("values", [])
-        points += len(values)
-        ts = array("d", [p[0] for p in values])  # numbers in the answer already
-        vs = array("d", [float(p[1]) for p in values])
-        key = hash(tuple(metric.items()))
-        labels: dict[str, Any] | None = metric
-        if known and all(key in k for k in known):
-            if all(k[key] is None for k in known):
+    for text, values in result:
+        key = hash(text)
+        labels: dict[str, str] | None = None
+        routed = bool(known)
+        reads = False
+        for cache in known:  # one or two epochs: no generator per series
+            col = cache.get(key, _UNROUTED)
+            if col is _UNROUTED:
+                routed = False
+                break
+            reads = reads or col is not None
+        if not routed:
+            labels = matrix.labels(text)
+            if nodes and not labels.get("instance"):
                 continue
-            labels = None
+        points += len(values)  # what the TSDB sent, read or not
+        if routed and not reads:
+            continue
+        ts = array("d", [p[0] for p in values])  # numbers in the answer already
+        # the values' text as the offline feeds read it: float(), one value at a time
+        vs = array("d", [float(p[1]) for p in values])
         # one array per distinct list of timestamps (on a query grid, nearly every
         # series has them all): the epochs compare and share it once (Epoch.grid)
         ts = distinct.setdefault(ts.tobytes(), ts)
@@ -210,6 +221,7 @@ class FleetEngines:
         self.retry = retry
         self.epochs: dict[float, Epoch] = {}
         self._pending: list[Chunk] = []  # fetched chunks the warm-up epoch has not had
+        self._decode = matrix.decoder()
 
     def reset(self) -> None:
         self.epochs = {}
@@ -255,13 +267,13 @@ class FleetEngines:
 
     def _fetch(self, pool: ThreadPoolExecutor, s: float, e: float) -> tuple[int, int, Chunk]:
         step = self.timing.step_seconds
-        base, match, retry = self.base, self.match, self.retry
+        base, match, retry, decode = self.base, self.match, self.retry, self._decode
         epochs = list(self.epochs.values())  # every epoch the chunk will go to
 
         def ask(metric: str) -> tuple[list[Parsed], int]:
             # parsed where it arrives: the answer's JSON is freed at once. The epochs'
             # caches are only read here: the cycle's thread waits for every answer
-            answer = promql.query_every_instance(base, metric, match, s, e, step, retry)
+            answer = promql.query_every_instance(base, metric, match, (s, e), step, retry, decode)
             if metric in CLUSTER_METRICS:
                 return _parse(answer, nodes=False)
             return _parse(answer, known=[ep.columns.get(metric, {}) for ep in epochs])

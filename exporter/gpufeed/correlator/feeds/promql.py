@@ -34,6 +34,7 @@ from gpufeed.correlator.engine.node import (
     put_in_order,
 )
 from gpufeed.correlator.engine.series import Series
+from gpufeed.correlator.feeds.matrix import Decoder, Matrix
 
 MAX_POINTS = 10_000
 INSTANCE_BATCH = 16
@@ -102,12 +103,18 @@ def _matchers(match: str) -> str:
     return m.strip().strip(",")
 
 
-def _get(base: str, path: str, params: list[tuple[str, str]], retry: Retry = DEFAULT_RETRY) -> Any:
+def _get(
+    base: str,
+    path: str,
+    params: list[tuple[str, str]],
+    retry: Retry = DEFAULT_RETRY,
+    decode: Decoder = json.loads,
+) -> Any:
     """One API call's `data`, asked again with backoff while the failure may pass."""
     began = time.monotonic()
     for attempt in range(max(retry.attempts, 1)):
         try:
-            return _get_once(base, path, params, retry.timeout_seconds)
+            return _get_once(base, path, params, retry.timeout_seconds, decode)
         except _Transient as e:
             if attempt + 1 >= retry.attempts:
                 waited = time.monotonic() - began
@@ -119,7 +126,9 @@ def _get(base: str, path: str, params: list[tuple[str, str]], retry: Retry = DEF
     raise AssertionError("unreachable")
 
 
-def _get_once(base: str, path: str, params: list[tuple[str, str]], timeout: float) -> Any:
+def _get_once(
+    base: str, path: str, params: list[tuple[str, str]], timeout: float, decode: Decoder
+) -> Any:
     url = base.rstrip("/") + path + "?" + urllib.parse.urlencode(params)
     # a ServerUrl (feeds/access.py) carries the tenant header, credentials and CA
     headers = {"Accept": "application/json", **getattr(base, "headers", {})}
@@ -128,7 +137,7 @@ def _get_once(base: str, path: str, params: list[tuple[str, str]], timeout: floa
         with urllib.request.urlopen(
             req, timeout=timeout, context=getattr(base, "ssl_context", None)
         ) as r:
-            body = json.loads(r.read())
+            body = decode(r.read())
     except urllib.error.HTTPError as e:
         detail = ""
         with contextlib.suppress(ValueError, OSError):
@@ -227,23 +236,35 @@ def _instance_selector(insts: Sequence[str], inner: str) -> str:
     return f'instance=~"{alt}"' + (f",{inner}" if inner else "")
 
 
+def _range_params(metric: str, sel: str, s: float, e: float, step: float) -> list[tuple[str, str]]:
+    # just under one step: each step sees only the samples that fell inside it
+    q = f"last_over_time({metric}{{{sel}}}[{max(int(step * 1000) - 1, 1)}ms])"
+    return [("query", q), ("start", f"{s:.3f}"), ("end", f"{e:.3f}"), ("step", f"{step:g}")]
+
+
 def _query(
     base: str, metric: str, sel: str, s: float, e: float, step: float, retry: Retry
 ) -> list[dict[str, Any]]:
-    # just under one step: each step sees only the samples that fell inside it
-    q = f"last_over_time({metric}{{{sel}}}[{max(int(step * 1000) - 1, 1)}ms])"
-    params = [("query", q), ("start", f"{s:.3f}"), ("end", f"{e:.3f}"), ("step", f"{step:g}")]
-    data = _get(base, "/api/v1/query_range", params, retry)
+    data = _get(base, "/api/v1/query_range", _range_params(metric, sel, s, e, step), retry)
     result: list[dict[str, Any]] = data.get("result", [])
     return result
 
 
 def query_every_instance(
-    base: str, metric: str, match: str, s: float, e: float, step: float, retry: Retry
-) -> list[dict[str, Any]]:
-    """`metric` of every instance `match` selects over [s, e], in one query: the answer
-    names the instances (the fleet's cycles fetch a few steps of the whole fleet at once)."""
-    return _query(base, metric, _matchers(match), s, e, step, retry)
+    base: str,
+    metric: str,
+    match: str,
+    span: tuple[float, float],
+    step: float,
+    retry: Retry,
+    decode: Decoder,
+) -> Matrix:
+    """`metric` of every instance `match` selects over `span`, in one query: the answer
+    names the instances (the fleet's cycles fetch a few steps of the whole fleet at once),
+    decoded by `decode` (feeds/matrix.py: `matrix.decoder()`)."""
+    params = _range_params(metric, _matchers(match), *span, step)
+    data: Matrix | None = _get(base, "/api/v1/query_range", params, retry, decode)
+    return data or []
 
 
 def route_result(nodes: dict[str, NodeSeries], metric: str, result: list[dict[str, Any]]) -> int:
