@@ -222,10 +222,17 @@ class FleetEngines:
         self.epochs: dict[float, Epoch] = {}
         self._pending: list[Chunk] = []  # fetched chunks the warm-up epoch has not had
         self._decode = matrix.decoder()
+        self._dropped = True  # epochs let go since take_dropped() last asked (fleet/memory.py)
 
     def reset(self) -> None:
         self.epochs = {}
         self._pending = []
+        self._dropped = True
+
+    def take_dropped(self) -> bool:
+        """Whether epochs were let go since the last call."""
+        dropped, self._dropped = self._dropped, False
+        return dropped
 
     def advance(self, boundary: float) -> tuple[Epoch, int, int]:
         """The epoch the cycle at `boundary` reports from, stepped through `boundary`; with
@@ -235,6 +242,7 @@ class FleetEngines:
             self.reset()  # asked for an earlier cycle: start over
         self.warm_up()  # what the last cycle left for later, first: chunks stay in order
         anchors = self.timing.anchors(boundary)
+        self._dropped = self._dropped or any(a not in anchors for a in self.epochs)
         self.epochs = {
             a: self.epochs.get(a) or Epoch(a, a - step) for a in anchors if a <= boundary
         }

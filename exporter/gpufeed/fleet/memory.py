@@ -1,4 +1,5 @@
-"""One malloc arena for the fleet service (glibc), set before its first thread starts.
+"""The fleet service's heap: one malloc arena (glibc), set before its first thread starts,
+and the carried engines kept out of Python's cyclic garbage collector's way.
 
 A cycle reads its answers in worker threads (fleet/carry.py), and glibc gives each thread
 its own heap (up to 8 per core): the answers' bodies and lists land there, and what a
@@ -7,11 +8,21 @@ grew 78 MiB above its base with 8 fetch threads, 54 MiB with one arena (1 GiB at
 nodes is the target), for no measurable change in CPU time: the threads mostly wait for
 the TSDB, and the engines run in one thread anyway. Elsewhere (musl, macOS) nothing is
 changed. Equivalent to MALLOC_ARENA_MAX=1 in the service's environment.
+
+The collector: a replica carries millions of container objects (columns, engine state,
+column caches: about 3,000 per node), and each of the collector's full passes, which a
+cycle's own allocations trigger, walks all of them: a third of a steady cycle's CPU at 128
+nodes. What survives a cycle is long-lived by construction, so after each cycle the
+service freezes it (`gc.freeze`: moved where the collector does not look; refcounting
+still frees it). A frozen cycle of references would never be collected: when epochs were
+let go (`FleetEngines.take_dropped`, once per lookback, or a reset), everything is thawed
+and collected once, after the cycle's results are durable, before it is frozen again.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 
 M_ARENA_MAX = -8  # glibc's malloc.h
 
@@ -23,3 +34,12 @@ def limit_malloc_arenas(arenas: int = 1) -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(M_ARENA_MAX, arenas))
+
+
+def freeze_survivors(collect_first: bool) -> None:
+    """Freezes every object alive now (see above); `collect_first`: thaws and collects all
+    first (what was let go since the last freeze may hold reference cycles)."""
+    if collect_first:
+        gc.unfreeze()
+        gc.collect()
+    gc.freeze()

@@ -16,6 +16,7 @@ from gpufeed.correlator.feeds.promql import PromError
 from gpufeed.correlator.outputs.windowlog import WindowLog, read_log
 from gpufeed.fleet.carry import FleetEngines
 from gpufeed.fleet.cycle import QUERY_RETRY, CycleResult, evaluate
+from gpufeed.fleet.memory import freeze_survivors
 from gpufeed.fleet.metrics import Price, Progress, render
 from gpufeed.fleet.state import FleetState, load_state, save_state, state_path
 from gpufeed.fleet.timing import CycleTiming
@@ -108,6 +109,7 @@ class FleetService:
                     )
                 # the next epoch's engines, off the cycle's path (see fleet/carry.py)
                 self.engines.warm_up()
+                freeze_survivors(self.engines.take_dropped())  # see fleet/memory.py
             except Exception as e:  # the service outlives any one cycle
                 self._failed += 1
                 if not isinstance(e, PromError):
