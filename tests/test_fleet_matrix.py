@@ -2,19 +2,26 @@
 msgspec's decoder and the standard library's give the same series, keys and numbers as
 `float` of the answer's text (what the offline feeds read), `+Inf`, `NaN` and `-0`
 included; a series every epoch has routed comes without labels, one no epoch reads is
-left out; a body that is not an answer is a ValueError (promql retries it as transient)."""
+left out; a body that is not an answer is a ValueError (promql retries it as transient).
+And the replica's heap: what survives a cycle is frozen out of the collector's walks."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
+import weakref
 from array import array
 
 import pytest
 
+from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.feeds import matrix
-from gpufeed.fleet.carry import LabelKey, _parse
+from gpufeed.correlator.feeds.promql import Retry
+from gpufeed.fleet.carry import Epoch, FleetEngines, LabelKey, _parse
+from gpufeed.fleet.memory import freeze_survivors
+from gpufeed.fleet.timing import CycleTiming
 
 UTIL = "gpufeed_gpu_utilization_ratio"
 VALUES = ["0.25", "+Inf", "-Inf", "NaN", "-0", "1e-320", "0.1", "12345678901234567"]
@@ -97,3 +104,32 @@ def test_an_error_answer_and_a_broken_body(decode: matrix.Decoder) -> None:
         decode(b"<html>502 Bad Gateway</html>")
     with pytest.raises(ValueError):
         decode(b'{"status":"success","data":{"result":[{"values":[[1,"x"')
+
+
+def test_epochs_let_go_thaw_and_collect_what_was_frozen() -> None:
+    """fleet/memory.py: what survives a cycle is frozen; when epochs are let go, a frozen
+    cycle of references among them is collected, not kept for the replica's life."""
+    timing = CycleTiming(60.0, 900.0, 15.0, 0.0, 60.0)
+    engines = FleetEngines("http://127.0.0.1:9", timing, WindowParams(), "", Retry())
+    assert engines.take_dropped() and not engines.take_dropped()  # a new replica builds
+    engines.epochs = {0.0: Epoch(0.0, -15.0), 900.0: Epoch(900.0, 885.0)}
+    assert not engines.take_dropped()
+    engines.reset()
+    assert engines.take_dropped()
+
+    class Held:
+        other: Held | None = None
+
+    try:
+        a, b = Held(), Held()
+        a.other, b.other = b, a  # a cycle: refcounting alone never frees it
+        gone = weakref.ref(a)
+        freeze_survivors(False)
+        assert gc.get_freeze_count() > 0
+        del a, b
+        gc.collect()
+        assert gone() is not None  # frozen: the collector does not look
+        freeze_survivors(True)
+        assert gone() is None
+    finally:
+        gc.unfreeze()
