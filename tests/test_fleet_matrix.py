@@ -133,3 +133,18 @@ def test_epochs_let_go_thaw_and_collect_what_was_frozen() -> None:
         assert gone() is None
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        (b'[[1700000000,"0.5"],[1700000015.5,"+Inf"]]', ([1.7e9, 1.7e9 + 15.5], [0.5, math.inf])),
+        (b'[[1, "2"], [3, "-0"]]', ([1.0, 3.0], [2.0, -0.0])),  # white space: json reads it
+        (b"[]", ([], [])),
+    ],
+)
+def test_values_text_read_in_one_go_or_by_json(
+    text: bytes, want: tuple[list[float], list[float]]
+) -> None:
+    ts, vs = matrix.values(text)
+    assert list(ts) == want[0] and _same(vs, want[1])

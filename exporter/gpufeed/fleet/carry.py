@@ -177,7 +177,7 @@ def _parse(
     out: list[Parsed] = []
     points = 0
     distinct: dict[bytes, array[float]] = {}
-    for text, values in result:
+    for text, ts, vs in result:
         key = hash(text)
         labels: dict[str, str] | None = None
         routed = bool(known)
@@ -192,12 +192,9 @@ def _parse(
             labels = matrix.labels(text)
             if nodes and not labels.get("instance"):
                 continue
-        points += len(values)  # what the TSDB sent, read or not
+        points += len(vs)  # what the TSDB sent, read or not
         if routed and not reads:
             continue
-        ts = array("d", [p[0] for p in values])  # numbers in the answer already
-        # the values' text as the offline feeds read it: float(), one value at a time
-        vs = array("d", [float(p[1]) for p in values])
         # one array per distinct list of timestamps (on a query grid, nearly every
         # series has them all): the epochs compare and share it once (Epoch.grid)
         ts = distinct.setdefault(ts.tobytes(), ts)
