@@ -20,6 +20,7 @@ BENCHES = [
     ("fleet cycle", ["fleet_cycle"]),
     ("fleet cycle, split in two by --match", ["fleet_cycle", "--sizes", "256", "--split", "2"]),
     ("fleet service through a TSDB outage", ["fleet_outage"]),
+    ("discovery above the TSDB's series limit", ["tsdb_limits"]),
     ("culprit accuracy (job level)", ["culprit_accuracy"]),
     # streamed analyze over 16/64/256 simulated nodes x 24 h in VictoriaMetrics: about an
     # hour on 2 shared cores (`python -m bench.analyze_scale --sizes 16,64` is shorter)
