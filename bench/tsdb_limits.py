@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.analyze_scale import _base, _job_suffix, _lines
-from gpufeed.correlator.feeds import promql
+from gpufeed.correlator.feeds import matrix, promql
 from gpufeed.simulate.tracegen import DEFAULT_START_UNIX, instance_name, simulate_node
 from tests.victoria import import_lines, victoria
 
@@ -72,8 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 t_jobs = time.perf_counter() - began
                 began = time.perf_counter()
                 widest = promql.query_every_instance(
-                    url, WIDEST, "", e - 4 * args.step, e, args.step, promql.DEFAULT_RETRY
-                )
+                    url, WIDEST, "", (e - 4 * args.step, e), args.step, promql.DEFAULT_RETRY,
+                    matrix.decoder(),
+                )  # fmt: skip
                 t_widest = time.perf_counter() - began
             except promql.PromError as err:
                 print(f"FAILED: {err}")
