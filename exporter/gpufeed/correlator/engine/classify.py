@@ -149,6 +149,7 @@ class Classifier:
         d = decide(ev.features)
         m = Mark(t, util, d.cause, job, d.confidence, ev.features, ev.context)
         m.lost = lost
+        m.down = down is not None
         return m
 
     def _brought_down(self, u: Unit, job: str, t: float) -> Evidence | None:

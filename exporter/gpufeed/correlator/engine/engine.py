@@ -43,6 +43,10 @@ SM_WAITING_RATIO = 0.6
 MIN_SM_ACTIVE_BASELINE = 0.02  # below this, the healthy level itself is noise
 
 
+# Causes of a stretch that waits for a peer: a job brought down after it is one episode.
+WAITING_CAUSES = frozenset((Cause.STRAGGLER, Cause.UNKNOWN))
+
+
 def _stopped_at(marks: list[Mark]) -> float | None:
     """When the job stopped working, from the idle marks that say how long it has stood
     still (`job_stopped_seconds`); None where none says so."""
@@ -177,6 +181,9 @@ class NodeCorrelator:
         j = self.node.jobs[u.cpu_job]
         tm = self.timing
         stale, gap = tm.stale_seconds, tm.gap_seconds
+        alive = j.processes.value_at(t, stale) if j.processes is not None else None
+        if alive is not None and alive <= 0 and j.failed_at(t, stale):
+            return 0.0, None  # brought down: at once, not as its rates run out
         rates = [s.rate_at(t, window, stale, gap) for p, s in j.phases.items() if p != STARTUP]
         compute = j.phases.get("compute")
         comp = compute.rate_at(t, window, stale, gap) if compute is not None else None
@@ -465,6 +472,18 @@ class NodeCorrelator:
         marks = [*u.marks]
         if u.pending is not None and u.pending.cause is not None:
             marks.append(u.pending)
+        # The job went down inside this run (a failed rank, its processes gone): what came
+        # before with a cause of its own (a dip the host's load made) is another episode,
+        # too short for a window of its own, and must not lend the brought-down job its
+        # cause; a wait for a peer before it (blocked, then failed) is the same episode.
+        down_at = next((m.t for m in marks if m.down), None)
+        if down_at is not None and all(
+            m.cause in WAITING_CAUSES for m in marks if m.t < down_at and m.cause is not None
+        ):
+            down_at = None
+        if down_at is not None:
+            marks = [m for m in marks if m.t >= down_at]
+            u.marks = [m for m in u.marks if m.t >= down_at]
         for m in marks:
             if m.cause is not None:
                 k = (m.cause, m.job_id)
@@ -472,14 +491,14 @@ class NodeCorrelator:
         known = {k: v for k, v in tally.items() if k[0] is not Cause.UNKNOWN}
         pick = known if known and sum(known.values()) >= 0.34 * sum(tally.values()) else tally
         cause, job = max(pick.items(), key=lambda kv: kv[1])[0]
-        start = self._edge(u, u.run_start, recovered=False)
-        stopped = _stopped_at(marks) if cause is Cause.IDLE else None
+        start = self._edge(u, u.run_start, recovered=False) if down_at is None else down_at
+        stopped = _stopped_at(marks) if cause is Cause.IDLE and down_at is None else None
         if stopped is not None and stopped > start:
             # a job that stopped working is idle from when it stopped: a dip shortly before
             # (merged into this run by the merge gap) was the job still working
             start = stopped
             u.marks = [m for m in u.marks if m.t >= stopped]
-        u.seg = Segment(start, cause, job)
+        u.seg = Segment(start, cause, job, down=any(m.down for m in marks))
         for m in u.marks:
             self._feed(u, m)
         u.marks = []
@@ -489,6 +508,15 @@ class NodeCorrelator:
         assert seg is not None
         if m.cause is None:
             (u.chal or seg).add(m)
+            return
+        if m.down and not seg.down and seg.cause not in WAITING_CAUSES:
+            # the job went down: a new episode from here on (see _open)
+            if u.chal is not None:
+                seg.absorb(u.chal)
+                u.chal = None
+            self._emit(u, seg, m.t)
+            u.seg = Segment(m.t, m.cause, m.job_id, down=True)
+            u.seg.add(m)
             return
         if m.cause is seg.cause and m.job_id == seg.job_id:
             if u.chal is not None:

@@ -46,6 +46,7 @@ class Mark:
     context: dict[str, str] = field(default_factory=dict)
     dt: float = 0.0
     lost: bool = False
+    down: bool = False  # its job was brought down here (classify: a failed rank, no process)
 
 
 @dataclass(slots=True)
@@ -53,6 +54,7 @@ class Segment:
     start: float
     cause: Cause
     job_id: str
+    down: bool = False  # a brought-down job's episode: never merged with what came before
     time: float = 0.0
     util_time: float = 0.0
     agree_time: float = 0.0
