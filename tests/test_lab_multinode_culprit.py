@@ -103,3 +103,32 @@ def test_the_cpu_starved_node_is_named_by_its_own_cgroup(tmp_path: Path) -> None
     assert fault["coverage"] >= 0.5 and fault["culprit_own_cause_ratio"] >= 0.9
     own = [w for w in windows if w["instance"] == run["nodes"][1]["instance"]]
     assert any("CPU quota throttled" in w["evidence"]["summary"] for w in own), own
+
+
+def test_the_killed_rank_is_named_lost_with_its_signal(tmp_path: Path) -> None:
+    """mn2-rank-kill (SIGKILL to node 1's rank at 20 s; recorded on a host at load 10-14):
+    node 1's agent saw the rank lost and `gpufeed run` reported 137; node 0's rank, whose
+    gloo collective failed at once, closed and exited 1. Node 1 says which rank ended how,
+    node 0 is `straggler` naming it. The load made both nodes' jobs read `preprocessing`
+    before the kill: the brought-down job's windows start fresh at the loss."""
+    run, windows, scored = _scored("mn2-rank-kill", tmp_path)
+    said = {}
+    for n in run["nodes"]:
+        trace = gzip.decompress(
+            (FIXTURES / "mn2-rank-kill" / f"node-{n['index']}" / "trace.om.gz").read_bytes()
+        ).decode()
+        said[n["index"]] = {
+            (line.split("{", 1)[0], line.rsplit(" ", 2)[1])
+            for line in trace.splitlines()
+            if line.startswith(("gpufeed_job_rank_lost{", "gpufeed_job_rank_exit_status{"))
+        }
+    assert ("gpufeed_job_rank_exit_status", "137") in said[1], said[1]
+    assert ("gpufeed_job_rank_lost", "1") in said[1]
+    assert ("gpufeed_job_rank_exit_status", "1") in said[0]
+    assert ("gpufeed_job_rank_lost", "1") not in said[0]  # it closed its job, then exited
+    (fault,) = scored["faults"]
+    assert fault["bit"] and fault["top1"], fault["named_s_by_culprit"]
+    assert (fault["cause"], fault["cause_right"], fault["ranks_named"]) == ("idle", 1.0, ["1"])
+    assert scored["precision_time"] == 1.0 and scored["healthy_named_ratio"] == 0.0, scored
+    own = [w for w in windows if w["instance"] == run["nodes"][1]["instance"]]
+    assert any("(killed by signal 9)" in w["evidence"]["summary"] for w in own), own
