@@ -208,3 +208,92 @@ def test_a_peer_network_window_is_a_victim() -> None:
     ]
     assert {w.culprit.instance for w in got[1:] if w.culprit} == {"a:1"}
     assert "network_reason" not in got[1].to_json()
+
+
+def _lab_node(inst: str, rank: str, shaped: bool, wait_per_s: float) -> object:
+    """A fault-lab node of a two-node CPU-only gloo job, sampled each second over 0-300 s:
+    its rank's collective wait (`wait_per_s` s/s over the stall 100-200 s, 0.15 outside),
+    and its eth0 (a veth: 10 Gbit/s) carrying the collective's bytes, 15 MB/s outside the
+    stall, 0.77 MB/s in it. `shaped`: a tbf of 1 MB/s (8 Mbit/s) on eth0 over the stall."""
+    from gpufeed.correlator.engine.node import NodeSeries
+
+    n = NodeSeries(inst)
+    j = n.job("lab1")
+    j.phases["compute"] = Series()
+    wait, info = Series(), Series()
+    j.rank_phases[(rank, "collective_wait")] = wait
+    j.rank_info[rank] = info
+    port = n.network[("eth0", "")] = {k: Series() for k in ("rx", "tx", "speed")}
+    if shaped:
+        port["shaped"] = Series()
+    waited = moved = 0.0
+    for t in range(301):
+        stalled = 100 < t <= 200
+        waited += wait_per_s if stalled else 0.15
+        moved += 0.77e6 if stalled else 15e6
+        wait.append(float(t), waited)
+        info.append(float(t), 1.0)
+        port["rx"].append(float(t), moved)
+        port["tx"].append(float(t), moved)
+        port["speed"].append(float(t), 1.25e9)
+        if shaped and 100 <= t <= 200:
+            port["shaped"].append(float(t), 1e6)
+    return n
+
+
+def test_a_shaped_link_under_its_bound_is_the_culprit_not_a_loaded_node() -> None:
+    """The fault lab's mn2-link-tbf on a loaded host (docs/benchmarks.md): node b's link
+    shaped to 8 Mbit/s carried 77% of that, under its node's saturation bound, so b's own
+    window read `straggler`; node a's CPUs, busy with other work, made its window
+    `preprocessing`. Both ranks waited in the slow all-reduce alike (nobody arrives last),
+    and the join used to name a, the one node with a cause of its own. b's link, the
+    job's busiest by far, is the culprit; a's ranks wait as long as b's, so its host-wide
+    reading is not what holds the job back: a is b's victim."""
+    from gpufeed.correlator.engine.causes import Cause
+    from gpufeed.correlator.engine.node import NodeSeries
+
+    a = _lab_node("node-0:1", "0", shaped=False, wait_per_s=0.88)
+    b = _lab_node("node-1:1", "1", shaped=True, wait_per_s=0.88)
+    assert isinstance(a, NodeSeries) and isinstance(b, NodeSeries)
+
+    def window(inst: str, cause: Cause, start: float, end: float) -> Window:
+        return Window(inst, "", "", "lab1", start, end, cause, 0.8, 0.3, (), "s")
+
+    got = correlate_jobs(
+        [a, b],
+        [
+            window("node-0:1", Cause.PREPROCESSING, 105.0, 195.0),
+            window("node-1:1", Cause.STRAGGLER, 101.0, 201.0),
+        ],
+    )
+    victim, culprit = got
+    assert victim.cause is Cause.STRAGGLER and victim.culprit is not None
+    assert (victim.culprit.instance, victim.culprit.rank, victim.culprit.cause) == (
+        "node-1:1",
+        "1",
+        Cause.NETWORK,
+    )
+    ev = dict(victim.evidence)
+    assert ev["culprit_signal"] == "busiest_link" and ev["node_cause"] == "preprocessing"
+    assert (culprit.cause, culprit.network_reason, culprit.culprit) == (
+        Cause.NETWORK,
+        "saturated",
+        None,
+    )
+    assert dict(culprit.evidence)["network_utilization_ratio"] == pytest.approx(0.77, abs=0.01)
+    assert "eth0 carried 7" in culprit.summary, culprit.summary
+    assert "the job's busiest link (the other nodes' at most 0.0" in culprit.summary
+
+    # the same stall with a's ranks arriving last (a real CPU starvation on a): a's own
+    # cause holds the job back, whatever b's link carries
+    a = _lab_node("node-0:1", "0", shaped=False, wait_per_s=0.05)
+    b = _lab_node("node-1:1", "1", shaped=False, wait_per_s=0.88)
+    got = correlate_jobs(
+        [a, b],
+        [
+            window("node-0:1", Cause.PREPROCESSING, 105.0, 195.0),
+            window("node-1:1", Cause.STRAGGLER, 101.0, 201.0),
+        ],
+    )
+    assert got[0].cause is Cause.PREPROCESSING
+    assert got[1].culprit is not None and got[1].culprit.instance == "node-0:1"

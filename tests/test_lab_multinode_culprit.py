@@ -8,7 +8,10 @@ analyze` does, then scored by lab/multinode/culprit.py against the run's own sch
   which its agent sees only through the root qdisc's rate (the veth says 10 Gbit/s);
 - mn2-cpu-starve: node 1's rank and its input workers capped at 0.05 CPU (its cgroup's
   CFS quota), recorded on a host at load 10-12 (other engineers' tests), with each node's
-  agent seeing its own node's cgroups only.
+  agent seeing its own node's cgroups only;
+- loaded/mn2-link-tbf: mn2-link-tbf again, recorded at load 16-19 (two CPU spinners
+  beside the other engineers' tests), where node 1's link stayed under its node's
+  saturation bound.
 """
 
 from __future__ import annotations
@@ -28,12 +31,12 @@ SCENARIOS = Path(__file__).resolve().parents[1] / "lab" / "scenarios"
 
 
 def _scored(
-    name: str, tmp_path: Path
+    name: str, tmp_path: Path, results: Path = FIXTURES
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
-    run = json.loads((FIXTURES / name / "run.json").read_text())
-    windows = culprit.job_windows(FIXTURES, run, tmp_path)
+    run = json.loads((results / name / "run.json").read_text())
+    windows = culprit.job_windows(results, run, tmp_path)
     plan = load(SCENARIOS / f"{name}.yaml")
-    return run, windows, culprit.score_culprit(plan, FIXTURES, run, windows)
+    return run, windows, culprit.score_culprit(plan, results, run, windows)
 
 
 @pytest.mark.parametrize(
@@ -132,3 +135,28 @@ def test_the_killed_rank_is_named_lost_with_its_signal(tmp_path: Path) -> None:
     assert scored["precision_time"] == 1.0 and scored["healthy_named_ratio"] == 0.0, scored
     own = [w for w in windows if w["instance"] == run["nodes"][1]["instance"]]
     assert any("(killed by signal 9)" in w["evidence"]["summary"] for w in own), own
+
+
+def test_a_shaped_link_under_its_nodes_bound_is_named_by_the_job(tmp_path: Path) -> None:
+    """Recorded at load 16-19: node 1's link, shaped to 8 Mbit/s, carried 82% or more of
+    that rate for a quarter of the stall (the collective's bursts never fill it), but
+    its node's own reading over its window (which the load opened 12 s before the fault)
+    stayed under the saturation bound: node 1's window read `straggler` (its ranks
+    waited in collectives 74% of the time), as node 0's did, and both ranks waited in the slow
+    all-reduce alike, so nobody arrived last and no culprit was named (top-1 False,
+    coverage 0 before the busiest-link reading). The job's busiest link by far, with
+    every rank waiting, names node 1 (`network`, `saturated`)."""
+    run, windows, scored = _scored("mn2-link-tbf", tmp_path, FIXTURES / "loaded")
+    print(json.dumps(scored, indent=1))
+    (fault,) = scored["faults"]
+    assert fault["bit"] and fault["top1"], fault["named_s_by_culprit"]
+    assert fault["cause_right"] == 1.0 and fault["ranks_named"] == ["1"]
+    assert fault["coverage"] >= 0.8
+    assert scored["precision_time"] >= 0.95 and scored["healthy_named_ratio"] <= 0.01
+    culprit_instance = run["nodes"][1]["instance"]
+    own = [w for w in windows if w["instance"] == culprit_instance]
+    assert own and all(w["cause"] == "network" for w in own), own
+    assert {w.get("network_reason") for w in own} == {"saturated"}
+    ev = own[0]["evidence"]
+    assert ev["culprit_signal"] == "busiest_link" and ev["network_device"] == "eth0"
+    assert "the job's busiest link" in ev["summary"], ev["summary"]

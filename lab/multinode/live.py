@@ -198,8 +198,8 @@ def naming_times(out: Path, culprit_instance: str, onset: float, stop: float) ->
         for w in poll["named"]:
             c = w.get("culprit") or {}
             end = w.get("end") or poll["t"]
-            if w["start"] > stop or end < onset:
-                continue
+            if w["start"] > stop or end < onset or not c.get("instance"):
+                continue  # (a node's own `straggler` window, before the join named anyone)
             if c.get("instance") != culprit_instance:
                 wrong.add(str(c.get("instance")))
                 continue

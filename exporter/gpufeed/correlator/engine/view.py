@@ -200,7 +200,7 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
         if requests and throttled is not None and requests >= MIN_OBJECT_REQUESTS_FOR_LATENCY:
             view.tiers[tier].throttled_ratio = min(throttled / requests, 1.0)
     for (dev, port), f in node.network.items():
-        speed, since = _link_capacity(f, t, tm)
+        speed, since = link_capacity(f, t, tm)
         w = tm.rate_window_seconds
         if since is not None:
             # a shaped link: its bytes since the shaping took its present rate, not over a
@@ -315,7 +315,7 @@ def _link_view(
             nv.congestion_packets_per_second = _add(nv.congestion_packets_per_second, rate(s))
 
 
-def _link_capacity(
+def link_capacity(
     f: Mapping[str, Series], t: float, tm: Timing
 ) -> tuple[float | None, float | None]:
     """What the link can carry at `t` and, where a root qdisc shapes it below its speed (a

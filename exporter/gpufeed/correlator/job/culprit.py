@@ -20,12 +20,24 @@ The culprit, in order of what decides it:
    waits clearly less than the rest (under half the ranks' median, which is itself at
    least `MIN_MEDIAN_WAIT`). Ranks that had stopped reporting before the stall (an
    elastic job that went on without them) are not candidates.
-2. **The one node that shows a reason**: windows of the stall with a cause of their own
+2. **The busiest link**, while the job's ranks wait in collectives: a node whose link
+   carried at least `LINK_BUSY_RATIO` of what it can carry (a shaped rate where a root
+   qdisc shapes it) for a quarter of the stall or more while every other node's carried
+   under `LINK_CLEAR_SHARE` of that share. A slow link holds the ranks at both of its ends
+   inside the collective alike, so (1) cannot name it, and a collective's bursts never
+   fill a shaped link, so its node's own saturation bound may not be cleared (linkuse.py).
+   Its node's waiting windows become `network` / `saturated` (it is the slow peer the
+   others wait for, not a victim).
+3. **The one node that shows a reason**: windows of the stall with a cause of their own
    (not `unknown`, not `straggler`, not a network window whose reason is a peer) on at
    most a quarter of the job's nodes (one, or the one with most such time). More than
    half of the nodes with their own cause (congestion everywhere) is no straggler: no
-   culprit, every window keeps its cause.
-3. **The busiest GPU**: one GPU of the job above the threshold while the job's median
+   culprit, every window keeps its cause. Where the ranks report their collective wait,
+   a node whose ranks wait as long as the other nodes' (at least `PEER_WAIT_SHARE` of
+   their median) is not holding them back, whatever its own windows say (a host-wide
+   reading such as the CPUs another tenant keeps busy); a `network` cause is exempt,
+   for the reason given in (2).
+4. **The busiest GPU**: one GPU of the job above the threshold while the job's median
    GPU is below it (it computes while everyone waits: a slow GPU, a heavier shard).
 A culprit's cause is its node's own cause over the stall (on a GPU it names: a throttled or
 failed peer), else `unknown`: its node shows no reason, which the summary says rather
@@ -44,10 +56,12 @@ from dataclasses import dataclass, replace
 from statistics import median
 
 from gpufeed.correlator.engine.names import Context as Ctx
+from gpufeed.correlator.engine.names import Feature as F
 from gpufeed.correlator.engine.node import NodeSeries, exit_words
 from gpufeed.correlator.engine.series import Series
-from gpufeed.correlator.engine.summary import HEADLINES
+from gpufeed.correlator.engine.summary import HEADLINES, NETWORK_REASON_WORDS
 from gpufeed.correlator.engine.window import Culprit, Window
+from gpufeed.correlator.job.linkuse import LinkUse, busiest_link
 from gpufeed.vocabulary import DEFAULT_THRESHOLD_RATIO, Cause, NetworkReason
 
 CLUSTER_GAP_SECONDS = 60.0  # windows of a job this close in time are one stall
@@ -59,6 +73,17 @@ ACTIVE_LOOKBACK_SECONDS = 300.0  # a rank that reported in this span before the 
 # that had begun at most this long before (the peers' first low readings, up to one
 # scrape before the loss is seen). A stall that begins later has a cause of its own.
 LOST_RANK_LEAD_SECONDS = 30.0
+# the busiest link's share of what it can carry over the stall, and the most any other
+# node's may carry, as a share of that: a collective over a shaped link carried 77-90% of
+# the shaped rate in the fault lab, the other nodes' links the same bytes at < 1% of theirs
+LINK_BUSY_RATIO = 0.5
+LINK_CLEAR_SHARE = 0.5
+PEER_WAIT_SHARE = 0.8  # a node waiting this share of its peers' wait or more is no culprit
+WAIT_SIGNALS = frozenset(("last_to_arrive", "busiest_link"))  # not found by own windows
+# causes a node can read from what the whole host shows (CPUs busy, I/O pressure: on a
+# shared host or under another tenant), which a node whose ranks wait like the others'
+# does not hold the job back by
+HOST_WIDE_CAUSES = frozenset((Cause.PREPROCESSING, Cause.DATA_LOADING))
 WAITING = frozenset((Cause.UNKNOWN, Cause.STRAGGLER))
 # the culprit's own cause in words, for the victims' summary
 CULPRIT_WORDS = {
@@ -79,9 +104,11 @@ CULPRIT_WORDS = {
 @dataclass(frozen=True, slots=True)
 class Found:
     culprit: Culprit
-    signal: str  # what decided it: "rank_lost", "last_to_arrive", "own_cause", "busiest_gpu"
+    signal: str  # "rank_lost", "last_to_arrive", "busiest_link", "own_cause", "busiest_gpu"
     tier: str = ""  # the culprit's data tier, where its cause is data_loading
     exit: str = ""  # a lost rank: how it ended ("killed by signal 9", ...)
+    link: LinkUse | None = None  # busiest_link: the culprit's link
+    peer_link_ratio: float = 0.0  # busiest_link: the busiest other node's link share
 
 
 def correlate_jobs(
@@ -128,10 +155,13 @@ def correlate_job(
             continue
         for i in members:
             w = windows[i]
-            if is_waiting(w) and not _is_culprit_gpu(w, found.culprit):
+            if _is_culprit_gpu(w, found.culprit):
+                if found.link is not None and is_waiting(w):
+                    out[i] = as_link_culprit(w, found.link, found.peer_link_ratio)
+                elif found.exit and w.cause is Cause.UNKNOWN:
+                    out[i] = as_lost(w, found)
+            elif is_waiting(w) or _held_anyway(job_id, nodes, w, found, start, end):
                 out[i] = as_straggler(w, found)
-            elif found.exit and w.cause is Cause.UNKNOWN and _is_culprit_gpu(w, found.culprit):
-                out[i] = as_lost(w, found)
     return out
 
 
@@ -178,6 +208,7 @@ def find_culprit(
     if len(own) > len(nodes) / 2:
         return None  # most nodes have their own reason: a job-wide cause, not a straggler
     gpu = uuid = rank = exit_words = ""
+    link: tuple[str, LinkUse, float] | None = None
     lost = lost_rank(job_id, nodes, start, end)
     last = _last_to_arrive(job_id, nodes, start, end) if lost is None else None
     if lost is not None:
@@ -188,8 +219,13 @@ def find_culprit(
     elif last is not None:
         inst, gpu, uuid, rank = last
         signal = "last_to_arrive"
-    elif own and len(own) <= max(1, len(nodes) // 4):
-        inst = max(own, key=lambda i: sum(own[i].values()))
+    elif (link := _busiest_link(job_id, nodes, start, end)) is not None:
+        inst = link[0]
+        signal = "busiest_link"
+    elif (held := _holding_back(job_id, nodes, own, start, end)) and len(own) <= max(
+        1, len(nodes) // 4
+    ):
+        inst = max(held, key=lambda i: sum(held[i].values()))
         signal = "own_cause"
     else:
         inst, gpu = _busiest_gpu(job_id, nodes, start, end, threshold_ratio)
@@ -203,7 +239,7 @@ def find_culprit(
             gpu = _busiest_gpu(job_id, {inst: n}, start, end, threshold_ratio)[1]
     uuid = uuid or (n.gpus[gpu].uuid if gpu in n.gpus else "")
     rank = rank or _rank_of(n, job_id, uuid) or _only_rank(n, job_id, start)
-    cause = _cause_on(own.get(inst))
+    cause = Cause.NETWORK if link is not None else _cause_on(own.get(inst))
     if lost is not None and cause is Cause.UNKNOWN:
         cause = Cause.IDLE  # its node runs nothing of the job any more
     tier = next(
@@ -211,7 +247,14 @@ def find_culprit(
          for k, v in w.evidence if k == Ctx.DATA_TIER),
         "",
     )  # fmt: skip
-    return Found(Culprit(inst, gpu, uuid, rank, cause), signal, tier, exit_words)
+    return Found(
+        Culprit(inst, gpu, uuid, rank, cause),
+        signal,
+        tier,
+        exit_words,
+        link[1] if link is not None else None,
+        link[2] if link is not None else 0.0,
+    )
 
 
 def lost_rank(
@@ -330,6 +373,73 @@ def _last_to_arrive(
     return inst, gpu, uuid, rank
 
 
+def _node_waits(
+    job_id: str, nodes: Mapping[str, NodeSeries], start: float, end: float
+) -> dict[str, float]:
+    """instance -> its ranks' median collective wait over [start, end], seconds/second."""
+    out = {}
+    for inst, n in nodes.items():
+        shares = _rank_share(n, job_id, start, end)
+        if shares:
+            out[inst] = median(shares.values())
+    return out
+
+
+def _holding_back(
+    job_id: str,
+    nodes: Mapping[str, NodeSeries],
+    own: Mapping[str, dict[Cause, float]],
+    start: float,
+    end: float,
+) -> dict[str, dict[Cause, float]]:
+    """The nodes with a cause of their own that may hold the job back (see (3) above)."""
+    return {i: c for i, c in own.items() if not _waits_like_peers(job_id, nodes, i, c, start, end)}
+
+
+def _waits_like_peers(
+    job_id: str,
+    nodes: Mapping[str, NodeSeries],
+    inst: str,
+    causes: Mapping[Cause, float],
+    start: float,
+    end: float,
+) -> bool:
+    """Whether `inst`'s ranks wait in collectives about as long as the other nodes' ranks
+    (so its own cause does not hold them back). A `network` cause never counts as that:
+    a slow link keeps its own node's ranks in the collective as long as everyone's."""
+    if _cause_on(dict(causes)) is Cause.NETWORK:
+        return False
+    waits = _node_waits(job_id, nodes, start, end)
+    others = [x for i, x in waits.items() if i != inst]
+    if inst not in waits or not others:
+        return False
+    peers = median(others)
+    return peers >= MIN_MEDIAN_WAIT and waits[inst] >= PEER_WAIT_SHARE * peers
+
+
+def _busiest_link(
+    job_id: str, nodes: Mapping[str, NodeSeries], start: float, end: float
+) -> tuple[str, LinkUse, float] | None:
+    """(instance, its link, the busiest other node's share) of the one node whose link
+    carried far more of what it can carry than any other node's over the stall, while
+    the job's ranks waited in collectives (see the module's doc)."""
+    waits = _node_waits(job_id, nodes, start, end)
+    if len(waits) < 2 or median(waits.values()) < MIN_MEDIAN_WAIT:
+        return None
+    uses = sorted(
+        ((u.utilization_ratio, inst, u) for inst, n in nodes.items()
+         if (u := busiest_link(n, start, end)) is not None),
+        key=lambda x: x[0],
+        reverse=True,
+    )  # fmt: skip
+    if len(uses) < 2:
+        return None
+    (top, inst, use), second = uses[0], uses[1][0]
+    if top >= LINK_BUSY_RATIO and second < LINK_CLEAR_SHARE * top:
+        return inst, use, second
+    return None
+
+
 def _busiest_gpu(
     job_id: str,
     nodes: Mapping[str, NodeSeries],
@@ -396,6 +506,28 @@ def _only_rank(node: NodeSeries, job_id: str, start: float) -> str:
     return ranks[0] if len(ranks) == 1 else ""
 
 
+def _held_anyway(
+    job_id: str,
+    nodes: Mapping[str, NodeSeries],
+    w: Window,
+    found: Found,
+    start: float,
+    end: float,
+) -> bool:
+    """Whether a window with a cause of its own on another node than the culprit's is a
+    victim all the same: the culprit was found by the ranks' waits or the links (not by
+    a node's own windows), the window's cause may be a host-wide reading (busy CPUs, I/O
+    pressure another tenant makes), its ranks wait in collectives as long as the other
+    nodes' over the stall, and it lies mostly within the stall (a reason older than the
+    stall stays its node's)."""
+    if found.signal not in WAIT_SIGNALS or w.cause not in HOST_WIDE_CAUSES:
+        return False
+    inside = min(w.end_seconds, end) - max(w.start_seconds, start)
+    if inside < 0.5 * w.duration_seconds:
+        return False
+    return _waits_like_peers(job_id, nodes, w.instance, {w.cause: inside}, start, end)
+
+
 def _is_culprit_gpu(w: Window, c: Culprit) -> bool:
     """The culprit's own window (any on its node when the culprit is the whole node)."""
     return w.instance == c.instance and (not c.gpu or w.gpu == c.gpu)
@@ -426,6 +558,37 @@ def as_lost(w: Window, found: Found) -> Window:
     return replace(w, cause=Cause.IDLE, evidence=ev, summary=summary)
 
 
+def as_link_culprit(w: Window, link: LinkUse, peer_ratio: float) -> Window:
+    """The culprit's own window where its link is the job's bottleneck (its node alone
+    read it as waiting for a peer): `network`, `saturated`, with the link in evidence."""
+    who = f"GPU {w.gpu}" if w.gpu else "CPU job"
+    summary = (
+        f"{who} (job {w.job_id}) {HEADLINES[Cause.NETWORK]} "
+        f"({NETWORK_REASON_WORDS[NetworkReason.SATURATED]}): {link.port} carried "
+        f"{_share(link.utilization_ratio)} or more of what it can carry for a quarter of the "
+        "job's stall, the job's "
+        f"busiest link (the other nodes' at most {_share(peer_ratio)}), while its ranks wait "
+        "in collectives"
+    )
+    ev = tuple(kv for kv in w.evidence if kv[0] != "culprit_signal")
+    return replace(
+        w,
+        cause=Cause.NETWORK,
+        evidence=(
+            *ev,
+            (F.NETWORK_UTILIZATION_RATIO, round(link.utilization_ratio, 4)),
+            (Ctx.NETWORK_DEVICE, link.port),
+            ("culprit_signal", "busiest_link"),
+        ),
+        summary=summary,
+        network_reason=NetworkReason.SATURATED.value,
+    )
+
+
+def _share(x: float) -> str:
+    return f"{x:.0%}" if x >= 0.01 else f"{x:.2%}"
+
+
 def as_straggler(w: Window, found: Found) -> Window:
     """The victim's window: cause straggler, the culprit in evidence and summary."""
     c = found.culprit
@@ -436,6 +599,8 @@ def as_straggler(w: Window, found: Found) -> Window:
     )
     ev = tuple(kv for kv in w.evidence if kv[0] not in ("culprit_signal", "culprit_exit"))
     said = (("culprit_exit", found.exit),) if found.exit else ()
+    if not is_waiting(w):  # its node's own reading, kept beside the culprit
+        ev = (*ev, ("node_cause", w.cause.value))
     return replace(
         w,
         cause=Cause.STRAGGLER,
