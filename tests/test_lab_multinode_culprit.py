@@ -160,3 +160,28 @@ def test_a_shaped_link_under_its_nodes_bound_is_named_by_the_job(tmp_path: Path)
     ev = own[0]["evidence"]
     assert ev["culprit_signal"] == "busiest_link" and ev["network_device"] == "eth0"
     assert "the job's busiest link" in ev["summary"], ev["summary"]
+
+
+def test_live_naming_counts_only_windows_that_name_a_culprit(tmp_path: Path) -> None:
+    """The fleet's /api/windows also lists a node's own `straggler` window before the join
+    names anyone (no culprit yet): that is no naming, right or wrong (it was reported as
+    the culprit "None"). The right culprit's first sighting gives the times."""
+    from lab.multinode import live
+
+    onset = 1000.0
+    polls: list[dict[str, Any]] = [
+        {"t": 1005.0, "named": [{"instance": "node-0:1", "start": 1002.0, "end": None,
+                                 "open": True, "culprit": None}], "cursor": 1003.0},
+        {"t": 1020.0, "named": [{"instance": "node-0:1", "start": 1002.0, "end": None,
+                                 "open": True, "culprit": {"instance": "node-1:1"}}],
+         "cursor": 1017.0},
+    ]  # fmt: skip
+    (tmp_path / "sightings.jsonl").write_text("".join(json.dumps(p) + "\n" for p in polls))
+    got = live.naming_times(tmp_path, "node-1:1", onset, onset + 25.0)
+    assert got["other_culprits_named"] == []
+    assert (got["named_after_onset_s"], got["named_after_window_opened_s"]) == (20.0, 18.0)
+    polls[0]["named"][0]["culprit"] = {"instance": "node-0:1"}
+    (tmp_path / "sightings.jsonl").write_text("".join(json.dumps(p) + "\n" for p in polls))
+    assert live.naming_times(tmp_path, "node-1:1", onset, onset + 25.0)["other_culprits_named"] == [
+        "node-0:1"
+    ]
