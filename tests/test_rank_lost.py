@@ -133,3 +133,18 @@ def test_gpufeed_run_reports_a_killed_rank(server: SdkServer) -> None:  # noqa: 
             break
         time.sleep(0.05)
     assert got == (1.0, 137.0)
+
+
+def test_a_rank_its_launcher_saw_exit_0_is_not_lost() -> None:
+    """A rank that finished without its CLOSE (os._exit(0), a dropped datagram) is not
+    lost, whether the launcher's report comes first or a scrape saw its pid gone first:
+    else a healthy job's end reads as a rank killed and its node as brought down."""
+    alive = {401, 402}
+    table = JobTable(max_jobs=4, grace_seconds=60, pid_alive=lambda p: p in alive)
+    table.apply(_msg(wire.KIND_RANK, rank=0, world_size=2), 401, 0.0)
+    table.apply(_msg(wire.KIND_RANK, rank=1, world_size=2), 402, 0.0)
+    table.apply(_msg(wire.KIND_EXIT, exit_pid=401, exit_status=0), 900, 1.0)  # report first
+    alive.discard(402)
+    assert _lost(table, "1") == 1.0  # the scrape first: lost until the report says
+    table.apply(_msg(wire.KIND_EXIT, exit_pid=402, exit_status=0), 901, 1.0)
+    assert [_lost(table, r) for r in "01"] == [0.0, 0.0]

@@ -348,7 +348,12 @@ class JobTable:
         if status is not None:
             state.exit_status = status
         live = [p for p in state.pids if not job.processes.get(p, (True, 0.0))[0]]
-        if not closed and not live:
+        if status == 0:
+            # it finished: a rank that left without its CLOSE (os._exit(0) past the exit
+            # handlers, a CLOSE datagram a full queue dropped) is not lost, also where a
+            # scrape saw its pid gone before its launcher's report came
+            state.lost = False
+        elif not closed and not live:
             state.lost = True
 
     def expire(self, now: float) -> None:
