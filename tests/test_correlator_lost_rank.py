@@ -176,3 +176,30 @@ def test_a_rank_stopped_on_request_did_not_bring_its_job_down(tmp_path: object) 
     ev = w["evidence"]
     assert isinstance(ev, dict)
     assert ev["culprit_exit"] == "killed by signal 15", ev
+
+
+def test_a_rank_lost_again_after_a_restart_explains_the_stall_after_its_second_loss(
+    tmp_path: object,
+) -> None:
+    """An elastic job: node 1's rank was killed at 40 s, restarted at 60 s (lost 0 again),
+    killed again at 150 s. The stall that begins at 150 s follows the second loss, which
+    the first (long before it) must not hide."""
+
+    def gen(t: float) -> Iterable[tuple[str, float | None]]:
+        s = t - T0
+        lost = 40.0 < s <= 60.0 or s > 150.0
+        rl = f'job_id="j1",rank="1",instance="{NODES[1]}"'
+        yield f"gpufeed_job_rank_lost{{{rl}}}", 1.0 if lost else 0.0
+        yield f"gpufeed_job_rank_exit_status{{{rl}}}", 137.0 if lost else None
+        yield f'gpufeed_job_processes{{job_id="j1",name="ddp",instance="{NODES[1]}"}}', 0.0
+
+    path = f"{tmp_path}/trace.om"
+    with open(path, "w") as f:
+        f.write(trace_text(gen, END, interval=1.0))
+    nodes = read_trace(path).nodes
+    assert lost_rank("j1", nodes, T0 + 150.0, T0 + 200.0) == (  # type: ignore[arg-type]
+        NODES[1],
+        "1",
+        "killed by signal 9",
+    )
+    assert lost_rank("j1", nodes, T0 + 100.0, T0 + 115.0) is None  # type: ignore[arg-type]

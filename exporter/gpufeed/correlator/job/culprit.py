@@ -268,21 +268,31 @@ def lost_rank(
         j = n.jobs.get(job_id)
         if j is None:
             continue
+        lo, hi = start - LOST_RANK_LEAD_SECONDS, min(end, start + LOST_RANK_LEAD_SECONDS)
         for rank, s in j.rank_lost.items():
-            at = _first_at_least(s, 1.0)
-            lo, hi = start - LOST_RANK_LEAD_SECONDS, min(end, start + LOST_RANK_LEAD_SECONDS)
-            if at is not None and lo <= at <= hi and (best is None or (at, inst, rank) < best):
+            # each loss, not only the first: an elastic job restarts a rank (lost 0 again),
+            # and a loss long before the stall must not hide the one it follows
+            at = next((t for t in _losses(s) if lo <= t <= hi), None)
+            if at is not None and (best is None or (at, inst, rank) < best):
                 best = (at, inst, rank)
     if best is None:
         return None
-    _, inst, rank = best
+    at, inst, rank = best
     status = nodes[inst].jobs[job_id].rank_exit_status.get(rank)
-    code = status.vs[-1] if status is not None and len(status) else None
+    said = zip(status.ts, status.vs, strict=True) if status is not None else ()
+    code = next((v for t, v in said if t >= at), None)  # reported with (or after) this loss
     return inst, rank, exit_words(code)
 
 
-def _first_at_least(s: Series, level: float) -> float | None:
-    return next((t for t, v in zip(s.ts, s.vs, strict=True) if v >= level), None)
+def _losses(s: Series) -> list[float]:
+    """When the rank was seen lost: each time its series turns 1 (from 0, or at its
+    first sample)."""
+    out, before = [], 0.0
+    for t, v in zip(s.ts, s.vs, strict=True):
+        if v >= 1.0 > before:
+            out.append(t)
+        before = v
+    return out
 
 
 def _own_causes(
