@@ -79,6 +79,12 @@ def test_shaped_link_is_named_saturated(tmp_path: Path) -> None:
     assert all("eth0" in w["evidence"]["summary"] for w in own)
 
 
+def _trace_lines(scenario: str, index: int) -> list[str]:
+    """The lines of one node's recorded trace (OpenMetrics text)."""
+    path = FIXTURES / scenario / f"node-{index}" / "trace.om.gz"
+    return gzip.decompress(path.read_bytes()).decode().splitlines()
+
+
 def test_the_cpu_starved_node_is_named_by_its_own_cgroup(tmp_path: Path) -> None:
     """Each node's agent read its own job cgroup (docs/lab.md, "What one host cannot
     reproduce"): only node 1's, under the quota, exports CPU-quota throttling. Before
@@ -87,16 +93,14 @@ def test_the_cpu_starved_node_is_named_by_its_own_cgroup(tmp_path: Path) -> None
     before the fault and ran past its recovery: coverage and precision are the loaded
     host's, the culprit, its rank and its cause are what is checked."""
     run, windows, scored = _scored("mn2-cpu-starve", tmp_path)
-    throttled = {}
-    for n in run["nodes"]:
-        trace = gzip.decompress(
-            (FIXTURES / "mn2-cpu-starve" / f"node-{n['index']}" / "trace.om.gz").read_bytes()
-        ).decode()
-        throttled[n["index"]] = [
+    throttled = {
+        n["index"]: [
             float(line.rsplit(" ", 2)[1])
-            for line in trace.splitlines()
+            for line in _trace_lines("mn2-cpu-starve", n["index"])
             if line.startswith("gpufeed_job_cpu_throttled_periods_total{")
         ]
+        for n in run["nodes"]
+    }
     assert throttled[0] == [] and throttled[1] and max(throttled[1]) >= 100, throttled
     print(json.dumps(scored, indent=1))
     (fault,) = scored["faults"]
@@ -115,16 +119,14 @@ def test_the_killed_rank_is_named_lost_with_its_signal(tmp_path: Path) -> None:
     node 0 is `straggler` naming it. The load made both nodes' jobs read `preprocessing`
     before the kill: the brought-down job's windows start fresh at the loss."""
     run, windows, scored = _scored("mn2-rank-kill", tmp_path)
-    said = {}
-    for n in run["nodes"]:
-        trace = gzip.decompress(
-            (FIXTURES / "mn2-rank-kill" / f"node-{n['index']}" / "trace.om.gz").read_bytes()
-        ).decode()
-        said[n["index"]] = {
+    said = {
+        n["index"]: {
             (line.split("{", 1)[0], line.rsplit(" ", 2)[1])
-            for line in trace.splitlines()
+            for line in _trace_lines("mn2-rank-kill", n["index"])
             if line.startswith(("gpufeed_job_rank_lost{", "gpufeed_job_rank_exit_status{"))
         }
+        for n in run["nodes"]
+    }
     assert ("gpufeed_job_rank_exit_status", "137") in said[1], said[1]
     assert ("gpufeed_job_rank_lost", "1") in said[1]
     assert ("gpufeed_job_rank_exit_status", "1") in said[0]
