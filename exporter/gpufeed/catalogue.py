@@ -799,8 +799,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "gpufeed_job_rank_lost",
         "gauge",
         "1 once every process of a rank of the job on this node has exited without closing "
-        "its job (killed, crashed), 0 while it runs or after a clean close; kept while the "
-        "job's series stay, back to 0 when a process registers the rank again",
+        "its job (killed, crashed), 0 while it runs, after a clean close or an exit status 0 "
+        "its launcher reported; kept while the job's series stay, back to 0 when a process "
+        "registers the rank again",
         ("job_id", "rank"),
         "",
         "jobs",
