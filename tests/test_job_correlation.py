@@ -210,11 +210,14 @@ def test_a_peer_network_window_is_a_victim() -> None:
     assert "network_reason" not in got[1].to_json()
 
 
-def _lab_node(inst: str, rank: str, shaped: bool, wait_per_s: float) -> object:
+def _lab_node(
+    inst: str, rank: str, shaped: bool, wait_per_s: float, shaped_rate: float = 1e6
+) -> object:
     """A fault-lab node of a two-node CPU-only gloo job, sampled each second over 0-300 s:
     its rank's collective wait (`wait_per_s` s/s over the stall 100-200 s, 0.15 outside),
     and its eth0 (a veth: 10 Gbit/s) carrying the collective's bytes, 15 MB/s outside the
-    stall, 0.77 MB/s in it. `shaped`: a tbf of 1 MB/s (8 Mbit/s) on eth0 over the stall."""
+    stall, 0.77 MB/s in it. `shaped`: a tbf of `shaped_rate` (1 MB/s: 8 Mbit/s) on eth0
+    over the stall."""
     from gpufeed.correlator.engine.node import NodeSeries
 
     n = NodeSeries(inst)
@@ -237,7 +240,7 @@ def _lab_node(inst: str, rank: str, shaped: bool, wait_per_s: float) -> object:
         port["tx"].append(float(t), moved)
         port["speed"].append(float(t), 1.25e9)
         if shaped and 100 <= t <= 200:
-            port["shaped"].append(float(t), 1e6)
+            port["shaped"].append(float(t), shaped_rate)
     return n
 
 
@@ -297,3 +300,35 @@ def test_a_shaped_link_under_its_bound_is_the_culprit_not_a_loaded_node() -> Non
     )
     assert got[0].cause is Cause.PREPROCESSING
     assert got[1].culprit is not None and got[1].culprit.instance == "node-0:1"
+
+
+@pytest.mark.parametrize(
+    ("shaped", "rate", "waits"),
+    [
+        # the one link that stands out carries 31% of its shaped 2.5 MB/s: under half
+        ((False, True), 2.5e6, (0.88, 0.88)),
+        ((True, True), 1e6, (0.88, 0.88)),  # both equally busy: no link stands out
+        ((False, True), 1e6, (0.1, 0.1)),  # a busy link, but the ranks do not wait for it
+    ],
+)
+def test_the_busiest_link_names_nobody_unless_one_link_stands_out_while_ranks_wait(
+    shaped: tuple[bool, bool], rate: float, waits: tuple[float, float]
+) -> None:
+    """The busiest-link step's three conditions, each alone: a link at half its capacity
+    or more, every other node's under half of its share, the ranks waiting in collectives
+    (0.25 s/s or more). Without any one, no window is made `network` by it."""
+    from gpufeed.correlator.engine.causes import Cause
+    from gpufeed.correlator.engine.node import NodeSeries
+
+    nodes = [
+        _lab_node(f"node-{i}:1", str(i), shaped[i], waits[i], shaped_rate=rate) for i in (0, 1)
+    ]
+    assert all(isinstance(n, NodeSeries) for n in nodes)
+    windows = [
+        Window(f"node-{i}:1", "", "", "lab1", 101.0, 201.0, Cause.STRAGGLER, 0.8, 0.3, (), "s")
+        for i in (0, 1)
+    ]
+    got = correlate_jobs(nodes, windows)  # type: ignore[arg-type]
+    for w in got:
+        assert dict(w.evidence).get("culprit_signal") != "busiest_link", w
+        assert w.cause is not Cause.NETWORK, w
