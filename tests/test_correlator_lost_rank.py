@@ -203,3 +203,27 @@ def test_a_rank_lost_again_after_a_restart_explains_the_stall_after_its_second_l
         "killed by signal 9",
     )
     assert lost_rank("j1", nodes, T0 + 100.0, T0 + 115.0) is None  # type: ignore[arg-type]
+
+
+def test_a_streamed_analysis_keeps_when_each_rank_was_lost() -> None:
+    """`analyze --prometheus` streams a long range in chunks and trims each node's columns
+    to the engine's lookback (stream.KEEP_SECONDS) before the job-level join reads the
+    whole batch. A rank lost at 100 s of a 3-hour range (and lost since) must still
+    explain the stall at 100 s, and not seem lost anew where the trim cut its series."""
+    from gpufeed.correlator.engine.node import NodeSeries
+    from gpufeed.correlator.engine.series import Series
+    from gpufeed.correlator.feeds.stream import KEEP_SECONDS, _trim
+
+    n = NodeSeries(NODES[1])
+    j = n.job("j1")
+    lost = j.rank_lost["1"] = Series()
+    status = j.rank_exit_status["1"] = Series()
+    for t in range(0, 10_800, 5):
+        lost.append(T0 + t, 1.0 if t >= 100 else 0.0)
+        if t >= 100:
+            status.append(T0 + t, 137.0)
+    cut = T0 + 10_800 - KEEP_SECONDS
+    _trim(n, cut)
+    nodes = {NODES[1]: n}
+    assert lost_rank("j1", nodes, T0 + 100.0, T0 + 160.0) == (NODES[1], "1", "killed by signal 9")
+    assert lost_rank("j1", nodes, cut, cut + 60.0) is None

@@ -145,6 +145,13 @@ def _trim(node: NodeSeries, before: float) -> None:
         if p == COLLECTIVE_WAIT
     }  # fmt: skip
     whole.update(id(s) for j in node.jobs.values() for s in j.rank_info.values())
+    # and when each rank was lost (and how): trimmed, a rank lost early in the range would
+    # explain none of the stalls that followed, and one lost since would seem lost anew
+    # where the trim cut its series
+    whole.update(
+        id(s) for j in node.jobs.values()
+        for s in (*j.rank_lost.values(), *j.rank_exit_status.values())
+    )  # fmt: skip
     for s in node.all_series():
         if id(s) in whole:
             continue
