@@ -126,6 +126,9 @@ class RulesConfig:
     # number of replicas: the rules take the max over them).
     fleet_selector: str = 'job="gpufeed-fleet"'
     job_held_back_for: str = "2m"
+    # GpuJobRankLost: a rank exited without closing its job while the job still runs
+    # elsewhere (its peers wait for it); a cancelled job's ranks all go within seconds
+    rank_lost_for: str = "2m"
     # The cluster scheduler exporter's series (`gpufeed scheduler`, one per cluster, under
     # its own job name).
     scheduler_selector: str = 'job="gpufeed-scheduler"'

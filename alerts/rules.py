@@ -305,6 +305,29 @@ def alert_rules(cfg: RulesConfig) -> list[Rule]:
             },
         },
         {
+            "alert": "GpuJobRankLost",
+            # a rank lost (exited without closing the job: killed, crashed) while the job
+            # still has live processes on some node: its peers wait for a rank that is gone
+            "expr": (
+                f"max by (instance, job_id, rank) (gpufeed_job_rank_lost{{{s}}}) == 1\n"
+                f"and on (job_id)\n"
+                f"max by (job_id) (gpufeed_job_processes{{{s}}}) > 0"
+            ),
+            "for": cfg.rank_lost_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "A rank of a running job exited without closing it (killed or crashed).",
+                "description": (
+                    "Rank {{ $labels.rank }} of job {{ $labels.job_id }} on "
+                    "{{ $labels.instance }} exited without closing its job (SIGKILL, the "
+                    "OOM killer, a crash) while the job's other ranks still run: they wait "
+                    "for it in their collectives. gpufeed_job_rank_exit_status says how it "
+                    "ended where `gpufeed run` launched it (137: SIGKILL); check the node's "
+                    "kernel log (OOM killer) and the rank's own log."
+                ),
+            },
+        },
+        {
             "alert": "GpuFatalXid",
             # increase() cannot see the first sample of a new xid series, so a series that
             # did not exist one lookback ago counts too; sum without () drops __name__ so

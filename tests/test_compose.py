@@ -87,6 +87,7 @@ ROUTES = {
     ("GpuJobHeldBack", "preprocessing"): "job-owners",
     ("GpuJobHeldBack", "throttling"): "oncall",
     ("GpuJobHeldBack", "unknown"): "oncall",
+    ("GpuJobRankLost", None): "oncall",  # warning: falls through to on-call
     ("GpuClockThrottled", None): "oncall",
     ("GpufeedAgentDown", None): "oncall",
     ("GpufeedCollectorFailing", None): "oncall",
