@@ -207,12 +207,12 @@ def find_culprit(
     own = _own_causes(windows, start, end)
     if len(own) > len(nodes) / 2:
         return None  # most nodes have their own reason: a job-wide cause, not a straggler
-    gpu = uuid = rank = exit_words = ""
+    gpu = uuid = rank = how = ""
     link: tuple[str, LinkUse, float] | None = None
     lost = lost_rank(job_id, nodes, start, end)
     last = _last_to_arrive(job_id, nodes, start, end) if lost is None else None
     if lost is not None:
-        inst, rank, exit_words = lost
+        inst, rank, how = lost
         uuid = nodes[inst].jobs[job_id].rank_uuid.get(rank, "")
         gpu = next((g for g, c in nodes[inst].gpus.items() if uuid and c.uuid == uuid), "")
         signal = "rank_lost"
@@ -251,7 +251,7 @@ def find_culprit(
         Culprit(inst, gpu, uuid, rank, cause),
         signal,
         tier,
-        exit_words,
+        how,
         link[1] if link is not None else None,
         link[2] if link is not None else 0.0,
     )
@@ -543,13 +543,13 @@ def _is_culprit_gpu(w: Window, c: Culprit) -> bool:
     return w.instance == c.instance and (not c.gpu or w.gpu == c.gpu)
 
 
-def culprit_words(c: Culprit, tier: str = "", exit_words: str = "") -> str:
+def culprit_words(c: Culprit, tier: str = "", how: str = "") -> str:
     where = (
         c.instance + (f" GPU {c.gpu}" if c.gpu else "") + (f" (rank {c.rank})" if c.rank else "")
     )
-    if exit_words:  # a lost rank: how it ended says more than its node's idle GPU
-        verb = "was " if exit_words.startswith("killed") else ""
-        return f"{where}, whose rank process {verb}{exit_words}"
+    if how:  # a lost rank: how it ended says more than its node's idle GPU
+        verb = "was " if how.startswith("killed") else ""
+        return f"{where}, whose rank process {verb}{how}"
     return f"{where}, which " + CULPRIT_WORDS[c.cause].format(tier=tier or "data")
 
 
