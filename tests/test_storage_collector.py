@@ -280,6 +280,9 @@ def test_without_sysfs_devices_are_named_from_diskstats(tmp_path: Path) -> None:
     assert "/" not in info
 
 
+# a 0.1 s bound on every statvfs: under a loaded parallel pass a healthy mount's call can
+# miss it and read stuck (seen once); runs alone, after the parallel pass
+@pytest.mark.serial
 def test_hung_statvfs_marks_the_mount_stuck_and_starts_no_second_call() -> None:
     release = threading.Event()
     calls: dict[str, int] = {}
@@ -319,6 +322,9 @@ def test_hung_statvfs_marks_the_mount_stuck_and_starts_no_second_call() -> None:
         release.set()
 
 
+# a 0.1 s bound on every statvfs: under a loaded parallel pass a healthy mount's call can
+# miss it and read stuck (seen once); runs alone, after the parallel pass
+@pytest.mark.serial
 def test_hung_tier_path_maps_by_text_and_reports_stuck(monkeypatch: pytest.MonkeyPatch) -> None:
     """A tier path inside a hung mount cannot be stat'ed; its mount is still exported, stuck."""
     from gpufeed.storage.pathresolve import resolve_in_root as real_resolve
