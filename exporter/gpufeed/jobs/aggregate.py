@@ -169,6 +169,10 @@ class JobState:
     owner: Hashable = None  # the sender that started the job
     updated_at: float = 0.0  # monotonic time of its last message
 
+    def open_pids(self, pids: set[int]) -> list[int]:
+        """The pids of `pids` not closed (a pid the job does not know counts as closed)."""
+        return [p for p in pids if not self.processes.get(p, (True, 0.0))[0]]
+
 
 class JobTable:
     """Sums SDK messages into per-job series; bounded to `max_jobs` jobs."""
@@ -327,7 +331,7 @@ class JobTable:
             state = job.ranks[msg.rank] = RankState(msg.local_rank, msg.world_size)
         state.local_rank, state.world_size = msg.local_rank, msg.world_size
         # a rank restarted many times (elastic) keeps only its live processes
-        state.pids = {p for p in state.pids if not job.processes.get(p, (True, 0.0))[0]}
+        state.pids = set(job.open_pids(state.pids))
         if pid not in state.pids:
             state.lost, state.exit_status = False, None  # (re)started: not lost any more
         state.pids.add(pid)
@@ -347,7 +351,7 @@ class JobTable:
             return
         if status is not None:
             state.exit_status = status
-        live = [p for p in state.pids if not job.processes.get(p, (True, 0.0))[0]]
+        live = job.open_pids(state.pids)
         if status == 0:
             # it finished: a rank that left without its CLOSE (os._exit(0) past the exit
             # handlers, a CLOSE datagram a full queue dropped) is not lost, also where a
@@ -525,7 +529,7 @@ class JobTable:
                 extra = {"world_size": str(state.world_size)}
                 if state.local_rank is not None:
                     extra["local_rank"] = str(state.local_rank)
-                live = [p for p in state.pids if not job.processes.get(p, (True, 0.0))[0]]
+                live = job.open_pids(state.pids)
                 gpus = set().union(*(gpus_of_pid.get(p, ()) for p in live))
                 if len(gpus) == 1:  # on several GPUs (a stray context): which is not known
                     extra["uuid"] = gpus.pop()
