@@ -383,13 +383,21 @@ def _drive(
             _, starting, i = events.pop(0)
             f, inj = injectors[i]
             (inj.start if starting else inj.stop)()
-            print(f"  {tag} {now:6.1f} s  {'start' if starting else 'stop '} {f.kind}", flush=True)
+            say(f"  {tag} {now:6.1f} s  {'start' if starting else 'stop '} {f.kind}")
         if now >= s.duration_s + TAIL_SECONDS or proc.poll() is not None:
             return sightings
         if now >= next_poll:
             sightings += _poll(agent, t0)
             next_poll = now + POLL_SECONDS
         time.sleep(0.2)
+
+
+def say(line: str) -> None:
+    """Prints one line with one write. print() writes the text and its newline apart, and
+    the runs of a scenario print from threads side by side, so two of their lines could
+    splice into one (seen in CI: "start cpu_hog  [run] ... start io_contention")."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _steps(path: Path, t0: float) -> tuple[Step, ...]:
