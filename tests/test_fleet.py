@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,8 +22,11 @@ import pytest
 
 from correlator_helpers import analyze_text, scenarios
 from gpufeed.correlator.engine.engine import WindowParams
+from gpufeed.correlator.engine.node import CLUSTER_METRICS
 from gpufeed.correlator.engine.window import Window
+from gpufeed.correlator.feeds.promql import Retry
 from gpufeed.correlator.outputs.windowlog import read_log
+from gpufeed.fleet.carry import Epoch, FleetEngines, _apply
 from gpufeed.fleet.cycle import CycleResult
 from gpufeed.fleet.ledger import PRODUCTIVE
 from gpufeed.fleet.service import FleetService, FleetSettings
@@ -353,3 +357,26 @@ def test_a_held_back_job_names_its_culprit_once_and_the_ledger_its_straggler_tim
         0.001 * alloc
     )
     assert 'gpufeed_fleet_job_cost_total{culprit_cause="preprocessing",currency="EUR"' in page
+
+
+def test_a_chunk_the_warm_up_epoch_does_not_get_brings_no_labels_already_routed(
+    fleet: Fleet,
+) -> None:
+    """fleet/carry.py: a cold cycle fetches the reporting epoch's range chunk by chunk. The
+    warm-up epoch, whose anchor is later, is not asked about the chunks before it, so a
+    series the reporting epoch has routed comes without its labels. (Asked, its empty
+    column cache had every series' labels decoded again, chunk after chunk: at 256 nodes
+    a cold cycle's heap peaked at twice what it kept, and pymalloc kept the difference.)"""
+    timing = CycleTiming(INTERVAL, 600.0, STEP, 0.0, WindowParams().merge_gap_seconds)
+    engines = FleetEngines(fleet.vm.url, timing, WindowParams(), "", Retry())
+    a = math.ceil(fleet.start / 600) * 600  # an anchor with data on both sides
+    engines.epochs = {a: Epoch(a, a - STEP), a + 600: Epoch(a + 600, a + 600 - STEP)}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        _, _, chunk = engines._fetch(pool, a, a + 9 * STEP)
+        _apply(engines.epochs[a], chunk, WindowParams())
+        _, _, (_, parsed, _) = engines._fetch(pool, a + 10 * STEP, a + 19 * STEP)
+    routed = engines.epochs[a].columns
+    items = [(m, k, text) for m, its in parsed if m not in CLUSTER_METRICS for k, text, _, _ in its]
+    seen = [(m, text) for m, k, text in items if k in routed.get(m, {})]
+    assert len(seen) > 100  # both nodes' GPUs, jobs, tiers: the reporting epoch has them
+    assert [x for x in seen if x[1] is not None] == []

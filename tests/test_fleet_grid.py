@@ -5,10 +5,12 @@ holding exactly the points that `Series.extend_sorted` of its answers would have
 
 from __future__ import annotations
 
+import json
 from array import array
 
 from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.correlator.engine.series import Series
+from gpufeed.correlator.feeds import matrix
 from gpufeed.fleet.carry import Epoch, Parsed, _apply
 
 UTIL = "gpufeed_gpu_utilization_ratio"
@@ -18,8 +20,8 @@ T0 = 1_700_000_000.0
 
 def _item(gpu: str, ts: list[float], uuid: str = "GPU-a") -> Parsed:
     labels = {"__name__": UTIL, "instance": "n1:9400", "gpu": gpu, "uuid": uuid}
-    key = hash(tuple(labels.items()))
-    return key, labels, array("d", ts), array("d", [t / 1e9 + (uuid == "GPU-b") for t in ts])
+    text = json.dumps(labels, separators=(",", ":")).encode()  # as the answer wrote it
+    return hash(text), text, array("d", ts), array("d", [t / 1e9 + (uuid == "GPU-b") for t in ts])
 
 
 def _grid(k0: int, k1: int) -> list[float]:
@@ -47,7 +49,7 @@ def test_series_share_the_grid_until_they_miss_an_instant() -> None:
         _apply(epoch, (max(all_ts), [(UTIL, items)], array("d", all_ts)), WindowParams())
         for _, labels, ts, vs in items:
             assert labels is not None
-            want.setdefault(labels["gpu"], Series()).extend_sorted(ts, vs)
+            want.setdefault(matrix.labels(labels)["gpu"], Series()).extend_sorted(ts, vs)
         grid = epoch.grid
         gpus = epoch.nodes["n1:9400"].gpus
         for gpu, ref in want.items():

@@ -71,7 +71,8 @@ def test_both_decoders_read_the_numbers_float_reads(decode: matrix.Decoder) -> N
     assert points == len(VALUES) + 2  # the instance-less series is nobody's
     (k0, l0, ts0, vs0), (k1, l1, ts1, vs1) = parsed
     assert list(ts0) == [1_700_000_000 + 15 * k for k in range(len(VALUES))]
-    assert l0 == _labels("0") and l1 == _labels("1")
+    assert l0 is not None and l1 is not None  # as the answer wrote them, decoded when routed
+    assert matrix.labels(l0) == _labels("0") and matrix.labels(l1) == _labels("1")
     assert _same(vs0, [float(v) for v in VALUES])
     assert math.copysign(1, vs0[4]) == -1  # "-0" stays negative zero
     assert list(ts1) == [1_700_000_000.5, 1_700_000_015] and list(vs1) == [3.0, 4.0]
@@ -88,9 +89,10 @@ def test_routed_series_come_without_labels_and_unread_ones_not_at_all(
     parsed, points = _parse(data, known=[read, read])
     assert points == len(VALUES) + 2  # what was sent, read or not
     assert [(k, labels) for k, labels, _, _ in parsed] == [(k0, None)]
-    # an epoch that has not routed gpu 0 yet still gets its labels
+    # an epoch that has not routed gpu 0 yet still gets its labels (as the answer's text)
     parsed, _ = _parse(data, known=[read, {k1: None}])
-    assert [(k, labels) for k, labels, _, _ in parsed] == [(k0, _labels("0"))]
+    assert [(k, labels) for k, labels, _, _ in parsed] == [(k0, data[0][0])]
+    assert matrix.labels(data[0][0]) == _labels("0")
 
 
 @pytest.mark.parametrize("decode", DECODERS, ids=["stdlib", "msgspec"])

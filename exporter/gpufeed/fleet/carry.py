@@ -40,9 +40,9 @@ from gpufeed.correlator.feeds.stream import NodeRun
 from gpufeed.fleet.timing import CycleTiming
 
 LabelKey = int
-# (label key, labels as answered or None where every epoch has routed them, timestamps,
-# values)
-Parsed = tuple[LabelKey, dict[str, str] | None, "array[float]", "array[float]"]
+# (label key, the label set's text as answered or None where every epoch has routed it,
+# timestamps, values)
+Parsed = tuple[LabelKey, matrix.Labels | None, "array[float]", "array[float]"]
 # (its last instant, parsed answers, every instant any answer holds, ascending)
 Chunk = tuple[float, list[tuple[str, list[Parsed]]], "array[float]"]
 
@@ -89,7 +89,7 @@ class Epoch:
                 continue
             if shared:
                 assert labels is not None  # the cluster's answers keep their labels
-                ckey = cluster_key(metric, labels)
+                ckey = cluster_key(metric, matrix.labels(labels))
                 self.cluster.setdefault(ckey, Series()).extend_sorted(ts[i:], vs[i:])
                 continue
             if key in cols:
@@ -97,13 +97,14 @@ class Epoch:
             else:  # first sight of this series: find (or make) its column once
                 if labels is None:
                     raise RuntimeError(f"{metric}: an unrouted series came without its labels")
-                inst = labels["instance"]
+                named = matrix.labels(labels)  # decoded here, one series at a time (_parse)
+                inst = named["instance"]
                 node = self.nodes.get(inst)
                 if node is None:
                     node = self.nodes[inst] = NodeSeries(inst)
                     node.cluster = self.cluster
                     self.runs[inst] = NodeRun(node)
-                rest = {k: v for k, v in labels.items() if k not in ("instance", "__name__")}
+                rest = {k: v for k, v in named.items() if k not in ("instance", "__name__")}
                 series = cols[key] = node.route(metric, rest)
             if series is None:
                 continue
@@ -163,7 +164,7 @@ def _parse(
     nodes: bool = True,
     known: Sequence[Mapping[LabelKey, Series | None]] = (),
 ) -> tuple[list[Parsed], int]:
-    """An answer's series as (label key, labels as answered, timestamps, values), parsed
+    """An answer's series as (label key, label text as answered, timestamps, values), parsed
     once for every epoch; series without an instance are not a node's (`nodes`: the
     cluster's series are nobody's). The key, the hash of the label set's text as the
     answer wrote it (feeds/matrix.py), is what the epochs' column caches hold: a 64-bit
@@ -173,13 +174,16 @@ def _parse(
     `known`: the column caches of the epochs the chunk goes to. A series all of them have
     routed keeps no labels, and its labels' text is never decoded (a chunk held 1.3 M label
     dictionaries at 1,000 nodes, half a steady cycle's memory); one none of them reads is
-    left out."""
+    left out. A series an epoch has not routed keeps its labels as the answer's text, and
+    `Epoch.route` decodes them as it routes it: a chunk's 80,000 label dictionaries at 256
+    nodes, held until it was routed, were 1 KiB a series (a cold cycle's peak heap, which
+    pymalloc's arenas keep: the checked dictionary here is freed at once)."""
     out: list[Parsed] = []
     points = 0
     distinct: dict[bytes, array[float]] = {}
     for text, ts, vs in result:
         key = hash(text)
-        labels: dict[str, str] | None = None
+        labels: matrix.Labels | None = None
         routed = bool(known)
         reads = False
         for cache in known:  # one or two epochs: no generator per series
@@ -189,9 +193,9 @@ def _parse(
                 break
             reads = reads or col is not None
         if not routed:
-            labels = matrix.labels(text)
-            if nodes and not labels.get("instance"):
+            if nodes and not matrix.labels(text).get("instance"):
                 continue
+            labels = text
         points += len(vs)  # what the TSDB sent, read or not
         if routed and not reads:
             continue
@@ -261,6 +265,10 @@ class FleetEngines:
                 elif not defer:
                     for ep in behind:
                         _apply(ep, chunk, self.params)
+                # let go of a routed chunk before the next is fetched: two chunks alive at
+                # once were a third of a cold cycle's peak heap (pymalloc's arenas, once
+                # touched, stay with the process)
+                del chunk
         return report, queries, points
 
     def warm_up(self) -> None:
@@ -273,7 +281,10 @@ class FleetEngines:
     def _fetch(self, pool: ThreadPoolExecutor, s: float, e: float) -> tuple[int, int, Chunk]:
         step = self.timing.step_seconds
         base, match, retry, decode = self.base, self.match, self.retry, self._decode
-        epochs = list(self.epochs.values())  # every epoch the chunk will go to
+        # every epoch the chunk will go to: not one that starts after it (a cold cycle's
+        # warm-up epoch for its first chunks), whose empty column cache would have every
+        # series' labels decoded, chunk after chunk (90 MB a chunk at 256 nodes)
+        epochs = [ep for ep in self.epochs.values() if ep.done_seconds < e]
 
         def ask(metric: str) -> tuple[list[Parsed], int]:
             # parsed where it arrives: the answer's JSON is freed at once. The epochs'
