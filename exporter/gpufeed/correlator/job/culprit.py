@@ -125,10 +125,16 @@ def correlate_jobs(
         for job in {j for j, _gpu in n.job_info} | {j for j, c in n.jobs.items() if c.phases}:
             spans.setdefault(job, []).append(inst)
     out = list(windows)
+    # each job's windows found in one pass, not one pass per job: jobs and windows both
+    # grow with the fleet (half a second of a fleet cycle at 1,000 nodes)
+    of_job: dict[str, list[int]] = {}
+    for i, w in enumerate(out):
+        of_job.setdefault(w.job_id, []).append(i)
     for job, insts in spans.items():
         if len(insts) < 2 or not job:
             continue
-        idx = [i for i, w in enumerate(out) if w.job_id == job and w.instance in insts]
+        mine = set(insts)
+        idx = [i for i in of_job.get(job, ()) if out[i].instance in mine]
         if not idx:
             continue
         joined = correlate_job(
