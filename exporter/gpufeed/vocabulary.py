@@ -171,3 +171,8 @@ DEFAULT_THRESHOLD_RATIO: Final = 0.8  # a GPU below this utilization is underuti
 DEFAULT_MIN_WINDOW_SECONDS: Final = 60.0  # underutilized this long before a window opens
 DEFAULT_MERGE_GAP_SECONDS: Final = 30.0  # shorter recoveries stay inside the window
 DEFAULT_SPLIT_SECONDS: Final = 30.0  # another cause holds this long: the window splits
+
+# ## Fleet service defaults
+#
+# `gpufeed fleet --fleet.queries`: range queries in flight at once (why 2: fleet/carry.py).
+DEFAULT_FLEET_QUERIES_IN_FLIGHT: Final = 2

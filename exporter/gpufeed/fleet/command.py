@@ -64,6 +64,15 @@ def register(subparsers: Any) -> None:
         help="query resolution, seconds (default %(default)g)",
     )
     a(
+        "--fleet.queries",
+        dest="queries",
+        type=int,
+        default=vocabulary.DEFAULT_FLEET_QUERIES_IN_FLIGHT,
+        help="range queries in flight at once (answers are decoded as they arrive, which "
+        "holds Python's GIL: more only helps a TSDB whose every answer waits on a slow "
+        "network; default %(default)s)",
+    )
+    a(
         "--fleet.settle",
         dest="settle",
         type=float,
@@ -147,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
     problem = timing.problem()
     if problem:
         return fail(problem)
+    if args.queries < 1:
+        return fail("--fleet.queries must be at least 1")
     if args.price is not None and not (math.isfinite(args.price) and args.price >= 0):
         return fail("--ledger.price must be zero or a positive number")
     host, _, port = args.listen.rpartition(":")
@@ -169,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
         price=None if args.price is None else Price(args.price, args.currency),
         start_seconds=start,
         until_seconds=until,
+        queries_in_flight=args.queries,
     )
     try:
         service = FleetService(settings)
@@ -204,7 +216,8 @@ def _once(
         return 2
     params = WindowParams(threshold, args.min_window, args.merge_gap)
     try:
-        result = evaluate(FleetEngines(url, timing, params, match, QUERY_RETRY), boundary)
+        engines = FleetEngines(url, timing, params, match, QUERY_RETRY, args.queries)
+        result = evaluate(engines, boundary)
     except (PromError, ValueError) as e:
         print(f"gpufeed fleet: {e}", file=sys.stderr)
         return 1

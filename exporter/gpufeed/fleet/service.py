@@ -14,7 +14,7 @@ from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.feeds.promql import PromError
 from gpufeed.correlator.outputs.windowlog import WindowLog, read_log
-from gpufeed.fleet.carry import FleetEngines
+from gpufeed.fleet.carry import QUERIES_IN_FLIGHT, FleetEngines
 from gpufeed.fleet.cycle import QUERY_RETRY, CycleResult, evaluate
 from gpufeed.fleet.memory import freeze_survivors
 from gpufeed.fleet.metrics import Price, Progress, render
@@ -42,6 +42,7 @@ class FleetSettings:
     price: Price | None = None
     start_seconds: float | None = None  # first run without a cursor: backfill from here
     until_seconds: float | None = None  # stop after the cycle at this boundary (a backfill)
+    queries_in_flight: int = QUERIES_IN_FLIGHT
 
 
 class FleetService:
@@ -62,7 +63,12 @@ class FleetService:
         self._error = ""
         self.generation = 0  # /api/windows re-renders when this changes
         self.engines = FleetEngines(
-            settings.url, settings.timing, settings.params, settings.match, QUERY_RETRY
+            settings.url,
+            settings.timing,
+            settings.params,
+            settings.match,
+            QUERY_RETRY,
+            settings.queries_in_flight,
         )
         self.page = self._render(0.0)
 
