@@ -535,7 +535,7 @@ def run_lanes(
             if stop.is_set():
                 got[i] += [(s, x, LabError("stopped (the runner got a signal)")) for x in launchers]
                 continue
-            print(f"lab: {s.name} ({' + '.join(launchers)}), {s.duration_s:g} s", flush=True)
+            say(f"lab: {s.name} ({' + '.join(launchers)}), {s.duration_s:g} s")  # lanes: threads
             together = Together(threading.Barrier(len(launchers)), stop)
             barriers.append(together.start)
             runs = run_together(s, launchers, out, nice, device, together)

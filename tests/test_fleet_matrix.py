@@ -150,16 +150,3 @@ def test_values_text_read_in_one_go_or_by_json(
 ) -> None:
     ts, vs = matrix.values(text)
     assert list(ts) == want[0] and _same(vs, want[1])
-
-
-def test_queries_in_flight_default_and_a_bad_value(capsys: pytest.CaptureFixture[str]) -> None:
-    """`--fleet.queries`: the default is vocabulary's (what the service and `--fleet.once`
-    get), and fewer than one is refused in one line before anything starts."""
-    from gpufeed import vocabulary
-    from gpufeed.cli import build_parser, main
-    from gpufeed.fleet.carry import QUERIES_IN_FLIGHT
-
-    args = build_parser().parse_args(["fleet", "--prometheus.url", "http://127.0.0.1:9"])
-    assert args.queries == QUERIES_IN_FLIGHT == vocabulary.DEFAULT_FLEET_QUERIES_IN_FLIGHT
-    assert main(["fleet", "--prometheus.url", "http://127.0.0.1:9", "--fleet.queries", "0"]) == 2
-    assert capsys.readouterr().err == "gpufeed fleet: --fleet.queries must be at least 1\n"

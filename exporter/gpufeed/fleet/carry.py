@@ -41,8 +41,8 @@ from gpufeed.correlator.feeds.stream import NodeRun
 from gpufeed.fleet.timing import CycleTiming
 
 LabelKey = int
-# (label key, the label set's text as answered or None where every epoch has routed it,
-# timestamps, values)
+# (label key, the label set's text as answered or None where every epoch the chunk goes to
+# has routed it, timestamps, values)
 Parsed = tuple[LabelKey, matrix.Labels | None, "array[float]", "array[float]"]
 # (its last instant, parsed answers, every instant any answer holds, ascending)
 Chunk = tuple[float, list[tuple[str, list[Parsed]]], "array[float]"]
@@ -69,8 +69,8 @@ class Epoch:
     done_seconds: float
     nodes: dict[str, NodeSeries] = field(default_factory=dict)
     runs: dict[str, NodeRun] = field(default_factory=dict)
-    # metric -> labels as answered -> its column, or None for a series the engine does
-    # not read: routing a label set is done once per epoch, not once per cycle
+    # metric -> label key (the hash of the label set's text as answered) -> its column, or
+    # None for a series the engine does not read: routing a label set is done once per epoch, not once per cycle
     columns: dict[str, dict[LabelKey, Series | None]] = field(default_factory=dict)
     # the cluster scheduler's series (CLUSTER_METRICS), shared by every node, as the
     # offline PromQL feed shares them (feeds/promql.py)
@@ -229,6 +229,8 @@ class FleetEngines:
         retry: promql.Retry,
         queries_in_flight: int = QUERIES_IN_FLIGHT,
     ) -> None:
+        if queries_in_flight < 1:
+            raise ValueError("queries in flight must be at least 1")
         self.base = base
         self.queries_in_flight = queries_in_flight
         self.timing = timing

@@ -150,8 +150,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpufeed fleet: {msg}", file=sys.stderr)
         return code
 
-    limit_malloc_arenas()  # before any thread: see fleet/memory.py
-
     timing = CycleTiming(args.interval, args.lookback, args.step, args.settle, args.merge_gap)
     problem = timing.problem()
     if problem:
@@ -169,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
         until = parse_time(args.until) if args.until else None
     except (AccessError, ValueError) as e:
         return fail(str(e))
+    limit_malloc_arenas()  # before any thread: see fleet/memory.py
     if args.once:
         return _once(args.once, url, args.match, timing, args.threshold, args)
     settings = FleetSettings(

@@ -3,11 +3,12 @@ and the carried engines kept out of Python's cyclic garbage collector's way.
 
 A cycle reads its answers in worker threads (fleet/carry.py), and glibc gives each thread
 its own heap (up to 8 per core): the answers' bodies and lists land there, and what a
-thread frees stays in its heap. Measured at 64 nodes x 8 GPUs, a steady cycle's process
-grew 78 MiB above its base with 8 fetch threads, 54 MiB with one arena (1 GiB at 1,000
-nodes is the target), for no measurable change in CPU time: the threads mostly wait for
-the TSDB, and the engines run in one thread anyway. Elsewhere (musl, macOS) nothing is
-changed. Equivalent to MALLOC_ARENA_MAX=1 in the service's environment.
+thread frees stays in its heap. Measured at 64 nodes x 8 GPUs, when a cycle had 8 fetch
+threads (`--fleet.queries` is 2 by default since), a steady cycle's process grew 78 MiB
+above its base with 8 arenas, 54 MiB with one (1 GiB at 1,000 nodes is the target), for no
+measurable change in CPU time: one thread at a time holds the GIL anyway, and the engines
+run in one thread. Elsewhere (musl, macOS) nothing is changed. Equivalent to
+MALLOC_ARENA_MAX=1 in the service's environment.
 
 The collector: a replica carries millions of container objects (columns, engine state,
 column caches: about 3,000 per node), and each of the collector's full passes, which a
