@@ -43,7 +43,8 @@ SM_WAITING_RATIO = 0.6
 MIN_SM_ACTIVE_BASELINE = 0.02  # below this, the healthy level itself is noise
 
 
-# Causes of a stretch that waits for a peer: a job brought down after it is one episode.
+# Causes of a stretch that waits for a peer (its node cannot say why): a job brought down
+# after it is one episode; the job-level join reads such windows as waiting (job/culprit.py).
 WAITING_CAUSES = frozenset((Cause.STRAGGLER, Cause.UNKNOWN))
 
 

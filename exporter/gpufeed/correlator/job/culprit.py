@@ -52,9 +52,10 @@ reach back over the windows it joins.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from statistics import median
 
+from gpufeed.correlator.engine.engine import WAITING_CAUSES
 from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.names import Feature as F
 from gpufeed.correlator.engine.node import NodeSeries, exit_words
@@ -84,7 +85,6 @@ WAIT_SIGNALS = frozenset(("last_to_arrive", "busiest_link"))  # not found by own
 # shared host or under another tenant), which a node whose ranks wait like the others'
 # does not hold the job back by
 HOST_WIDE_CAUSES = frozenset((Cause.PREPROCESSING, Cause.DATA_LOADING))
-WAITING = frozenset((Cause.UNKNOWN, Cause.STRAGGLER))
 # the culprit's own cause in words, for the victims' summary
 CULPRIT_WORDS = {
     Cause.DATA_LOADING: "waits for the {tier} tier",
@@ -109,6 +109,9 @@ class Found:
     exit: str = ""  # a lost rank: how it ended ("killed by signal 9", ...)
     link: LinkUse | None = None  # busiest_link: the culprit's link
     peer_link_ratio: float = 0.0  # busiest_link: the busiest other node's link share
+    # instance -> its ranks' median collective wait over the stall (_node_waits), read
+    # once per stall by every step that compares a node's wait with its peers'
+    node_waits: Mapping[str, float] = field(default_factory=dict)
 
 
 def correlate_jobs(
@@ -166,7 +169,7 @@ def correlate_job(
                     out[i] = as_link_culprit(w, found.link, found.peer_link_ratio)
                 elif found.exit and w.cause is Cause.UNKNOWN:
                     out[i] = as_lost(w, found)
-            elif is_waiting(w) or _held_anyway(job_id, nodes, w, found, start, end):
+            elif is_waiting(w) or _held_anyway(w, found, start, end):
                 out[i] = as_straggler(w, found)
     return out
 
@@ -194,7 +197,7 @@ def stalls(windows: Sequence[Window]) -> list[tuple[float, float, list[int]]]:
 
 def is_waiting(w: Window) -> bool:
     """A window its own node cannot explain (or explains as a late peer)."""
-    if w.cause in WAITING:
+    if w.cause in WAITING_CAUSES:
         return True
     return w.cause is Cause.NETWORK and w.network_reason == NetworkReason.PEER
 
@@ -215,8 +218,10 @@ def find_culprit(
         return None  # most nodes have their own reason: a job-wide cause, not a straggler
     gpu = uuid = rank = how = ""
     link: tuple[str, LinkUse, float] | None = None
+    shares = {inst: _rank_share(n, job_id, start, end) for inst, n in nodes.items()}
+    waits = _node_waits(shares)
     lost = lost_rank(job_id, nodes, start, end)
-    last = _last_to_arrive(job_id, nodes, start, end) if lost is None else None
+    last = _last_to_arrive(job_id, nodes, shares) if lost is None else None
     if lost is not None:
         inst, rank, how = lost
         uuid = nodes[inst].jobs[job_id].rank_uuid.get(rank, "")
@@ -225,12 +230,10 @@ def find_culprit(
     elif last is not None:
         inst, gpu, uuid, rank = last
         signal = "last_to_arrive"
-    elif (link := _busiest_link(job_id, nodes, start, end)) is not None:
+    elif (link := _busiest_link(nodes, waits, start, end)) is not None:
         inst = link[0]
         signal = "busiest_link"
-    elif (held := _holding_back(job_id, nodes, own, start, end)) and len(own) <= max(
-        1, len(nodes) // 4
-    ):
+    elif (held := _holding_back(own, waits)) and len(own) <= max(1, len(nodes) // 4):
         inst = max(held, key=lambda i: sum(held[i].values()))
         signal = "own_cause"
     else:
@@ -260,6 +263,7 @@ def find_culprit(
         how,
         link[1] if link is not None else None,
         link[2] if link is not None else 0.0,
+        waits,
     )
 
 
@@ -365,18 +369,16 @@ def _rank_share(node: NodeSeries, job_id: str, start: float, end: float) -> dict
 
 
 def _last_to_arrive(
-    job_id: str, nodes: Mapping[str, NodeSeries], start: float, end: float
+    job_id: str, nodes: Mapping[str, NodeSeries], shares: Mapping[str, Mapping[str, float]]
 ) -> tuple[str, str, str, str] | None:
-    """(instance, gpu, uuid, rank) of the ranks that wait clearly least in collectives:
-    all on one node (gpu, uuid and rank "" unless one rank alone arrives last)."""
-    shares: list[tuple[float, str, str]] = []
-    for inst, n in nodes.items():
-        for rank, x in _rank_share(n, job_id, start, end).items():
-            shares.append((x, inst, rank))
-    if len(shares) < 2:
+    """(instance, gpu, uuid, rank) of the ranks that wait clearly least in collectives
+    (`shares`: instance -> `_rank_share`): all on one node (gpu, uuid and rank "" unless
+    one rank alone arrives last)."""
+    every = [(x, inst, rank) for inst, mine in shares.items() for rank, x in mine.items()]
+    if len(every) < 2:
         return None
-    mid = median(x for x, _, _ in shares)
-    late = [(inst, rank) for x, inst, rank in shares if x <= LAST_ARRIVER_RATIO * mid]
+    mid = median(x for x, _, _ in every)
+    late = [(inst, rank) for x, inst, rank in every if x <= LAST_ARRIVER_RATIO * mid]
     if mid < MIN_MEDIAN_WAIT or not late or len({i for i, _ in late}) > 1:
         return None  # nobody clearly last, or ranks on several nodes
     inst = late[0][0]
@@ -389,43 +391,26 @@ def _last_to_arrive(
     return inst, gpu, uuid, rank
 
 
-def _node_waits(
-    job_id: str, nodes: Mapping[str, NodeSeries], start: float, end: float
-) -> dict[str, float]:
-    """instance -> its ranks' median collective wait over [start, end], seconds/second."""
-    out = {}
-    for inst, n in nodes.items():
-        shares = _rank_share(n, job_id, start, end)
-        if shares:
-            out[inst] = median(shares.values())
-    return out
+def _node_waits(shares: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """instance -> its ranks' median collective wait over the stall, seconds/second
+    (`shares`: instance -> `_rank_share`)."""
+    return {inst: median(mine.values()) for inst, mine in shares.items() if mine}
 
 
 def _holding_back(
-    job_id: str,
-    nodes: Mapping[str, NodeSeries],
-    own: Mapping[str, dict[Cause, float]],
-    start: float,
-    end: float,
+    own: Mapping[str, dict[Cause, float]], waits: Mapping[str, float]
 ) -> dict[str, dict[Cause, float]]:
     """The nodes with a cause of their own that may hold the job back (see (3) above)."""
-    return {i: c for i, c in own.items() if not _waits_like_peers(job_id, nodes, i, c, start, end)}
+    return {i: c for i, c in own.items() if not _waits_like_peers(i, c, waits)}
 
 
-def _waits_like_peers(
-    job_id: str,
-    nodes: Mapping[str, NodeSeries],
-    inst: str,
-    causes: Mapping[Cause, float],
-    start: float,
-    end: float,
-) -> bool:
+def _waits_like_peers(inst: str, causes: Mapping[Cause, float], waits: Mapping[str, float]) -> bool:
     """Whether `inst`'s ranks wait in collectives about as long as the other nodes' ranks
-    (so its own cause does not hold them back). A `network` cause never counts as that:
-    a slow link keeps its own node's ranks in the collective as long as everyone's."""
+    (`waits`: `_node_waits`), so its own cause does not hold them back. A `network` cause
+    never counts as that: a slow link keeps its own node's ranks in the collective as long
+    as everyone's."""
     if _cause_on(dict(causes)) is Cause.NETWORK:
         return False
-    waits = _node_waits(job_id, nodes, start, end)
     others = [x for i, x in waits.items() if i != inst]
     if inst not in waits or not others:
         return False
@@ -434,12 +419,11 @@ def _waits_like_peers(
 
 
 def _busiest_link(
-    job_id: str, nodes: Mapping[str, NodeSeries], start: float, end: float
+    nodes: Mapping[str, NodeSeries], waits: Mapping[str, float], start: float, end: float
 ) -> tuple[str, LinkUse, float] | None:
     """(instance, its link, the busiest other node's share) of the one node whose link
     carried far more of what it can carry than any other node's over the stall, while
-    the job's ranks waited in collectives (see the module's doc)."""
-    waits = _node_waits(job_id, nodes, start, end)
+    the job's ranks waited in collectives (`waits`: `_node_waits`; see the module's doc)."""
     if len(waits) < 2 or median(waits.values()) < MIN_MEDIAN_WAIT:
         return None
     uses = sorted(
@@ -522,14 +506,7 @@ def _only_rank(node: NodeSeries, job_id: str, start: float) -> str:
     return ranks[0] if len(ranks) == 1 else ""
 
 
-def _held_anyway(
-    job_id: str,
-    nodes: Mapping[str, NodeSeries],
-    w: Window,
-    found: Found,
-    start: float,
-    end: float,
-) -> bool:
+def _held_anyway(w: Window, found: Found, start: float, end: float) -> bool:
     """Whether a window with a cause of its own on another node than the culprit's is a
     victim all the same: the culprit was found by the ranks' waits or the links (not by
     a node's own windows), the window's cause may be a host-wide reading (busy CPUs, I/O
@@ -541,7 +518,7 @@ def _held_anyway(
     inside = min(w.end_seconds, end) - max(w.start_seconds, start)
     if inside < 0.5 * w.duration_seconds:
         return False
-    return _waits_like_peers(job_id, nodes, w.instance, {w.cause: inside}, start, end)
+    return _waits_like_peers(w.instance, {w.cause: inside}, found.node_waits)
 
 
 def _is_culprit_gpu(w: Window, c: Culprit) -> bool:
