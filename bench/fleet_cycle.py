@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.analyze_scale import JOB_NODES, _base, _job_suffix, _lines, _measured_run
+from gpufeed import vocabulary
 from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.fleet.timing import CycleTiming
 from gpufeed.simulate.tracegen import DEFAULT_START_UNIX, instance_name, simulate_node
@@ -201,6 +202,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--lookback", type=float, default=900.0, help="the fleet's lookback, s")
     ap.add_argument("--cycles", type=int, default=4, help="cycles per size (the first cold)")
     ap.add_argument("--step", type=float, default=15.0, help="scrape interval, seconds")
+    ap.add_argument(
+        "--queries",
+        type=int,
+        default=vocabulary.DEFAULT_FLEET_QUERIES_IN_FLIGHT,
+        help="the fleet's --fleet.queries (range queries in flight at once)",
+    )
     ap.add_argument("--interval", type=float, default=60.0, help="the fleet's interval")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--rss-limit-mib", type=float, default=2 * TARGET_MIB, help="fail above")
@@ -247,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"--fleet.interval={args.interval:g}",
             f"--fleet.lookback={lb:g}",
             f"--fleet.step={args.step:g}",
+            f"--fleet.queries={args.queries}",
             "--fleet.settle=0",
             f"--fleet.start={backfill_from:.0f}",
             f"--fleet.until={last:.0f}",

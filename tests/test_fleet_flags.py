@@ -13,7 +13,7 @@ from gpufeed import vocabulary
 from gpufeed.cli import build_parser
 from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.correlator.feeds.promql import Retry
-from gpufeed.fleet.carry import QUERIES_IN_FLIGHT, FleetEngines
+from gpufeed.fleet.carry import FleetEngines
 from gpufeed.fleet.service import FleetService, FleetSettings
 from gpufeed.fleet.timing import CycleTiming
 
@@ -23,7 +23,7 @@ TIMING = CycleTiming(60.0, 900.0, 15.0, 0.0, WindowParams().merge_gap_seconds)
 
 def test_the_default_is_vocabularys() -> None:
     args = build_parser().parse_args(["fleet", "--prometheus.url", URL])
-    assert args.queries == QUERIES_IN_FLIGHT == vocabulary.DEFAULT_FLEET_QUERIES_IN_FLIGHT
+    assert args.queries == vocabulary.DEFAULT_FLEET_QUERIES_IN_FLIGHT
 
 
 def test_the_setting_reaches_the_engines(tmp_path: object) -> None:

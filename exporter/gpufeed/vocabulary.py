@@ -174,5 +174,6 @@ DEFAULT_SPLIT_SECONDS: Final = 30.0  # another cause holds this long: the window
 
 # ## Fleet service defaults
 #
-# `gpufeed fleet --fleet.queries`: range queries in flight at once (why 2: fleet/carry.py).
+# `gpufeed fleet --fleet.queries`: range queries in flight at once (why 2: FleetEngines in
+# fleet/carry.py).
 DEFAULT_FLEET_QUERIES_IN_FLIGHT: Final = 2

@@ -48,13 +48,6 @@ Parsed = tuple[LabelKey, matrix.Labels | None, "array[float]", "array[float]"]
 Chunk = tuple[float, list[tuple[str, list[Parsed]]], "array[float]"]
 
 CHUNK_STEPS = 10  # instants per query: bounds an answer (the whole fleet) in a cold start
-# Range queries in flight at once (`gpufeed fleet --fleet.queries`). An answer is decoded in
-# the thread that asked for it, and decoding holds the GIL: two threads keep one answer
-# decoding while the TSDB computes the next. At 1,000 nodes a steady cycle took 4.36 s of
-# CPU with 8 (5.16 s wall), 3.96 s with 3, 3.73 s with 2 (5.00 s): more threads only took
-# turns at the GIL, each turn on a cold cache. A TSDB far away (Thanos, Mimir: each query
-# waits on the network) may want more.
-QUERIES_IN_FLIGHT = vocabulary.DEFAULT_FLEET_QUERIES_IN_FLIGHT
 # A node's engine starts once it has this many utilization samples: its sampling interval
 # is estimated from them (on the query grid, the step)
 FIRST_SAMPLES = 3
@@ -70,7 +63,8 @@ class Epoch:
     nodes: dict[str, NodeSeries] = field(default_factory=dict)
     runs: dict[str, NodeRun] = field(default_factory=dict)
     # metric -> label key (the hash of the label set's text as answered) -> its column, or
-    # None for a series the engine does not read: routing a label set is done once per epoch, not once per cycle
+    # None for a series the engine does not read: routing a label set is done once per
+    # epoch, not once per cycle
     columns: dict[str, dict[LabelKey, Series | None]] = field(default_factory=dict)
     # the cluster scheduler's series (CLUSTER_METRICS), shared by every node, as the
     # offline PromQL feed shares them (feeds/promql.py)
@@ -227,7 +221,14 @@ class FleetEngines:
         params: WindowParams,
         match: str,
         retry: promql.Retry,
-        queries_in_flight: int = QUERIES_IN_FLIGHT,
+        # Range queries in flight at once (`gpufeed fleet --fleet.queries`). An answer is
+        # decoded in the thread that asked for it, and decoding holds the GIL: two threads
+        # keep one answer decoding while the TSDB computes the next. At 1,000 nodes a steady
+        # cycle took 4.36 s of CPU with 8 (5.16 s wall), 3.96 s with 3, 3.73 s with 2
+        # (5.00 s; `python -m bench.fleet_cycle --sizes 1000 --queries N`): more threads
+        # only took turns at the GIL, each on a cold cache. A TSDB far away (Thanos, Mimir:
+        # each query waits on the network) may want more.
+        queries_in_flight: int = vocabulary.DEFAULT_FLEET_QUERIES_IN_FLIGHT,
     ) -> None:
         if queries_in_flight < 1:
             raise ValueError("queries in flight must be at least 1")

@@ -10,11 +10,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpufeed import vocabulary
 from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.feeds.promql import PromError
 from gpufeed.correlator.outputs.windowlog import WindowLog, read_log
-from gpufeed.fleet.carry import QUERIES_IN_FLIGHT, FleetEngines
+from gpufeed.fleet.carry import FleetEngines
 from gpufeed.fleet.cycle import QUERY_RETRY, CycleResult, evaluate
 from gpufeed.fleet.memory import freeze_survivors
 from gpufeed.fleet.metrics import Price, Progress, render
@@ -42,7 +43,7 @@ class FleetSettings:
     price: Price | None = None
     start_seconds: float | None = None  # first run without a cursor: backfill from here
     until_seconds: float | None = None  # stop after the cycle at this boundary (a backfill)
-    queries_in_flight: int = QUERIES_IN_FLIGHT
+    queries_in_flight: int = vocabulary.DEFAULT_FLEET_QUERIES_IN_FLIGHT
 
 
 class FleetService:
