@@ -197,3 +197,31 @@ def test_rate_limited_link_carries_what_tbf_lets_through(link: Link) -> None:
             stop(send)
         stop(recv)
         col.close()
+
+
+def test_pfifo_fast_beside_a_tbf_keeps_the_shaped_rate(link: Link) -> None:
+    """A real pfifo_fast root (a host's default qdisc: options a plain struct, not
+    attributes) in the same dump as a tbf on another link: 0.2.0 lost every rate of the
+    dump to it ("attribute of length 3 at offset 0 overruns")."""
+    fifo, peer = f"gfp{link.dev_a[3:]}"[:15], f"gfq{link.dev_a[3:]}"[:15]
+    ip("-n", link.ns_a, "link", "add", fifo, "type", "veth", "peer", "name", peer)
+    ip("-n", link.ns_a, "link", "set", fifo, "up")
+    tbf = ["tbf", "rate", f"{RATE_BITS}bit", "burst", "32kb", "latency", "50ms"]
+    for dev, qdisc in ((fifo, ["pfifo_fast"]), (link.dev_a, tbf)):
+        subprocess.run(
+            ["tc", "-n", link.ns_a, "qdisc", "add", "dev", dev, "root", *qdisc],
+            check=True, capture_output=True, timeout=20,
+        )  # fmt: skip
+    shown = subprocess.run(
+        ["tc", "-n", link.ns_a, "qdisc", "show", "dev", fifo],
+        check=True, capture_output=True, text=True, timeout=20,
+    ).stdout  # fmt: skip
+    assert "pfifo_fast" in shown and "root" in shown, shown
+    col = Collector(link.ns_a)
+    try:
+        _, shaped = col.collect(link.dev_a)
+        _, unshaped = col.collect(fifo)
+    finally:
+        col.close()
+    assert shaped[SHAPED] == RATE_BITS / 8
+    assert UP in unshaped and SHAPED not in unshaped  # pfifo_fast shapes nothing

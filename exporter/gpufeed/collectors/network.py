@@ -36,7 +36,7 @@ from gpufeed.config import DEFAULT_XMIT_WAIT_TICK_BYTES
 from gpufeed.hostpaths import HostPaths
 from gpufeed.logonce import LogOnce
 from gpufeed.model import Families, Family
-from gpufeed.netlink.qdisc import NetlinkError
+from gpufeed.netlink.qdisc import NetlinkError, ShapedRates
 from gpufeed.procfs.netdev import parse_netdev
 from gpufeed.sysfs.infiniband import RdmaPort, read_rdma_ports
 from gpufeed.sysfs.netclass import ARPHRD_ETHER, ARPHRD_INFINIBAND, read_net_interface
@@ -124,11 +124,12 @@ class NetworkCollector:
         *,
         include_virtual: bool = False,
         xmit_wait_tick_bytes: float = DEFAULT_XMIT_WAIT_TICK_BYTES,
-        shaped_rates: Callable[[], Mapping[int, float]] | None = None,
+        shaped_rates: Callable[[], ShapedRates] | None = None,
     ) -> None:
-        """`shaped_rates`: ifindex -> shaped bytes per second of this namespace's interfaces
-        (gpufeed.netlink.qdisc.read_shaped_rates); None: not read (a sysfs tree that is not
-        the agent's own namespace, whose ifindex numbers netlink would not share)."""
+        """`shaped_rates`: ifindex -> shaped bytes per second of this namespace's interfaces,
+        and the qdiscs it could not read (gpufeed.netlink.qdisc.read_shaped_rates); None:
+        not read (a sysfs tree that is not the agent's own namespace, whose ifindex numbers
+        netlink would not share)."""
         self._paths = paths or HostPaths()
         self._shaped_rates = shaped_rates
         self._include_virtual = include_virtual
@@ -149,9 +150,13 @@ class NetworkCollector:
         shaped: Mapping[int, float] = {}
         if self._shaped_rates is not None:
             try:
-                shaped = self._shaped_rates()
+                read = self._shaped_rates()
             except (OSError, NetlinkError) as exc:
                 problems.append(f"queueing disciplines (rtnetlink): {exc}")
+            else:
+                shaped = read.bytes_per_second
+                # one per kind and stable from read to read: logged once while it lasts
+                problems.extend(f"queueing disciplines (rtnetlink): {p}" for p in read.problems)
         for counters in netdev.interfaces:
             iface = read_net_interface(self._paths, counters.interface)
             if iface is None or iface.arphrd_type is None:
