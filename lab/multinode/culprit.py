@@ -28,13 +28,14 @@ or the scenario's `expect` entry for that node). Figures per fault (a fault that
 
 from __future__ import annotations
 
-import gzip
+import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from gpufeed.trace.source import open_trace
 from lab import score
 from lab.multinode import live
 from lab.multinode.report import node_runs
@@ -62,18 +63,17 @@ TARGET_HEALTHY_NAMED = 0.01
 
 
 def joined_trace(results: Path, run: dict[str, Any], out: Path) -> Path:
-    """Every node's recorded trace as one multi-node trace (`gpufeed analyze`'s input)."""
-    lines: list[str] = []
-    for n in run["nodes"]:
-        d = results / run["scenario"] / f"node-{n['index']}"
-        raw = d / "trace.om"
-        text = (
-            raw.read_text()
-            if raw.exists()
-            else gzip.decompress((d / "trace.om.gz").read_bytes()).decode()
-        )
-        lines += [ln for ln in text.splitlines() if ln != "# EOF"]
-    out.write_text("\n".join([*lines, "# EOF", ""]))
+    """Every node's recorded trace (as recorded, or as stored: gzipped) as one multi-node
+    trace (`gpufeed analyze`'s input), streamed through the reader's own opener."""
+    with out.open("w", encoding="utf-8") as dst:
+        for n in run["nodes"]:
+            d = results / run["scenario"] / f"node-{n['index']}"
+            raw = d / "trace.om"
+            with open_trace(str(raw if raw.exists() else d / "trace.om.gz")) as src:
+                for line in io.TextIOWrapper(src, encoding="utf-8"):
+                    if line.rstrip("\n") != "# EOF":
+                        dst.write(line if line.endswith("\n") else line + "\n")
+        dst.write("# EOF\n")
     return out
 
 

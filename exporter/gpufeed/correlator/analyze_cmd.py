@@ -22,7 +22,8 @@ def register(subparsers: Any) -> None:
         "analyze",
         help="tag underutilization windows in a trace file or a Prometheus time range",
         description=(
-            "Reads a trace (OpenMetrics with timestamps, ending in '# EOF') or queries a "
+            "Reads a trace (OpenMetrics with timestamps, ending in '# EOF'; plain, or "
+            "gzip- or zstd-compressed, streamed) or queries a "
             "Prometheus-compatible server, and writes one JSON object per window "
             "(instance, gpu, uuid, job_id, start, end, cause, confidence, "
             "mean_utilization, evidence). Nothing is written unless the whole input was "
@@ -32,7 +33,13 @@ def register(subparsers: Any) -> None:
             "(bounded memory) and can be split into shards (--shard K/N, --merge)."
         ),
     )
-    p.add_argument("trace", nargs="?", help="trace file (.om); omit with --prometheus")
+    p.add_argument(
+        "trace",
+        nargs="?",
+        help="trace file (.om), or gzip- or zstd-compressed (.om.gz, .om.zst; told by its "
+        "first bytes, read as a stream; zstd needs the zstandard package); omit with "
+        "--prometheus",
+    )
     p.add_argument(
         "--prometheus", metavar="URL", help="Prometheus/VictoriaMetrics/Thanos/Mimir base URL"
     )

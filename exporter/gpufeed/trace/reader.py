@@ -10,6 +10,10 @@ first bad line. Chunks can be parsed in worker processes (`jobs`).
 
 A file that does not end in `# EOF` is truncated: that is an error naming the last line,
 never a quietly shorter analysis.
+
+A gzip- or zstd-compressed trace (gpufeed.trace.source says how it is told apart) is
+streamed: decompressed in this process a chunk at a time and parsed as it comes (in
+workers with `jobs`, at most `jobs + 1` chunks in flight), never decompressed whole.
 """
 
 from __future__ import annotations
@@ -17,14 +21,17 @@ from __future__ import annotations
 import math
 import os
 from array import array
+from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from gpufeed.correlator.engine.node import USED_METRIC_SET, NodeSeries, put_in_order
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.feeds.labels import SeriesSyntaxError, parse_series
+from gpufeed.trace.source import TraceError as TraceError  # raised here, imported from here
+from gpufeed.trace.source import compression_of, open_trace
 
 CHUNK_BYTES = 8 * 1024 * 1024
 # A sample line is well under a kilobyte; one this long is not a trace, and reading it
@@ -35,10 +42,6 @@ MAX_LINE_BYTES = 1024 * 1024
 MIN_SECONDS = 946_684_800.0  # 2000-01-01
 MAX_SECONDS = 4_102_444_800.0  # 2100-01-01
 MILLISECONDS_FROM = 1e11  # later than the year 5000 in seconds: milliseconds
-
-
-class TraceError(ValueError):
-    """A malformed or truncated trace; the message names the file and line."""
 
 
 @dataclass(slots=True)
@@ -496,7 +499,7 @@ def _line_at(f: BinaryIO, offset: int) -> int:
 
 def _bad_timestamp(path: str) -> str:
     """`path:line: why` for the first sample whose timestamp is not unix seconds 2000-2100."""
-    with open(path, "rb") as f:
+    with open_trace(path) as f:
         n = 0
         while line := f.readline(MAX_LINE_BYTES):
             n += 1
@@ -525,7 +528,47 @@ def _read_and_parse(args: tuple[str, int, int, bool], seen: set[str] | None = No
     return parse_chunk(data, validate_all, seen)
 
 
+def _stream_pieces(path: str) -> Iterator[bytes]:
+    """A compressed trace's text in chunks of whole lines, decompressed as they are read;
+    a line longer than MAX_LINE_BYTES is a TraceError, as in a plain file."""
+    lines = 0  # newlines before this chunk: the line number of a too-long line
+    with open_trace(path) as f:
+        while data := f.read(CHUNK_BYTES):
+            if not data.endswith(b"\n"):
+                rest = f.readline(MAX_LINE_BYTES)
+                if len(rest) == MAX_LINE_BYTES and not rest.endswith(b"\n"):
+                    at = lines + data.count(b"\n") + 1
+                    raise TraceError(
+                        f"{path}:{at}: a line longer than {MAX_LINE_BYTES} bytes: not a trace"
+                    )
+                data += rest
+            lines += data.count(b"\n")
+            yield data
+
+
+def _iter_stream(path: str, jobs: int, validate_all: bool) -> Iterator[ChunkResult]:
+    """The chunks of a compressed trace: parsed here, or by `jobs` workers with a bounded
+    number of chunks in flight (the decompressed text never all in memory)."""
+    if jobs <= 1:
+        seen: set[str] = set()
+        for data in _stream_pieces(path):
+            yield parse_chunk(data, validate_all, seen)
+        return
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        flight: deque[Future[ChunkResult]] = deque()
+        for data in _stream_pieces(path):
+            flight.append(pool.submit(parse_chunk, data, validate_all))
+            if len(flight) > jobs:
+                yield flight.popleft().result()
+        while flight:
+            yield flight.popleft().result()
+
+
 def iter_chunks(path: str, jobs: int, validate_all: bool = False) -> Iterator[ChunkResult]:
+    """The trace's chunks, parsed, in order; a compressed trace streamed (`_iter_stream`)."""
+    if compression_of(path) is not None:
+        yield from _iter_stream(path, jobs, validate_all)
+        return
     bounds = _chunk_bounds(path, jobs)
     tasks = [(path, s, e, validate_all) for s, e in bounds]
     if jobs <= 1 or len(tasks) <= 1:
@@ -546,7 +589,8 @@ class Trace:
 
 
 def read_trace(path: str, jobs: int = 1, validate_all: bool = False) -> Trace:
-    """Parses a whole trace into per-node columns, or raises TraceError (file:line: why)."""
+    """Parses a whole trace (plain, .gz or .zst) into per-node columns, or raises
+    TraceError (file:line: why)."""
     nodes: dict[str, NodeSeries] = {}
     routes: dict[str, Series | None] = {}
     line0 = 0
