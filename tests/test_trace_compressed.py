@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import bz2
+import contextlib
 import gzip
 import importlib
 import importlib.util
 import lzma
+import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -173,3 +176,27 @@ def test_a_line_longer_than_the_bound_in_a_gz_is_the_plain_files_error(
             reader.read_trace(str(path))
         errors.append(str(exc.value).replace(str(path), "PATH"))
     assert errors[0] == errors[1] == "PATH:201: a line longer than 10000 bytes: not a trace"
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_trace_from_a_pipe_is_streamed_plain_or_gz(tmp_path: Path, gz: bool) -> None:
+    """`zcat t.om.gz | gpufeed analyze /dev/stdin` (or `zstd -dc`): a pipe cannot be read
+    at byte offsets, nor its first bytes read twice; it is streamed like a compressed file,
+    its format peeked at."""
+    plain = plain_copy(tmp_path)
+    assert analyze(plain, tmp_path / "plain.jsonl") == 0
+    data = FIXTURE.read_bytes() if gz else plain.read_bytes()
+    r, w = os.pipe()
+
+    def feed() -> None:
+        with os.fdopen(w, "wb") as f, contextlib.suppress(BrokenPipeError):
+            f.write(data)  # a reader that gave up: the write end learns it here
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    try:
+        assert analyze(Path(f"/dev/fd/{r}"), tmp_path / "pipe.jsonl", "--jobs", "2") == 0
+    finally:
+        os.close(r)  # first: a writer still blocked on a full pipe is let go
+        writer.join(timeout=60)
+    assert (tmp_path / "pipe.jsonl").read_text() == (tmp_path / "plain.jsonl").read_text()

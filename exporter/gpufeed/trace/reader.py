@@ -11,8 +11,8 @@ first bad line. Chunks can be parsed in worker processes (`jobs`).
 A file that does not end in `# EOF` is truncated: that is an error naming the last line,
 never a quietly shorter analysis.
 
-A gzip- or zstd-compressed trace (gpufeed.trace.source says how it is told apart) is
-streamed: decompressed in this process a chunk at a time and parsed as it comes (in
+A gzip- or zstd-compressed trace (gpufeed.trace.source says how it is told apart), or one
+read from a pipe, is streamed: decompressed in this process a chunk at a time and parsed as it comes (in
 workers with `jobs`, at most `jobs + 1` chunks in flight), never decompressed whole.
 """
 
@@ -31,7 +31,7 @@ from gpufeed.correlator.engine.node import USED_METRIC_SET, NodeSeries, put_in_o
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.feeds.labels import SeriesSyntaxError, parse_series
 from gpufeed.trace.source import TraceError as TraceError  # raised here, imported from here
-from gpufeed.trace.source import compression_of, open_trace
+from gpufeed.trace.source import is_seekable_plain, open_trace
 
 CHUNK_BYTES = 8 * 1024 * 1024
 # A sample line is well under a kilobyte; one this long is not a trace, and reading it
@@ -529,7 +529,7 @@ def _read_and_parse(args: tuple[str, int, int, bool], seen: set[str] | None = No
 
 
 def _stream_pieces(path: str) -> Iterator[bytes]:
-    """A compressed trace's text in chunks of whole lines, decompressed as they are read;
+    """A compressed (or piped) trace's text in chunks of whole lines, decompressed as they are read;
     a line longer than MAX_LINE_BYTES is a TraceError, as in a plain file."""
     lines = 0  # newlines before this chunk: the line number of a too-long line
     with open_trace(path) as f:
@@ -565,8 +565,8 @@ def _iter_stream(path: str, jobs: int, validate_all: bool) -> Iterator[ChunkResu
 
 
 def iter_chunks(path: str, jobs: int, validate_all: bool = False) -> Iterator[ChunkResult]:
-    """The trace's chunks, parsed, in order; a compressed trace streamed (`_iter_stream`)."""
-    if compression_of(path) is not None:
+    """The trace's chunks, parsed, in order; a compressed trace (or a pipe) streamed."""
+    if not is_seekable_plain(path):
         yield from _iter_stream(path, jobs, validate_all)
         return
     bounds = _chunk_bounds(path, jobs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import importlib
 import io
+import os
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,9 +38,18 @@ class TraceError(ValueError):
 
 def compression_of(path: str) -> str | None:
     """ "gzip", "zstd", or None for a plain file, from the file's first bytes; a TraceError
-    for a format that is not read, or a name that promises compression the bytes lack."""
+    for a format that is not read, or a name that promises compression the bytes lack.
+    Opens the file once more: for a regular file only (a pipe's bytes would be lost)."""
     with open(path, "rb") as f:
-        head = f.read(8)
+        return _format(path, f.peek(8)[:8])
+
+
+def is_seekable_plain(path: str) -> bool:
+    """A regular, uncompressed file: one that can be read in parallel at byte offsets."""
+    return os.path.isfile(path) and compression_of(path) is None
+
+
+def _format(path: str, head: bytes) -> str | None:
     if head.startswith(GZIP_MAGIC):
         return "gzip"
     if head.startswith(ZSTD_MAGIC):
@@ -55,15 +65,15 @@ def compression_of(path: str) -> str | None:
 
 @contextmanager
 def open_trace(path: str) -> Iterator[BinaryIO]:
-    """The trace's bytes, decompressed as they are read. Reads past a truncated or corrupt
-    compressed stream raise TraceError naming the file."""
-    fmt = compression_of(path)
-    if fmt is None:
-        with open(path, "rb") as f:
-            yield f
-        return
-    zstd = _zstandard(path) if fmt == "zstd" else None
+    """The trace's bytes, decompressed as they are read (a file or a pipe: `zstd -dc X |
+    gpufeed analyze /dev/stdin`; the format is peeked at, not consumed). Reads past a
+    truncated or corrupt compressed stream raise TraceError naming the file."""
     with open(path, "rb") as raw:
+        fmt = _format(path, raw.peek(8)[:8])
+        if fmt is None:
+            yield raw
+            return
+        zstd = _zstandard(path) if fmt == "zstd" else None
         inner: _Stream
         if zstd is not None:
             inner = zstd.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
@@ -80,7 +90,8 @@ def _zstandard(path: str) -> ModuleType:
     except ImportError:
         raise TraceError(
             f"{path}: zstd-compressed, and the zstandard package is not installed: "
-            f"`zstd -d {path}` first (or `pip install zstandard`)"
+            f"`zstd -d {path}` first, or pipe it (`zstd -dc {path} | gpufeed analyze "
+            "/dev/stdin`), or `pip install zstandard`"
         ) from None
 
 
