@@ -66,7 +66,7 @@ def test_recording_is_whole_and_holds_the_fault() -> None:
         assert sum(during) / len(during) > 2 * sum(before) / len(before)
 
 
-def test_offline_analysis_names_the_culprit_nodes_own_cause(tmp_path: Path) -> None:
+def test_offline_analysis_names_the_culprit_nodes_own_cause() -> None:
     """Node 1's trace alone, analysed offline with the agents' settings, names its own cause
     (data_loading on the hot tier) for most of the fault: a regression test of the per-node
     reading the job-level one builds on (the victims are issue 13's to name)."""
