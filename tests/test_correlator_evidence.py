@@ -385,3 +385,64 @@ def test_contended_tier_says_most_of_its_reads_are_not_the_jobs(tmp_path: object
     assert abs(float(ev[F.DATA_TIER_FOREIGN_READ_SHARE]) - 0.8) < 0.03, w.evidence
     head = w.summary.split(":", 1)[0]
     assert head.endswith("waits for data from the hot tier, shared with another reader"), head
+
+
+def tenant_disk(s: float, latency: float = 0.0004) -> dict[str, float]:
+    """The host's shared disk (`unassigned`: no tiers configured), which other work reads
+    at 20 MB/s in healthy time as in the fault; the job's data never comes from it."""
+    return tier("unassigned", 20e6, 1e6, latency)
+
+
+def test_other_tenants_latency_on_a_disk_the_job_does_not_read_is_not_its_data_tier(
+    tmp_path: object,
+) -> None:
+    """Issue 23: a job under `gpufeed run` that reads nothing while it sleeps in its
+    loader (its 30 MB of imports were read before it trained; /proc/PID/io says so) on a
+    host whose shared disk other work makes 6.6x slower meanwhile, with I/O pressure. The
+    disk is not the job's data tier: no window names it, and the host's I/O pressure does
+    not say "storage" for a job that reads no tier."""
+
+    def job(s: float) -> dict[str, float]:
+        if in_fault(s):
+            return {**phases(0.05, 0.95), **job_io(0.0, 1e3)}
+        return {**phases(0.93, 0.07), **job_io(0.0, 1e3)}
+
+    def host(s: float) -> dict[str, float]:
+        h = {**healthy_host(s), **tenant_disk(s)}
+        if in_fault(s):
+            h.update(tenant_disk(s, 0.0004 * 6.6))
+            h.update(psi(0.02, 0.4))
+        return h
+
+    ws = analyze_text(trace_text(node(job, host), 1500), tmp_path)
+    assert ws, "the job's stall opened no window"
+    for w in ws:
+        assert dict(w.evidence).get(Ctx.DATA_TIER) != "unassigned", (w.cause, w.summary)
+        assert "unassigned" not in w.summary, w.summary
+        assert F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT not in dict(w.evidence), w.evidence
+
+
+def test_unattributed_reads_name_the_tier_that_carries_them_not_a_busier_one(
+    tmp_path: object,
+) -> None:
+    """The job's bytes come from /proc/PID/io (no device): a read limit on the hot tier
+    slows them to 0.5 MB/s while another tenant, which reads the scratch tier at 20 MB/s in
+    healthy time too, makes that tier 8x slower. Both tiers read as much as the job does;
+    the hot one carries the job's bytes (it reads about what the job reads, and carried its
+    usual reads in healthy time): the window names hot, never scratch."""
+
+    def job(s: float) -> dict[str, float]:
+        if in_fault(s):
+            return {**phases(0.1, 0.9), **job_io(5e5, 1e4)}
+        return {**phases(0.93, 0.07), **job_io(HEALTHY_READ, 1e4)}
+
+    def host(s: float) -> dict[str, float]:
+        h = {**blkio_throttled_hot_tier(s), **tier("scratch", 20e6, 0.0, 0.0004)}
+        if in_fault(s):
+            h.update(tier("scratch", 30e6, 0.0, 0.0032))
+        return h
+
+    w = only_window(analyze_text(trace_text(node(job, host), 1500), tmp_path))
+    assert w.cause is Cause.DATA_LOADING, w.summary
+    assert dict(w.evidence).get(Ctx.DATA_TIER) == "hot", w.evidence
+    assert "scratch" not in w.summary, w.summary
