@@ -5,7 +5,8 @@ and one disk churner run in a cgroup beside the job's (another tenant: lab.host
 JobCgroup.neighbour_argv), the churner writing `write_mib` (default 8) with fsync and
 reading `block_kib` (default 256) blocks back with O_DIRECT at random offsets, in turn, on
 `tier`: a tier the job does not read, on its own loop device (the host disk under both is
-shared, as on a real host). Stop kills their process groups.
+shared, as on a real host); `cpu_shares` (v1 units, default 1024: as much as the job)
+weighs the neighbour cgroup. Stop kills their process groups.
 
 `python -m lab.faults.busy FILE WRITE_MIB BLOCK_KIB` is the churner itself."""
 
@@ -31,6 +32,7 @@ class BusyHost:
         self.spinners = int(fault.param("spinners", 2))
         self.write_mib = int(fault.param("write_mib", 8))
         self.block_kib = int(fault.param("block_kib", 256))
+        self.shares = int(fault.param("cpu_shares", 1024))  # the neighbour cgroup's weight
         self.path = self.tier.mnt / f"busy-{os.getpid()}.bin"
         self.procs: list[subprocess.Popen[bytes]] = []
 
@@ -42,7 +44,7 @@ class BusyHost:
         churn += [str(self.write_mib), str(self.block_kib)]
         work = [[sys.executable, "-c", HOG] for _ in range(self.spinners)] + [churn]
         for argv in work:
-            tenant = self.ctx.cgroup.neighbour_argv([*self.ctx.nice, *argv])
+            tenant = self.ctx.cgroup.neighbour_argv([*self.ctx.nice, *argv], self.shares)
             self.procs.append(subprocess.Popen(dies_with_runner(tenant), start_new_session=True))
 
     def stop(self) -> None:
