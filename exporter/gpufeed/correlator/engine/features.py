@@ -48,6 +48,8 @@ INPUT_WAIT_NONE = 0.1  # the job's data-wait share below this: it does not wait 
 # when reclaim evicted at least CACHE_EVICTED_MIN of its open files on the data tier.
 CACHE_HIT_DROP = 0.25
 CACHE_EVICTED_MIN = 0.1
+# A job whose threads want less than this share of their healthy CPU time sleeps.
+THREADS_ASLEEP_SHARE = 0.5
 # The job's CPU wait share counts this far above its healthy median: on a host that other
 # work keeps busy its threads wait for a CPU in healthy time too (0.3-0.5 seen in the lab).
 JOB_CPU_WAIT_RISE = 0.2
@@ -164,6 +166,7 @@ def job_features(b: Baselines, view: NodeView, job_id: str, ev: Evidence) -> Non
         if jv.cpu_throttled_ratio is not None:
             ev.features[F.JOB_CPU_THROTTLED_RATIO] = jv.cpu_throttled_ratio
         _cpu_wait_features(b, job_id, jv, ev)
+        _threads_asleep(b, job_id, jv, ev)
         if cw is not None and jv.phases_stand_still:
             _blocked_not_starved(ev, cw)
         _input_wait_is_cpu(ev, b.median((Kind.JOB_CPU_WAIT, job_id)) is not None)
@@ -202,6 +205,27 @@ def _cpu_wait_features(b: Baselines, job_id: str, jv: JobView, ev: Evidence) -> 
         return
     dw = ev.features.get(F.SDK_DATA_WAIT_SHARE)
     ev.features[F.JOB_CPU_WAIT_RATIO] = w if dw is None or dw >= DATA_WAIT_SHARE else 0.0
+
+
+def _threads_asleep(b: Baselines, job_id: str, jv: JobView, ev: Evidence) -> None:
+    """A job whose threads want far less CPU than in healthy time (run + run-queue wait
+    under THREADS_ASLEEP_SHARE of their healthy median) and are not starved (no quota
+    throttling, no raised run-queue wait) sleeps: on a lock, a remote fetch, a sleep in its
+    loader, slow storage. Busy CPUs do not hold back threads that do not ask for them: the
+    host's CPU busy and pressure are other work's and count as not raised (issue 23: a
+    loader asleep in __getitem__ on a host other test suites kept 100% busy was called
+    preprocessing, "the CPUs are saturated"). Starved workers stay runnable, CPU-bound
+    ones run: neither falls this low."""
+    want, usual = jv.cpu_runnable_per_second, b.median((Kind.JOB_CPU_RUNNABLE, job_id))
+    if want is None or usual is None or usual < MIN_RUNNABLE_CPU:
+        return
+    f = ev.features
+    starved = any(r.strength(f[r.feature]) > 0.0 for r in JOB_CPU_RULES if r.feature in f)
+    if starved or want >= THREADS_ASLEEP_SHARE * usual:
+        return
+    for name in (F.CPU_BUSY_RATIO, F.CPU_PRESSURE_RATIO):
+        if name in f:
+            f[name] = 0.0
 
 
 def _input_wait_is_cpu(ev: Evidence, wait_is_relative: bool) -> None:
