@@ -209,7 +209,8 @@ def _cpu_wait_features(b: Baselines, job_id: str, jv: JobView, ev: Evidence) -> 
 
 def _threads_asleep(b: Baselines, job_id: str, jv: JobView, ev: Evidence) -> None:
     """A job whose threads want far less CPU than in healthy time (run + run-queue wait
-    under THREADS_ASLEEP_SHARE of their healthy median) and are not starved (no quota
+    under THREADS_ASLEEP_SHARE of their healthy median, or under MIN_RUNNABLE_CPU) and are
+    not starved (no quota
     throttling, no raised run-queue wait) sleeps: on a lock, a remote fetch, a sleep in its
     loader, slow storage. Busy CPUs do not hold back threads that do not ask for them: the
     host's CPU busy and pressure are other work's and count as not raised (issue 23: a
@@ -217,11 +218,16 @@ def _threads_asleep(b: Baselines, job_id: str, jv: JobView, ev: Evidence) -> Non
     preprocessing, "the CPUs are saturated"). Starved workers stay runnable, CPU-bound
     ones run: neither falls this low."""
     want, usual = jv.cpu_runnable_per_second, b.median((Kind.JOB_CPU_RUNNABLE, job_id))
-    if want is None or usual is None or usual < MIN_RUNNABLE_CPU:
+    if want is None:
         return
+    # under MIN_RUNNABLE_CPU they sleep whatever they usually want: before two minutes of
+    # healthy history (no median yet) too, as in a live run that stalled 45 s after it began
+    asleep = want < MIN_RUNNABLE_CPU or (
+        usual is not None and usual >= MIN_RUNNABLE_CPU and want < THREADS_ASLEEP_SHARE * usual
+    )
     f = ev.features
     starved = any(r.strength(f[r.feature]) > 0.0 for r in JOB_CPU_RULES if r.feature in f)
-    if starved or want >= THREADS_ASLEEP_SHARE * usual:
+    if starved or not asleep:
         return
     for name in (F.CPU_BUSY_RATIO, F.CPU_PRESSURE_RATIO):
         if name in f:
