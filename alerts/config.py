@@ -19,6 +19,14 @@ RUNBOOK_BASE_URL = "https://github.com/gpufeed/gpufeed/blob/main/docs/runbooks.m
 
 # What on-call should look at first, per correlator cause (the `cause` label values of the
 # metrics contract). The GpuUtilizationLow description picks one of these by template.
+# GpuUtilizationLow's words for a data_loading alert with data_source="input_pipeline": the
+# wait is in the job's own loader (no node signal explains it), the job owner's to look at.
+INPUT_PIPELINE_HINT = (
+    "The job waits for its input inside its own input pipeline (data_source: input_pipeline): "
+    "no storage, CPU or other node signal explains the wait. Look at the job's loader: a "
+    "remote fetch, a lock, a single-threaded decode, too few workers (its data_wait phase)."
+)
+
 CAUSE_HINTS: dict[str, str] = {
     Cause.DATA_LOADING.value: (
         "The job waits for its input data: open the Storage tiers dashboard and check the "

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.config import RulesConfig
+from alerts.config import INPUT_PIPELINE_HINT, RulesConfig
+from gpufeed.vocabulary import Cause, DataSource
 
 Rule = dict[str, Any]
 
@@ -66,7 +67,9 @@ def utilization_low_expr(cfg: RulesConfig) -> str:
     cannot fail); before a window opens, or where no correlator runs, cause="unknown", so
     a GPU stays covered even when the correlator is down. The alert has no `for:` (the
     window is inside `sustained_low`): when the cause changes, the alert with the old cause
-    resolves and the one with the new cause fires at the same evaluation.
+    resolves and the one with the new cause fires at the same evaluation. A data_loading
+    window's `data_source` comes along (storage, or input_pipeline: the job's own loader),
+    so Alertmanager sends the job's own input pipeline to its owner, not to storage.
 
     A job held back by a straggler pages once, as GpuJobHeldBack (the culprit and its
     cause), not once per GPU: its GPUs are left out while the fleet names its culprit, and
@@ -76,7 +79,7 @@ def utilization_low_expr(cfg: RulesConfig) -> str:
     cause = f"gpufeed_gpu_underutilization_cause{{{cfg.sel}}}"
     per_gpu = (
         f"(\n{_indent(low, 2)}\n)\n"
-        f"* on ({HELD_LABELS}) group_left (cause)\n"
+        f"* on ({HELD_LABELS}) group_left (cause, data_source)\n"
         f"topk by ({HELD_LABELS}) (1, {cause})\n"
         "or\n"
         "label_replace(\n"
@@ -144,6 +147,12 @@ def hint_by_cause(cfg: RulesConfig) -> str:
     branches = []
     for i, (cause, hint) in enumerate((c, h) for c, h in cfg.cause_hints.items() if c != "unknown"):
         keyword = "if" if i == 0 else "else if"
+        if cause == Cause.DATA_LOADING.value:
+            # a data stall inside the job's own loader is not the storage owners' (issue 23)
+            hint = (
+                f'{{{{ if eq $labels.data_source "{DataSource.INPUT_PIPELINE}" }}}}'
+                f"{INPUT_PIPELINE_HINT}{{{{ else }}}}{hint}{{{{ end }}}}"
+            )
         branches.append(f'{{{{ {keyword} eq $labels.cause "{cause}" }}}}{hint}')
     fallback = cfg.cause_hints.get("unknown", "")
     return "".join(branches) + f"{{{{ else }}}}{fallback}{{{{ end }}}}"

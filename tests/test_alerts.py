@@ -125,7 +125,7 @@ def test_gpu_utilization_low_contract(shipped: dict[str, Any]) -> None:
     assert f"{rules_module.HELD_RECORD} offset {window}" in sustained
     assert " ".join(sustained.split()) in " ".join(rule["expr"].split())
     assert "gpufeed_job_info" in rule["expr"]
-    assert "group_left (cause)" in rule["expr"]
+    assert "group_left (cause, data_source)" in rule["expr"]
     assert '"cause", "unknown"' in rule["expr"]
     for cause in RulesConfig().cause_hints:
         if cause != "unknown":

@@ -13,6 +13,7 @@ import yaml
 
 from alerts import config as alerts_config
 from gpufeed.cli import build_parser
+from gpufeed.vocabulary import DataSource
 from stack_support import (
     REPO_ROOT,
     alertmanager_config_for_test,
@@ -126,6 +127,24 @@ def test_alertmanager_routes_by_severity_owner_and_cause(
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.split() == [receiver]
     assert (shipped_severities()[name] == "critical") == (receiver in PAGERS), name
+
+
+# data_loading by where its wait is (the gauge's data_source, which the alert carries):
+# the job's own input pipeline goes to its owners, a storage stall to the storage owners.
+DATA_SOURCE_ROUTES = {
+    "input_pipeline": "job-owners",
+    "storage": "storage-owners",
+}
+
+
+@pytest.mark.parametrize(("source", "receiver"), sorted(DATA_SOURCE_ROUTES.items()))
+def test_a_data_stall_routes_by_where_its_wait_is(source: str, receiver: str) -> None:
+    assert {str(d) for d in DataSource} == set(DATA_SOURCE_ROUTES)
+    labels = ["alertname=GpuUtilizationLow", "severity=warning", "instance=n1:9842"]
+    labels += ["cause=data_loading", f"data_source={source}", "job_id=r-1"]
+    result = run(amtool(), "config", "routes", "test", f"--config.file={ALERTMANAGER_YML}", *labels)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == [receiver]
 
 
 def test_critical_alerts_have_receivers_and_groups_of_their_own() -> None:

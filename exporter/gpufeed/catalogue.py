@@ -1019,11 +1019,14 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpufeed_gpu_underutilization_cause",
         "gauge",
-        "1 while an underutilization window is open, with its cause.",
-        (*GPU, "job_id", "cause"),
+        "1 while an underutilization window is open, with its cause; a data_loading window "
+        "also says where its wait is (data_source: storage, or input_pipeline: the job's own "
+        "loader, which no node signal explains).",
+        (*GPU, "job_id", "cause", "data_source"),
         "",
         "correlator",
         "correlator",
+        optional_labels=("data_source",),  # data_loading windows only
     ),
     MetricSpec(
         "gpufeed_gpu_underutilization_windows_total",

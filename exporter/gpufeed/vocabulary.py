@@ -77,6 +77,24 @@ class NetworkReason(StrEnum):
         return self.value
 
 
+class DataSource(StrEnum):
+    """Where a `data_loading` window's wait is (its evidence's `data_source`, and the
+    `data_source` label of gpufeed_gpu_underutilization_cause, which routes its alert):
+
+    - `storage` (the label left out): the job's data tier is slow or its reads pile up;
+      the storage owners' to fix.
+    - `input_pipeline`: the job says it waits for its input most of the time and no node
+      signal explains it (a remote fetch, a lock, a single-threaded decode, a sleep in its
+      loader): the job's own code, its owner's to fix; no tier is named.
+    """
+
+    STORAGE = "storage"
+    INPUT_PIPELINE = "input_pipeline"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 # The fault counters (gpufeed_network_link_errors_total's `counter`) that count a link going
 # down (link_downed) or changing state (carrier_changes: down and up, two per flap); the
 # others count errors on a link that stays up.

@@ -43,11 +43,12 @@ Factory = Callable[[Fault, FaultContext], Injector]
 def kinds() -> Mapping[str, Factory]:
     """Fault kind -> injector. Imported here, not at module level, so that loading a
     scenario does not import every injector."""
-    from lab.faults import blkio, checkpoint, contention, cpu, s3
+    from lab.faults import blkio, busy, checkpoint, contention, cpu, s3
 
     return MappingProxyType(
         {
             "blkio_read_limit": blkio.ReadLimit,
+            "busy_host": busy.BusyHost,
             "io_contention": contention.DirectReaders,
             "cpu_hog": cpu.CpuHogs,
             "cpu_quota": cpu.CpuQuota,

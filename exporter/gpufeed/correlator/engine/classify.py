@@ -22,6 +22,7 @@ from gpufeed.correlator.engine.rules import decide
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.state import Mark, Unit, Watch
 from gpufeed.correlator.engine.view import COLLECTIVE_WAIT, NodeView, Timing, compute_view
+from gpufeed.vocabulary import DataSource
 
 STARTUP_MAX_SECONDS = 1800.0
 FRESH_MEMORY_RATIO = 0.1  # below this share of GPU memory, a job's process has not loaded yet
@@ -147,7 +148,7 @@ class Classifier:
         down = self._brought_down(u, job, t)
         ev = down if down is not None else self.evidence(u, job, t, util, lost)
         d = decide(ev.features)
-        m = Mark(t, util, d.cause, job, d.confidence, ev.features, ev.context)
+        m = Mark(t, util, d.cause, job, d.confidence, ev.features, _context(ev, d.input_pipeline))
         m.lost = lost
         m.down = down is not None
         return m
@@ -544,6 +545,16 @@ class Classifier:
         if j is not None and j.steps is not None and _increase(j.steps, t, t - first) > 0:
             return 0.0
         return 1.0
+
+
+def _context(ev: Evidence, input_pipeline: bool) -> dict[str, str]:
+    """The sample's context; a wait inside the job's own input pipeline names no tier (the
+    job reads none that is slow: no node signal explains it) and says where it is."""
+    if not input_pipeline:
+        return ev.context
+    ctx = {k: v for k, v in ev.context.items() if k != Ctx.DATA_TIER}
+    ctx[Ctx.DATA_SOURCE] = DataSource.INPUT_PIPELINE.value
+    return ctx
 
 
 def _stretch_start(s: Series, t: float, floor: float, lost: bool = False) -> float:

@@ -23,7 +23,14 @@ from gpufeed.correlator.engine.classify import Classifier
 from gpufeed.correlator.engine.features import observe_healthy
 from gpufeed.correlator.engine.names import Feature
 from gpufeed.correlator.engine.node import NodeSeries
-from gpufeed.correlator.engine.state import Mark, Segment, Unit, Watch, segment_window
+from gpufeed.correlator.engine.state import (
+    Mark,
+    Segment,
+    Unit,
+    Watch,
+    data_source,
+    segment_window,
+)
 from gpufeed.correlator.engine.view import COLLECTIVE_WAIT, Timing
 from gpufeed.correlator.engine.window import Window
 
@@ -656,6 +663,17 @@ class NodeCorrelator:
             end = u.last_low_t if u.chal is None else min(u.last_low_t, u.chal.start)
             out.append(((u.gpu, u.uuid, seg.job_id, seg.cause.value), max(0.0, end - seg.start)))
         return out
+
+    def open_input_pipeline_windows(self) -> set[OpenKey]:
+        """The open data_loading windows whose wait is in the job's own input pipeline
+        (DataSource.INPUT_PIPELINE): their alert goes to the job's owner, not to storage."""
+        return {
+            (u.gpu, u.uuid, seg.job_id, seg.cause.value)
+            for u in self.units.values()
+            if (seg := u.seg) is not None
+            and seg.cause is Cause.DATA_LOADING
+            and data_source(seg) is vocabulary.DataSource.INPUT_PIPELINE
+        }
 
     def jobs_in_runs(self) -> set[str]:
         """Jobs a window (or its challenger) or a CPU-only job's run still refers to."""

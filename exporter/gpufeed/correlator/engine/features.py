@@ -24,6 +24,8 @@ THROTTLE_REASONS = frozenset(vocabulary.SLOWDOWN_REASONS)
 FATAL_XIDS = frozenset(vocabulary.FATAL_XIDS)
 MIN_TIER_READ_BYTES = 1e5  # a tier reading less than this is not feeding anyone
 USUAL_TIER_READ_BYTES = 1e6  # healthy median above this: a tier the node's jobs read from
+# A tier reading at least this share of a job's unattributed read rate may be carrying it.
+CARRY_SHARE = 0.5
 BURST_MIN_WRITE_BYTES = 5e7
 # A port carries the jobs' traffic when its healthy median is at least this share of the
 # busiest port's: a management link's flap or errors say nothing about a training job.
@@ -46,6 +48,8 @@ INPUT_WAIT_NONE = 0.1  # the job's data-wait share below this: it does not wait 
 # when reclaim evicted at least CACHE_EVICTED_MIN of its open files on the data tier.
 CACHE_HIT_DROP = 0.25
 CACHE_EVICTED_MIN = 0.1
+# A job whose threads want less than this share of their healthy CPU time sleeps.
+THREADS_ASLEEP_SHARE = 0.5
 # The job's CPU wait share counts this far above its healthy median: on a host that other
 # work keeps busy its threads wait for a CPU in healthy time too (0.3-0.5 seen in the lab).
 JOB_CPU_WAIT_RISE = 0.2
@@ -146,6 +150,7 @@ def job_features(b: Baselines, view: NodeView, job_id: str, ev: Evidence) -> Non
     _network_features(b, view, ev)
     if jv is not None:
         _sdk_features(jv, ev)
+        _reads_no_tier(jv, ev)
         _cache_features(b, job_id, jv, ev)
         cw = _rise(
             jv.collective_wait_ratio,
@@ -161,6 +166,7 @@ def job_features(b: Baselines, view: NodeView, job_id: str, ev: Evidence) -> Non
         if jv.cpu_throttled_ratio is not None:
             ev.features[F.JOB_CPU_THROTTLED_RATIO] = jv.cpu_throttled_ratio
         _cpu_wait_features(b, job_id, jv, ev)
+        _threads_asleep(b, job_id, jv, ev)
         if cw is not None and jv.phases_stand_still:
             _blocked_not_starved(ev, cw)
         _input_wait_is_cpu(ev, b.median((Kind.JOB_CPU_WAIT, job_id)) is not None)
@@ -199,6 +205,33 @@ def _cpu_wait_features(b: Baselines, job_id: str, jv: JobView, ev: Evidence) -> 
         return
     dw = ev.features.get(F.SDK_DATA_WAIT_SHARE)
     ev.features[F.JOB_CPU_WAIT_RATIO] = w if dw is None or dw >= DATA_WAIT_SHARE else 0.0
+
+
+def _threads_asleep(b: Baselines, job_id: str, jv: JobView, ev: Evidence) -> None:
+    """A job whose threads want far less CPU than in healthy time (run + run-queue wait
+    under THREADS_ASLEEP_SHARE of their healthy median, or under MIN_RUNNABLE_CPU) and are
+    not starved (no quota
+    throttling, no raised run-queue wait) sleeps: on a lock, a remote fetch, a sleep in its
+    loader, slow storage. Busy CPUs do not hold back threads that do not ask for them: the
+    host's CPU busy and pressure are other work's and count as not raised (issue 23: a
+    loader asleep in __getitem__ on a host other test suites kept 100% busy was called
+    preprocessing, "the CPUs are saturated"). Starved workers stay runnable, CPU-bound
+    ones run: neither falls this low."""
+    want, usual = jv.cpu_runnable_per_second, b.median((Kind.JOB_CPU_RUNNABLE, job_id))
+    if want is None:
+        return
+    # under MIN_RUNNABLE_CPU they sleep whatever they usually want: before two minutes of
+    # healthy history (no median yet) too, as in a live run that stalled 45 s after it began
+    asleep = want < MIN_RUNNABLE_CPU or (
+        usual is not None and usual >= MIN_RUNNABLE_CPU and want < THREADS_ASLEEP_SHARE * usual
+    )
+    f = ev.features
+    starved = any(r.strength(f[r.feature]) > 0.0 for r in JOB_CPU_RULES if r.feature in f)
+    if starved or not asleep:
+        return
+    for name in (F.CPU_BUSY_RATIO, F.CPU_PRESSURE_RATIO):
+        if name in f:
+            f[name] = 0.0
 
 
 def _input_wait_is_cpu(ev: Evidence, wait_is_relative: bool) -> None:
@@ -251,34 +284,80 @@ def _blocked_not_starved(ev: Evidence, collective_wait: float) -> None:
                 ev.features[name] = 0.0
 
 
+def _reads_no_tier(jv: JobView, ev: Evidence) -> None:
+    """A job whose own reads are accounted and come from no tier (it reads nothing, or only
+    imports) does not wait for storage, whatever the host's I/O pressure: that pressure is
+    other work's (contention on the host at most), so it does not say "storage" here."""
+    f = ev.features
+    reads_none = jv.tier_read_bytes_per_second and Ctx.DATA_TIER not in ev.context
+    if reads_none and F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT in f:
+        f[F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT] = 0.0
+
+
 def _tier_candidates(b: Baselines, view: NodeView, job_id: str, jv: JobView | None) -> list[str]:
-    """Which tiers may feed this job: its own per-tier reads where accounted (or the tier it
-    usually reads), else the tiers the node usually reads from, else any tier reading now."""
-    cands: list[str] = []
+    """Which tiers may feed this job. Where its reads are accounted (cgroup io per tier, or
+    /proc/PID/io: "unattributed"), only the tiers it reads: a tier it reads nothing from
+    (now, or in its healthy time) is someone else's, however slow other work makes it, and a
+    job that reads no tier has none (a sleep in its loader, a dataset in memory: issue 23
+    saw an idle job's imports blamed on the shared disk's latency). Without accounting, the
+    tiers the node reads from in healthy time; before any healthy time, any tier reading."""
     if jv is not None and jv.tier_read_bytes_per_second:
-        cands = [
-            t
-            for t, r in jv.tier_read_bytes_per_second.items()
-            if r > MIN_TIER_READ_BYTES and t in view.tiers
-        ]
-        if not cands:
-            usual = [
-                (b.median((Kind.JOB_READ, job_id, t)) or 0.0, t)
-                for t in jv.tier_read_bytes_per_second
-            ]
-            if usual and max(usual)[0] > 0 and max(usual)[1] in view.tiers:
-                cands = [max(usual)[1]]
-    if not cands:
-        cands = [
-            t for t in view.tiers if (b.median((Kind.READ_BYTES, t)) or 0.0) > USUAL_TIER_READ_BYTES
-        ]
-    if not cands:
+        return _job_read_tiers(b, view, job_id, jv)
+    cands = [
+        t for t in view.tiers if (b.median((Kind.READ_BYTES, t)) or 0.0) > USUAL_TIER_READ_BYTES
+    ]
+    if not cands and all(b.median((Kind.READ_BYTES, t)) is None for t in view.tiers):
         cands = [
             t
             for t, tv in view.tiers.items()
             if (tv.read_bytes_per_second or 0.0) > MIN_TIER_READ_BYTES
         ]
     return cands
+
+
+def _job_read_tiers(b: Baselines, view: NodeView, job_id: str, jv: JobView) -> list[str]:
+    """The tiers the job's own reads come from: those it reads now, else the one it reads
+    most in healthy time. A tier from which it takes less than MIN_TIER_READ_BYTES (an
+    import, a config file, a log) does not feed its input: a stalled input pipeline asks a
+    tier for its next batch's bytes, far more than that. Unattributed bytes (/proc/PID/io
+    names no device) are given to the node's tiers that can carry them (`_carrying`)."""
+    now = jv.tier_read_bytes_per_second
+    cands = [t for t, r in now.items() if r > MIN_TIER_READ_BYTES and t in view.tiers]
+    loose = now.get(UNATTRIBUTED_TIER, 0.0)
+    if loose > MIN_TIER_READ_BYTES:
+        cands += [t for t in _carrying(b, view, job_id, jv, loose) if t not in cands]
+    if cands:
+        return cands
+    rate, tier = max((b.median((Kind.JOB_READ, job_id, t)) or 0.0, t) for t in now)
+    if rate <= MIN_TIER_READ_BYTES:
+        return []
+    if tier != UNATTRIBUTED_TIER:
+        return [tier] if tier in view.tiers else []
+    # it reads nothing now: the tiers that carried its usual reads in healthy time
+    return [t for t in view.tiers if (b.median((Kind.READ_BYTES, t)) or 0.0) >= CARRY_SHARE * rate]
+
+
+def _carrying(b: Baselines, view: NodeView, job_id: str, jv: JobView, rate: float) -> list[str]:
+    """The node's tier that most likely holds the job's unattributed reads at `rate`: of
+    the tiers that read at least CARRY_SHARE of it now (what /proc/PID/io counts as read was
+    fetched from a device; the share allows for rate windows that do not line up), those
+    the job has files open on, else those that carried its usual reads in healthy time,
+    else all; of these the one that reads the least, the fewest bytes that are not the
+    job's: a tier another tenant reads hard carries the job's bytes no more than a quieter
+    one that reads as much as the job does."""
+    fits = [
+        t for t, tv in view.tiers.items() if (tv.read_bytes_per_second or 0.0) >= CARRY_SHARE * rate
+    ]
+    if len(fits) < 2:
+        return fits
+    usual = b.median((Kind.JOB_READ, job_id, UNATTRIBUTED_TIER)) or 0.0
+    carried = [
+        t
+        for t in fits
+        if usual > 0 and (b.median((Kind.READ_BYTES, t)) or 0.0) >= CARRY_SHARE * usual
+    ]
+    pool = [t for t in fits if jv.open_bytes.get(t, 0.0) > 0] or carried or fits
+    return [min(pool, key=lambda t: view.tiers[t].read_bytes_per_second or 0.0)]
 
 
 def _data_tier_features(b: Baselines, view: NodeView, cands: list[str], ev: Evidence) -> None:

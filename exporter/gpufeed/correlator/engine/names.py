@@ -110,6 +110,9 @@ class Context:
     """Context keys: strings beside the features (the window's evidence lists them too)."""
 
     DATA_TIER: Final = "data_tier"
+    # a data_loading window whose wait is inside the job's own input pipeline (no node
+    # signal explains it): vocabulary.DataSource.INPUT_PIPELINE; absent for storage
+    DATA_SOURCE: Final = "data_source"
     CHECKPOINT_TIER: Final = "checkpoint_tier"
     LOAD_TIER: Final = "load_tier"  # the tier a job starting up reads from
     NETWORK_DEVICE: Final = "network_device"
@@ -182,6 +185,13 @@ SERVING_DESCRIPTION: Final[tuple[str, ...]] = (
 )
 DESCRIPTIVE_FEATURES: Final[frozenset[str]] = frozenset(
     (*(f for f, _ in ACCOMPANYING), *SERVING_DESCRIPTION)
+)
+# The job's own account of where its time goes (SDK phase shares): a window of any cause
+# states them where they stand out (the job waits for input most of the time).
+JOB_WAIT_SHARES: Final[tuple[str, ...]] = (
+    Feature.SDK_DATA_WAIT_SHARE,
+    Feature.SDK_CHECKPOINT_SHARE,
+    Feature.SDK_COMMUNICATION_SHARE,
 )
 # The job's own CPU starvation: its quota throttling it, its threads waiting for a CPU.
 JOB_CPU_FEATURES: Final[frozenset[str]] = frozenset(

@@ -43,11 +43,15 @@ class Rule:
 
 @dataclass(frozen=True, slots=True)
 class Inhibit:
-    """`target`'s score is multiplied by (1 - weight * score of `by`)."""
+    """`target`'s score is multiplied by (1 - weight * score of `by`), where `by` has
+    primary evidence: only by one of `by_features` where that is given; and not where
+    `target` has primary evidence of its own from `unless_target` (it outranks `by`)."""
 
     target: Cause
     by: Cause
     weight: float
+    by_features: frozenset[str] = frozenset()
+    unless_target: frozenset[str] = frozenset()
 
 
 C = Cause
@@ -139,7 +143,13 @@ INHIBITS: tuple[Inhibit, ...] = (
     Inhibit(C.PREPROCESSING, C.CHECKPOINTING, 0.8),
     Inhibit(C.NETWORK, C.CHECKPOINTING, 0.95),
     Inhibit(C.NETWORK, C.DATA_LOADING, 0.95),
-    Inhibit(C.PREPROCESSING, C.DATA_LOADING, 0.9),
+    # storage explains late input, unless the job's own CPU starvation does (its quota
+    # throttles it, its threads wait for a CPU): then the tier's latency or the host's I/O
+    # is other work's, and the job's starvation decides whatever the host's disks do (issue
+    # 23: a quota-starved job on a host busy with installs and tests, named preprocessing
+    # for 30% of the fault)
+    Inhibit(C.PREPROCESSING, C.DATA_LOADING, 0.9, unless_target=JOB_CPU_FEATURES),
+    Inhibit(C.DATA_LOADING, C.PREPROCESSING, 0.9, by_features=JOB_CPU_FEATURES),
     Inhibit(C.NETWORK, C.THROTTLING, 0.9),
     Inhibit(C.DATA_LOADING, C.THROTTLING, 0.4),
     Inhibit(C.PREPROCESSING, C.THROTTLING, 0.4),
@@ -168,6 +178,14 @@ INHIBITS: tuple[Inhibit, ...] = (
     Inhibit(C.LOW_DEMAND, C.STARTUP, 0.95),
 )
 
+# What is left when no node signal explains a stall: the job says it waits for its input
+# most of the time (its SDK / `gpufeed run` data_wait share; strength 0.5 at half the
+# time). Its input pipeline is slow for a reason no node counter shows (a remote fetch, a
+# lock, a single-threaded decode): `data_loading` with DataSource.INPUT_PIPELINE, no tier.
+# Scored only when no primary rule of any cause has any strength (`decide`), so storage,
+# the CPUs, a quota or a start-up, however weak, never lose to it.
+INPUT_PIPELINE_RULE = Rule(C.DATA_LOADING, F.SDK_DATA_WAIT_SHARE, 0.2, 0.8, 1.0)
+
 RULES_BY_CAUSE: dict[Cause, tuple[Rule, ...]] = {
     c: tuple(r for r in RULES if r.cause is c) for c in Cause
 }
@@ -184,15 +202,17 @@ class Decision:
     cause: Cause
     confidence: float
     scores: tuple[tuple[Cause, float], ...]
+    # data_loading decided by INPUT_PIPELINE_RULE: the wait is inside the job's own pipeline
+    input_pipeline: bool = False
 
 
-def raw_scores(features: dict[str, float]) -> tuple[dict[Cause, float], set[Cause]]:
-    """Scores per cause, and the causes that have primary evidence."""
+def raw_scores(features: dict[str, float]) -> tuple[dict[Cause, float], dict[Cause, set[str]]]:
+    """Scores per cause, and the causes that have primary evidence (the features of it)."""
     out: dict[Cause, float] = {}
-    decided: set[Cause] = set()
+    decided: dict[Cause, set[str]] = {}
     for cause, rules in RULES_BY_CAUSE.items():
         miss = 1.0
-        primary = False
+        primary: set[str] = set()
         for r in rules:
             x = features.get(r.feature)
             if x is None:
@@ -202,10 +222,10 @@ def raw_scores(features: dict[str, float]) -> tuple[dict[Cause, float], set[Caus
                 continue
             miss *= 1.0 - r.weight * s
             if r.primary and s >= 0.5:
-                primary = True
+                primary.add(r.feature)
         score = 1.0 - miss
         if primary:
-            decided.add(cause)
+            decided[cause] = primary
         else:
             score = min(score, SUPPORT_ONLY_CAP)
         if score > 0.0:
@@ -217,12 +237,13 @@ def decide(features: dict[str, float]) -> Decision:
     raw, decided = raw_scores(features)
     final = dict(raw)
     for inh in INHIBITS:
-        # only a cause with primary evidence explains the stall away from another
-        b = raw.get(inh.by) if inh.by in decided else None
-        if b and inh.target in final:
-            final[inh.target] *= 1.0 - inh.weight * b
+        if _inhibits(inh, decided) and inh.target in final:
+            final[inh.target] *= 1.0 - inh.weight * raw[inh.by]
     ranked = sorted(final.items(), key=lambda kv: kv[1], reverse=True)
     if not ranked or ranked[0][1] < DECIDE_SCORE:
+        own = _input_pipeline(features, ranked)
+        if own is not None:
+            return own
         top = ranked[0][1] if ranked else 0.0
         # confidence that nothing stands out: high when no cause came close
         return Decision(C.UNKNOWN, round(1.0 - top, 4), tuple(ranked[:3]))
@@ -230,6 +251,36 @@ def decide(features: dict[str, float]) -> Decision:
     second = ranked[1][1] if len(ranked) > 1 else 0.0
     conf = top * (1.0 - 0.5 * second / top)
     return Decision(cause, conf, tuple(ranked[:3]))
+
+
+def _inhibits(inh: Inhibit, decided: dict[Cause, set[str]]) -> bool:
+    """Whether `inh` applies: only a cause with primary evidence (of the kind it names)
+    explains the stall away from another, and not from one whose own evidence outranks it."""
+    by = decided.get(inh.by)
+    if not by or (inh.by_features and not by & inh.by_features):
+        return False
+    return not (inh.unless_target and decided.get(inh.target, set()) & inh.unless_target)
+
+
+def _input_pipeline(
+    features: dict[str, float], ranked: list[tuple[Cause, float]]
+) -> Decision | None:
+    """`data_loading` in the job's own input pipeline, where nothing else decided: the job
+    waits for its input most of the time and no primary rule of any cause has any strength
+    (no node signal explains the wait even in part)."""
+    x = features.get(INPUT_PIPELINE_RULE.feature)
+    if x is None:
+        return None
+    score = INPUT_PIPELINE_RULE.weight * INPUT_PIPELINE_RULE.strength(x)
+    if score < DECIDE_SCORE:
+        return None
+    for r in RULES:
+        v = features.get(r.feature)
+        if r.primary and v is not None and r.strength(v) > 0.0:
+            return None
+    second = max((v for c, v in ranked if c is not INPUT_PIPELINE_RULE.cause), default=0.0)
+    conf = score * (1.0 - 0.5 * min(second, score) / score)
+    return Decision(C.DATA_LOADING, conf, tuple(ranked[:3]), input_pipeline=True)
 
 
 def evidence_features(cause: Cause) -> tuple[str, ...]:

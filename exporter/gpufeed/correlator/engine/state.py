@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from gpufeed.correlator.engine.backlog import fabric_latency, scheduler_backlog
 from gpufeed.correlator.engine.causes import Cause
-from gpufeed.correlator.engine.names import ACCOMPANYING, SERVING_DESCRIPTION
+from gpufeed.correlator.engine.names import ACCOMPANYING, JOB_WAIT_SHARES, SERVING_DESCRIPTION
 from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.names import Feature as F
 from gpufeed.correlator.engine.netreason import deciding_counters, network_reason
@@ -17,6 +17,11 @@ from gpufeed.correlator.engine.progress import Progress
 from gpufeed.correlator.engine.rules import RULES_BY_CAUSE
 from gpufeed.correlator.engine.summary import summarize
 from gpufeed.correlator.engine.window import Window
+from gpufeed.vocabulary import DataSource
+
+# A share of its time the job reports waiting (for input, a checkpoint, its peers) that
+# stands out: every window's evidence and summary state it, whatever the cause.
+WAIT_SHARE_STANDS_OUT = 0.3
 
 
 @dataclass(slots=True)
@@ -155,6 +160,10 @@ def segment_window(
         ft = seg.feat_time.get(name)
         if ft:
             ev[name] = evidence_value(name, seg.feat_sum[name] / ft)
+    for name in JOB_WAIT_SHARES:
+        ft = seg.feat_time.get(name)
+        if ft and name not in ev and seg.feat_sum[name] / ft >= WAIT_SHARE_STANDS_OUT:
+            ev[name] = evidence_value(name, seg.feat_sum[name] / ft)
     ft = seg.feat_time.get(F.SM_ACTIVE_DROP_RATIO)
     if cause is Cause.UNKNOWN and ft:
         # nothing decided, but a GPU that reads busy while its SMs idle is waiting: say so
@@ -168,6 +177,8 @@ def segment_window(
     # a serving endpoint down is why the queue is unknown, whatever the cause
     relevant = (*CONTEXT_FOR.get(cause, ()), Ctx.SERVING_DOWN)
     ctx = {k: v for k, v in ctx.items() if k in relevant}
+    if cause is Cause.DATA_LOADING:
+        _data_source(seg, ctx)
     reason = ""
     if cause is Cause.NETWORK:
         nr = network_reason(ev)
@@ -204,6 +215,22 @@ def segment_window(
     )
 
 
+def data_source(seg: Segment) -> DataSource:
+    """Where a data_loading segment's wait is: in the job's own input pipeline when its
+    samples that said so held at least half of its agreeing time, else storage."""
+    own = seg.ctx_time.get((Ctx.DATA_SOURCE, DataSource.INPUT_PIPELINE.value), 0.0)
+    return DataSource.INPUT_PIPELINE if own >= 0.5 * seg.agree_time > 0 else DataSource.STORAGE
+
+
+def _data_source(seg: Segment, ctx: dict[str, str]) -> None:
+    """A data_loading window's context: an input-pipeline wait names no tier."""
+    if data_source(seg) is DataSource.INPUT_PIPELINE:
+        ctx.pop(Ctx.DATA_TIER, None)
+        ctx[Ctx.DATA_SOURCE] = DataSource.INPUT_PIPELINE.value
+    else:
+        ctx.pop(Ctx.DATA_SOURCE, None)
+
+
 # Byte counts and rates of bytes are whole units in a window's evidence: four decimals of a
 # 4e11-byte model load are 16 significant digits, more than a TSDB keeps (VictoriaMetrics
 # about 15), and `analyze --prometheus` must give the file analysis' windows byte for byte.
@@ -223,12 +250,13 @@ EVIDENCE_OF: dict[Cause, tuple[str, ...]] = {
         *(extra for extra, lead in ACCOMPANYING if any(r.feature == lead for r in rules)),
         *((F.SM_ACTIVE_DROP_RATIO,) if c is Cause.UNKNOWN else ()),
         *SERVING_DESCRIPTION,
+        *(w for w in JOB_WAIT_SHARES if all(r.feature != w for r in rules)),
     )
     for c, rules in RULES_BY_CAUSE.items()
 }
 
 CONTEXT_FOR: dict[Cause, tuple[str, ...]] = {
-    Cause.DATA_LOADING: (Ctx.DATA_TIER,),
+    Cause.DATA_LOADING: (Ctx.DATA_TIER, Ctx.DATA_SOURCE),
     Cause.CHECKPOINTING: (Ctx.CHECKPOINT_TIER,),
     Cause.STARTUP: (Ctx.LOAD_TIER,),
     Cause.NETWORK: (Ctx.NETWORK_DEVICE,),

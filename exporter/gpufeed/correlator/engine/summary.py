@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpufeed.correlator.engine.causes import Cause
-from gpufeed.correlator.engine.names import SERVING_DESCRIPTION
+from gpufeed.correlator.engine.names import JOB_WAIT_SHARES, SERVING_DESCRIPTION
 from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.names import Feature as F
-from gpufeed.vocabulary import UNATTRIBUTED_TIER, NetworkReason
+from gpufeed.vocabulary import UNATTRIBUTED_TIER, DataSource, NetworkReason
 
 HEADLINES = {
     Cause.DATA_LOADING: "waits for data from storage",
@@ -23,6 +23,12 @@ HEADLINES = {
     Cause.LOW_DEMAND: "is idle for lack of requests (low demand)",
     Cause.UNKNOWN: "is underutilized and no signal stands out",
 }
+
+# A data_loading window whose wait is in the job's own input pipeline (DataSource).
+INPUT_PIPELINE_HEADLINE = (
+    "waits for input inside its own input pipeline; no storage, CPU or other node signal "
+    "explains the wait"
+)
 
 
 # The headline's words for a network window's sub-cause.
@@ -66,6 +72,8 @@ def _headline(cause: Cause, evidence: Mapping[str, float], ctx: Mapping[str, str
     """The cause's headline, naming what the evidence pins down: the data tier a stalled
     job reads from (and that others read it too); a CPU stall that is the job's own CPU
     quota (the host has CPUs to spare) is not "the CPUs are saturated"."""
+    if cause is Cause.DATA_LOADING and ctx.get(Ctx.DATA_SOURCE) == DataSource.INPUT_PIPELINE:
+        return INPUT_PIPELINE_HEADLINE
     if cause is Cause.DATA_LOADING and ctx.get(Ctx.DATA_TIER):
         # contention is what an SRE acts on first (find the other reader), and its phrase
         # (a supporting feature) would often fall behind the three strongest
@@ -246,6 +254,13 @@ def summarize(
     if cause is Cause.IDLE and backlog:
         line += f" while GPU jobs wait ({backlog})"
         phrases.insert(0, context.get(Ctx.SCHEDULER_QUEUE, ""))
-    if phrases:
-        line += ": " + ", ".join(phrases[:limit])
+    shown_phrases = phrases[:limit]
+    # the job's own wait shares are always told where the window's evidence has them (they
+    # stand out): what the job says of its time is what its owner checks first
+    for name in JOB_WAIT_SHARES:
+        p = phrase(name, evidence[name], context) if name in evidence else None
+        if p and p not in shown_phrases:
+            shown_phrases.append(p)
+    if shown_phrases:
+        line += ": " + ", ".join(shown_phrases)
     return line

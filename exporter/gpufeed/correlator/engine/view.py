@@ -109,6 +109,8 @@ class JobView:
     cache_hit_ratio: float | None = None
     # tier -> share of its open files there that memory reclaim evicted from the page cache
     cache_evicted_ratio: dict[str, float] = field(default_factory=dict)
+    # tier -> bytes of the regular files it has open there (job_cache collector)
+    open_bytes: dict[str, float] = field(default_factory=dict)
     # its threads' run-queue wait and runnable time (run + wait), seconds per second
     # (schedstat), and on cgroup v2 its cgroup's CPU pressure (share of wall time)
     cpu_waiting_per_second: float | None = None
@@ -285,6 +287,8 @@ def _cache_view(
         if what != "open":
             continue
         size = s.value_at(t, tm.stale_seconds)
+        if size is not None:
+            jv.open_bytes[tier] = size
         ev = j.cache_tier.get((tier, "evicted"))
         evicted = ev.value_at(t, tm.stale_seconds) if ev is not None else None
         if size and evicted is not None:

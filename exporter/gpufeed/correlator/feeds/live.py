@@ -26,6 +26,7 @@ from gpufeed.correlator.outputs.windowlog_read import OPEN_RECORD, scan_log
 from gpufeed.logonce import LogOnce
 from gpufeed.model import Families, Family, LabelPairs
 from gpufeed.snapshot import Snapshot
+from gpufeed.vocabulary import Cause, DataSource
 
 SECONDS: Final = "gpufeed_gpu_underutilized_seconds_total"
 CAUSE: Final = "gpufeed_gpu_underutilization_cause"
@@ -352,10 +353,14 @@ class CorrelatorProcessor:
         for name in (SECONDS, CAUSE, WINDOWS):
             fb.declare_spec(spec(name))  # name, type and HELP: the catalogue
         seconds = dict(self._seconds)
+        own = self._corr.open_input_pipeline_windows()
         for key, so_far in self._corr.open_window_seconds():
             # scenario seconds / pace: wall seconds, as closed windows count them
             seconds[key] = seconds.get(key, 0.0) + so_far / self._pace
-            fb.put(spec(CAUSE), _labels(key), 1.0)
+            # where a data stall's wait is: its alert's route (the job's owner or storage)
+            source = DataSource.INPUT_PIPELINE if key in own else DataSource.STORAGE
+            where = {"data_source": source.value} if key[3] == Cause.DATA_LOADING.value else {}
+            fb.put(spec(CAUSE), {**_labels(key), **where}, 1.0)
         for key, v in sorted(seconds.items()):
             fb.put(spec(SECONDS), _labels(key), v)
         for key, n in sorted(self._count.items()):
