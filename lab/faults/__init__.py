@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING, Protocol
 from lab.host import JobCgroup, LoopTier, dies_with_runner
 from lab.scenario import Fault
 
-__all__ = ["FaultContext", "Injector", "dies_with_runner", "kinds", "make", "tier_of"]
+__all__ = [
+    "FaultContext",
+    "Injector",
+    "background_kinds",
+    "dies_with_runner",
+    "kinds",
+    "make",
+    "make_background",
+    "tier_of",
+]
 
 if TYPE_CHECKING:
     from lab.faults.s3 import LabS3
@@ -55,6 +64,22 @@ def kinds() -> Mapping[str, Factory]:
             "s3_slow": s3.SlowS3,
         }
     )
+
+
+def background_kinds() -> Mapping[str, Factory]:
+    """A scenario's `background:` kind -> injector (lab.scenario.BACKGROUND_DEFAULTS: the
+    host's other work, started and stopped like a fault, never expected as a cause)."""
+    from lab.faults import busy
+
+    return MappingProxyType({"busy_host": busy.BusyHost})
+
+
+def make_background(entry: Fault, ctx: FaultContext) -> Injector:
+    factory = background_kinds().get(entry.kind)
+    if factory is None:
+        known = ", ".join(sorted(background_kinds()))
+        raise ValueError(f"unknown background kind {entry.kind!r} (known: {known})")
+    return factory(entry, ctx)
 
 
 def make(fault: Fault, ctx: FaultContext) -> Injector:
