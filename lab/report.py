@@ -80,8 +80,11 @@ def timeline_png(r: RunResult, path: Path) -> None:
     ax.set_yticks([0, 0.4, 0.8, 1.0])
     ax.set_xlabel("seconds from the scenario's start")
     ax.set_ylabel("compute share")
+    host = f"; the host's other work: {', '.join(b.kind for b in s.background)}"
     ax.set_title(
-        f"{s.name} ({r.launcher}): windows (upper band), expected (bottom band)", fontsize=9
+        f"{s.name} ({r.launcher}): windows (upper band), expected (bottom band)"
+        + (host if s.background else ""),
+        fontsize=9,
     )
     causes = sorted({w.cause for w in r.run.windows} | {e.cause.value for e in s.expect})
     handles = [Patch(color=cause_colour(c), label=c) for c in causes]

@@ -233,8 +233,10 @@ def run_one(
             cg, tiers, run_dir / "control.json", run_dir, _nice(nice), store
         )
         injectors = []
-        for f in s.faults:
-            inj = faultkit.make(f, ctx)
+        # the host's other work first: in place before the workload, like the host it runs on
+        made = [(b, faultkit.make_background) for b in s.background]
+        for f, maker in [*made, *((f, faultkit.make) for f in s.faults)]:
+            inj = maker(f, ctx)
             cleanup.callback(inj.stop)  # registered before it can start
             inj.prepare()
             injectors.append((f, inj))

@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -24,6 +25,23 @@ SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 TIER_NAMES = ("gpu_direct", "hot", "warm", "cold", "s3")
 LAUNCHERS = ("run", "sdk")
 WORKLOAD_KINDS = ("train", "dlio", "ddp")
+# Background work: not a fault of the job (no `expect` entry is about it), the host the job
+# runs on. `busy_host` (lab/faults/busy.py): unrelated work that keeps the host's CPUs AND
+# its disk busy at once, as package installs and test suites do. Every setting and its
+# default; the kind's injector reads them from here, filled in by the reader.
+BACKGROUND_DEFAULTS: Mapping[str, Mapping[str, float]] = MappingProxyType(
+    {
+        "busy_host": MappingProxyType(
+            {
+                "spinners": 2,  # CPU-bound processes, each in its own session
+                "spinner_nice": 10,  # at low priority, like `nice make -j`
+                "procs_per_s": 20,  # fork/exec of short-lived processes (a test run)
+                "disk_mib_per_s": 16,  # buffered writes + fsync, read back from the disk
+                "scratch_mib": 256,  # its own loop-mounted scratch tier, which the job never reads
+            }
+        )
+    }
+)
 
 
 class ScenarioError(ValueError):
@@ -94,6 +112,8 @@ class Scenario:
     tiers: tuple[TierSpec, ...]
     faults: tuple[Fault, ...] = ()
     expect: tuple[Expect, ...] = ()
+    # the host's other work (BACKGROUND_DEFAULTS' kinds); run like faults, never expected
+    background: tuple[Fault, ...] = ()
     nodes: int = 1
     settle_s: float = 0.0  # not scored: the workload warming up
     suites: tuple[str, ...] = ("lab",)  # `make lab` runs "lab"; `make test`'s short form "short"
@@ -118,6 +138,7 @@ _TOP_KEYS = {
     "faults",
     "expect",
     "suites",
+    "background",
 }
 # Keys another lane's runner reads (the multi-node harness); kept, not interpreted here.
 _TOP_EXTRA_KEYS = {"network", "links", "ranks", "agent"}
@@ -185,6 +206,10 @@ def parse(raw: object, where: str = "<scenario>") -> Scenario:
         for i, e in enumerate(r.sequence(top.get("expect", []), "expect"))
     )
     _no_overlap(r, expect)
+    background = tuple(
+        _background(r, b, f"background[{i}]", duration, nodes)
+        for i, b in enumerate(r.sequence(top.get("background", []), "background"))
+    )
     return Scenario(
         name=name,
         description=str(top.get("description", "")),
@@ -193,6 +218,7 @@ def parse(raw: object, where: str = "<scenario>") -> Scenario:
         tiers=tiers,
         faults=faults,
         expect=expect,
+        background=background,
         nodes=nodes,
         settle_s=r.number(top, "settle_s", "", default=0.0),
         suites=tuple(str(x) for x in r.sequence(top.get("suites", ["lab"]), "suites")),
@@ -344,6 +370,31 @@ def _fault(
         (k, v) for k, v in sorted(m.items()) if k not in ("kind", "start_s", "stop_s", "node")
     )
     return Fault(kind=kind, start_s=start, stop_s=stop, node=node, params=params)
+
+
+def _background(r: _Reader, raw: object, key: str, duration: float, nodes: int) -> Fault:
+    """One entry of the host's other work: its kind, its settings checked against the
+    kind's own (every default filled in), and when: from before the workload starts
+    (`start_s: 0`, the default) to the scenario's end unless given."""
+    m = r.mapping(raw, key)
+    kind = r.text(m, "kind", key)
+    defaults = BACKGROUND_DEFAULTS.get(kind)
+    if defaults is None:
+        raise r.fail(f"{key}.kind", f"must be one of {', '.join(sorted(BACKGROUND_DEFAULTS))}")
+    if nodes != 1:
+        raise r.fail(key, "background work runs in single-node scenarios only (lab.run)")
+    r.only(m, {"kind", "start_s", "stop_s", *defaults}, key)
+    when = {"start_s": 0.0, "stop_s": duration, **m}
+    start, stop, _ = _window(r, when, key, duration, nodes)
+    params = []
+    for k, default in sorted(defaults.items()):
+        v = r.number(m, k, key, default=default, positive=k == "scratch_mib")
+        if v != int(v):
+            raise r.fail(_join(key, k), f"must be a whole number, not {v:g}")
+        params.append((k, int(v)))
+    if not 0 <= dict(params).get("spinner_nice", 0) <= 19:
+        raise r.fail(_join(key, "spinner_nice"), "must be 0-19")
+    return Fault(kind=kind, start_s=start, stop_s=stop, params=tuple(params))
 
 
 def _expect(r: _Reader, raw: object, key: str, duration: float, nodes: int) -> Expect:

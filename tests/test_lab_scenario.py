@@ -94,6 +94,32 @@ def test_a_tier_with_a_read_capacity() -> None:
             "faults[0].node: node 1",
         ),
         ({"faults": "nope"}, "faults: must be a list"),
+        ({"background": [{"kind": "busy"}]}, "background[0].kind: must be one of busy_host"),
+        (
+            {"background": [{"kind": "busy_host", "spinner": 2}]},
+            "background[0]: unknown key(s) spinner",
+        ),
+        (
+            {"background": [{"kind": "busy_host", "spinners": "two"}]},
+            "background[0].spinners: must be a number",
+        ),
+        (
+            {"background": [{"kind": "busy_host", "spinners": 1.5}]},
+            "background[0].spinners: must be a whole number",
+        ),
+        (
+            {"background": [{"kind": "busy_host", "spinner_nice": 25}]},
+            "background[0].spinner_nice: must be 0-19",
+        ),
+        (
+            {"background": [{"kind": "busy_host", "scratch_mib": 0}]},
+            "background[0].scratch_mib: must be > 0",
+        ),
+        (
+            {"background": [{"kind": "busy_host", "stop_s": 300}]},
+            "background[0]: needs start_s < stop_s <= duration_s (200)",
+        ),
+        ({"nodes": 2, "background": [{"kind": "busy_host"}]}, "single-node scenarios only"),
     ],
 )
 def test_bad_scenarios_are_one_line_errors(change: dict[str, Any], words: str) -> None:
@@ -102,6 +128,27 @@ def test_bad_scenarios_are_one_line_errors(change: dict[str, Any], words: str) -
         sc.parse(raw, "t.yaml")
     msg = str(exc.value)
     assert words in msg and "\n" not in msg and msg.startswith("t.yaml: ")
+
+
+def test_background_work_is_read_with_every_default() -> None:
+    s = sc.parse({**GOOD, "background": [{"kind": "busy_host", "spinners": 3}]})
+    (b,) = s.background
+    # from before the workload starts to the scenario's end, unless the entry says
+    assert (b.kind, b.start_s, b.stop_s) == ("busy_host", 0.0, 200.0)
+    defaults = sc.BACKGROUND_DEFAULTS["busy_host"]
+    assert dict(b.params) == {**defaults, "spinners": 3}
+    assert sc.parse(GOOD).background == ()
+    later = {"kind": "busy_host", "start_s": 50, "stop_s": 120}
+    assert sc.parse({**GOOD, "background": [later]}).background[0].start_s == 50.0
+
+
+def test_the_cpu_faults_have_a_busy_host_guise() -> None:
+    # issue 23: the CPU faults must be named on a host that unrelated work keeps busy
+    for name, kind in (("cpu-quota-busy-host", "cpu_quota"), ("cpu-hog-busy-host", "cpu_hog")):
+        s = sc.find(name)
+        assert [b.kind for b in s.background] == ["busy_host"], name
+        assert kind in {f.kind for f in s.faults}, name
+        assert all(e.cause is Cause.PREPROCESSING for e in s.expect), name
 
 
 def test_name_must_match_the_file(tmp_path: Path) -> None:

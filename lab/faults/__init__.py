@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING, Protocol
 from lab.host import JobCgroup, LoopTier, dies_with_runner
 from lab.scenario import Fault
 
-__all__ = ["FaultContext", "Injector", "dies_with_runner", "kinds", "make", "tier_of"]
+__all__ = [
+    "FaultContext",
+    "Injector",
+    "background_kinds",
+    "dies_with_runner",
+    "kinds",
+    "make",
+    "make_background",
+    "tier_of",
+]
 
 if TYPE_CHECKING:
     from lab.faults.s3 import LabS3
@@ -43,12 +52,11 @@ Factory = Callable[[Fault, FaultContext], Injector]
 def kinds() -> Mapping[str, Factory]:
     """Fault kind -> injector. Imported here, not at module level, so that loading a
     scenario does not import every injector."""
-    from lab.faults import blkio, busy, checkpoint, contention, cpu, s3
+    from lab.faults import blkio, checkpoint, contention, cpu, s3
 
     return MappingProxyType(
         {
             "blkio_read_limit": blkio.ReadLimit,
-            "busy_host": busy.BusyHost,
             "io_contention": contention.DirectReaders,
             "cpu_hog": cpu.CpuHogs,
             "cpu_quota": cpu.CpuQuota,
@@ -56,6 +64,22 @@ def kinds() -> Mapping[str, Factory]:
             "s3_slow": s3.SlowS3,
         }
     )
+
+
+def background_kinds() -> Mapping[str, Factory]:
+    """A scenario's `background:` kind -> injector (lab.scenario.BACKGROUND_DEFAULTS: the
+    host's other work, started and stopped like a fault, never expected as a cause)."""
+    from lab.faults import busy
+
+    return MappingProxyType({"busy_host": busy.BusyHost})
+
+
+def make_background(entry: Fault, ctx: FaultContext) -> Injector:
+    factory = background_kinds().get(entry.kind)
+    if factory is None:
+        known = ", ".join(sorted(background_kinds()))
+        raise ValueError(f"unknown background kind {entry.kind!r} (known: {known})")
+    return factory(entry, ctx)
 
 
 def make(fault: Fault, ctx: FaultContext) -> Injector:
