@@ -213,7 +213,8 @@ class CorrelatorProcessor:
                 self._corr.refresh_units()
             if self._last_t is None or t > self._last_t:  # a clock stepping back: skip
                 self._last_t = t
-                self._corr.step(t)
+                if self._corr.on_timeline(t):
+                    self._corr.step(t)
             if t >= self._next_trim:
                 self._next_trim = t + TRIM_EVERY_SECONDS
                 node.trim_before(t - KEEP_SECONDS)
