@@ -26,7 +26,9 @@ from gpufeed.config import CorrelatorConfig
 from gpufeed.correlator.feeds.live import CorrelatorProcessor
 from gpufeed.correlator.outputs.windowlog import read_log
 from gpufeed.trace.replay import snapshots_from_trace
-from lab.parity import fleet_args
+from lab.parity import FLEET_INTERVAL, fleet_args
+
+__all__ = ["FLEET_INTERVAL", "Windowing", "all_feeds", "fleet_backfill", "live_windows"]
 from prometheus_trace import prometheus_serving, run_analyze
 
 
@@ -137,3 +139,27 @@ def all_feeds(
         )
         feeds["fleet"] = fleet_once(url, (math.floor(t0), math.ceil(t1)), scrape, w)
     return feeds
+
+
+def fleet_backfill(
+    url: str, span: tuple[float, float], step: float, lookback: float, workdir: Path
+) -> tuple[int, str, list[dict[str, Any]]]:
+    """`gpufeed fleet` cycles over `span` as the service runs them (--fleet.start/until, a
+    10 s interval): (exit status, stderr, the windows log)."""
+    log = workdir / f"fleet-{lookback:g}.jsonl"
+    until = math.ceil((span[1] + 200) / FLEET_INTERVAL) * FLEET_INTERVAL
+    argv = [
+        *("--prometheus.url", url, "--fleet.interval", f"{FLEET_INTERVAL:g}"),
+        *("--fleet.step", f"{step:g}", "--fleet.lookback", f"{lookback:g}"),
+        *("--fleet.settle", "0", "--fleet.start", f"{span[0]:.0f}"),
+        *("--fleet.until", f"{until:.0f}", "--fleet.windows-log", str(log)),
+        *("--web.listen-address", "127.0.0.1:0"),
+    ]
+    r = subprocess.run(
+        [sys.executable, "-m", "gpufeed", "fleet", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    got = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+    return r.returncode, r.stderr, got

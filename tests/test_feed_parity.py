@@ -17,18 +17,29 @@ run's own four feeds (a real scrape) are in each run.json and docs/benchmarks.md
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
 from correlator_helpers import T0, analyze_text, snapshots_of, trace_text
-from feed_parity import Windowing, all_feeds, live_windows, read_text
+from feed_parity import (
+    FLEET_INTERVAL,
+    Windowing,
+    all_feeds,
+    fleet_backfill,
+    live_windows,
+    read_text,
+    span_of,
+    thinned,
+)
+from gpufeed import vocabulary
 from gpufeed.config import CorrelatorConfig
 from gpufeed.correlator.feeds.live import CorrelatorProcessor
 from gpufeed.correlator.outputs.windowlog import read_log
 from lab.parity_check import differences, pair_differences
-from prometheus_trace import run_analyze
+from prometheus_trace import prometheus_serving, run_analyze
 from test_correlator_evidence import Counters, healthy_host
 
 FIXTURES = Path(__file__).parent / "fixtures" / "lab"
@@ -185,3 +196,32 @@ def test_a_late_phase_series_does_not_make_a_stepped_job_new(tmp_path: Path) -> 
     }
     assert got["file"] and all(c != "startup" for c, _ in got["file"]), got
     assert [c for c, _ in got["file"]] == [c for c, _ in got["live"]], got
+
+
+@pytest.mark.slow
+def test_a_fleet_lookback_that_would_lose_a_window_is_refused(tmp_path: Path) -> None:
+    """A fleet cycle reports a window from an anchor at least one lookback back. At the
+    lookback 0.2.0 accepted (the interval plus the delay, 90 s here) the cycle that
+    reported the 80 s CPU-loader stall held only its last 10 s, too little to open, and
+    no cycle reported it at all. Such a lookback is refused; at the least one accepted
+    the fleet's windows log holds the stall as `analyze --prometheus` gives it."""
+    trace = FIXTURES / "parity" / "cpu-loader" / "trace.om.gz"
+    text = read_text(trace)
+    t0, t1 = span_of(text)
+    thin = tmp_path / "scraped.om"
+    thin.write_text(thinned(text, SCRAPE))
+    (tmp_path / "tsdb").mkdir()
+    start = math.floor(t0 / SCRAPE) * SCRAPE
+    with prometheus_serving(thin, tmp_path / "tsdb") as url:
+        delay = max(vocabulary.DEFAULT_MERGE_GAP_SECONDS, 60.0) + 2 * SCRAPE
+        old_least = FLEET_INTERVAL + delay
+        code, err, got = fleet_backfill(url, (start, t1), SCRAPE, old_least, tmp_path)
+        assert code == 2 and "--fleet.lookback must be at least" in err, (code, err, got)
+        least = old_least + vocabulary.DEFAULT_MIN_WINDOW_SECONDS
+        code, err, got = fleet_backfill(url, (start, t1), SCRAPE, least, tmp_path)
+        assert code == 0, err
+        rng = ["--start", f"{start:.0f}", "--end", f"{math.ceil(t1):.0f}"]
+        out = tmp_path / "promql.jsonl"
+        assert run_analyze("--prometheus", url, *rng, "--step", f"{SCRAPE:g}", "-o", str(out)) == 0
+        want = [json.loads(x) for x in out.read_text().splitlines()]
+    assert want and not pair_differences(want, got, 1e-6), (want, got)
