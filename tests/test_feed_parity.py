@@ -140,6 +140,15 @@ def test_the_agent_and_its_trace_give_the_same_windows(trace: Path, tmp_path: Pa
     file = [json.loads(x) for x in out.read_text().splitlines()]
     assert live, "every recording holds a stall"
     assert not pair_differences(live, file, 1e-3), pair_differences(live, file, 1e-3)
+    # and the same verdict in full: confidence, mean utilization, evidence (the agent's
+    # window cut short by its stop says so; its confidence had left out the disagreement
+    # `finish` counts: 0.899 against 0.739 on the CPU-starve run)
+    for a, b in zip(live, file, strict=True):
+        ev = {k: v for k, v in a["evidence"].items() if k != "interrupted"}
+        if "interrupted" in a["evidence"]:
+            ev["summary"] = ev["summary"].removesuffix(" (cut short: the agent stopped)")
+        got = (a["confidence"], a["mean_utilization"], ev)
+        assert got == (b["confidence"], b["mean_utilization"], b["evidence"]), (a, b)
 
 
 # ---- the state behind the startup verdict, on a hand-made trace ------------------------------

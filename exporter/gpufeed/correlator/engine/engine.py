@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpufeed import vocabulary
 from gpufeed.correlator.engine.baseline import BUCKET_SECONDS, Baselines, Kind
@@ -650,9 +650,13 @@ class NodeCorrelator:
         out = []
         for u in self.units.values():
             if u.seg is not None:
-                end = self._end_so_far(u)
+                seg, end = u.seg, self._end_so_far(u)
+                if u.chal is not None:  # as `_close` absorbs it: its time is disagreement
+                    seg = replace(
+                        seg, time=seg.time + u.chal.time, util_time=seg.util_time + u.chal.util_time
+                    )
                 out.append(
-                    segment_window(self.node.instance, u, u.seg, end, open_=True, node=self.node)
+                    segment_window(self.node.instance, u, seg, end, open_=True, node=self.node)
                 )
         return out
 
