@@ -9,7 +9,7 @@ RUN_VENV ?= .venv-run
 RUN_STAMP := $(RUN_VENV)/.installed
 ARGS ?=
 
-.PHONY: install runtime run promtool test lint typecheck unit bench bench-correlator soak lab lab-multinode dlio-venv dashboards alerts docs clean
+.PHONY: install runtime run promtool test lint typecheck unit bench bench-correlator soak lab lab-multinode lab-parity dlio-venv dashboards alerts docs clean
 
 install: $(STAMP)
 
@@ -158,6 +158,14 @@ $(DLIO_VENV)/.installed: lab/dlio-requirements.txt
 
 lab-multinode: install promtool
 	$(PY) -m lab.multinode.run --suite lab --live-fleet --results lab-results/multinode $(ARGS)
+
+# The four-feed parity harness on real runs (docs/correlator.md, "The same run through every
+# feed"): a CPU-only PyTorch job under `gpufeed run` with a stalled input pipeline, the agent
+# recording, a real Prometheus scraping it, `analyze` of both, one fleet cycle; about 4
+# minutes a scenario. ARGS="--keep-trace tests/fixtures/lab/parity" re-records the fixtures
+# tests/test_feed_parity.py replays.
+lab-parity: install
+	$(PY) -m lab.parity --out lab-results/parity $(ARGS)
 
 # Regenerate the committed dashboards/json/*.json, alerts/gpufeed.rules.yml and
 # deploy/kubernetes/prometheusrule.yaml from code (tests fail when they drift).

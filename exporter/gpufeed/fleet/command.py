@@ -150,7 +150,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpufeed fleet: {msg}", file=sys.stderr)
         return code
 
-    timing = CycleTiming(args.interval, args.lookback, args.step, args.settle, args.merge_gap)
+    timing = CycleTiming(
+        args.interval, args.lookback, args.step, args.settle, args.merge_gap, args.min_window
+    )
     problem = timing.problem()
     if problem:
         return fail(problem)

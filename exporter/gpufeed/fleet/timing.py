@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gpufeed import vocabulary
+
 
 @dataclass(frozen=True, slots=True)
 class CycleTiming:
@@ -24,6 +26,7 @@ class CycleTiming:
     step_seconds: float
     settle_seconds: float
     merge_gap_seconds: float
+    min_window_seconds: float = vocabulary.DEFAULT_MIN_WINDOW_SECONDS
 
     @property
     def delay_seconds(self) -> float:
@@ -44,10 +47,17 @@ class CycleTiming:
             ratio = getattr(self, name) / self.step_seconds
             if abs(ratio - round(ratio)) > 1e-9:
                 return f"--fleet.{name.split('_')[0]} must be a multiple of --fleet.step"
-        if self.lookback_seconds < self.interval_seconds + self.delay_seconds:
+        # The cycle that reports a window (its end in the slice) analyses from an anchor
+        # at least `lookback` before its boundary: the window's last lookback - interval
+        # - delay seconds. Shorter than the minimum window, a stall that began before the
+        # anchor has too little of itself there to open, and no cycle reports it at all
+        # (issue 23: an 80 s stall, absent at a 90 s lookback); from this bound on it is
+        # reported, from the anchor at worst (docs/correlator.md).
+        need = self.delay_seconds + self.min_window_seconds
+        if self.lookback_seconds < self.interval_seconds + need:
             return (
-                f"--fleet.lookback must be at least the interval plus {self.delay_seconds:g} s "
-                "(the time a window needs to be known closed)"
+                f"--fleet.lookback must be at least the interval plus {need:g} s "
+                "(the time a window needs to open and to be known closed)"
             )
         return ""
 

@@ -514,37 +514,65 @@ class Classifier:
     def _not_yet_busy(self, job: str, gpu: str, t: float, fresh_at: float | None = None) -> float:
         node = self.node
         j = node.jobs.get(job)
+        steps = j.steps if j is not None else None
         # the GPU held (next to) nothing earlier in this run and has not computed since
         if (
             fresh_at is not None
             and t - fresh_at <= STARTUP_MAX_SECONDS
-            and (j is None or j.steps is None or _increase(j.steps, t, t - fresh_at) <= 0)
+            and (steps is None or _increase(steps, t, t - fresh_at) <= 0)
         ):
             return 1.0
+        counted = self._steps_say(steps, t)
+        if counted is not None:
+            return counted
         if (job, gpu) in self.watch.ever_busy:
             return 0.0
-        if j is not None and j.steps is not None:
-            # the job's own count: an SDK job that has made no step yet is starting up,
-            # however long before we started watching it began (within the start-up bound)
-            steps = j.steps.value_at(t, self.timing.stale_seconds)
-            first_t = j.steps.first_time()
-            if steps == 0 and first_t is not None and t - first_t <= STARTUP_MAX_SECONDS:
-                return 1.0
-        first = node.first_seen.get((job, gpu))
-        if first is None:
-            s: Series | None = node.job_info.get((job, gpu))
-            if s is None:
-                j = node.jobs.get(job)
-                s = next(iter(j.phases.values()), None) if j is not None else None
-            first = s.first_time() if s is not None else None
+        first = self._first_seen(job, gpu)
         start = self.watch.start
         if first is None or start is None or first <= start + 2 * self.timing.interval_seconds:
             return 0.0  # the job was already there when we started watching: we cannot tell
         if t - first > STARTUP_MAX_SECONDS:
             return 0.0
-        if j is not None and j.steps is not None and _increase(j.steps, t, t - first) > 0:
-            return 0.0
+        if steps is not None and _increase(steps, t, t - first) > 0:
+            return 0.0  # a counter gone stale at t still says the job stepped
         return 1.0
+
+    def _steps_say(self, steps: Series | None, t: float) -> float | None:
+        """Whether the job is starting up by its own step counter (None without one that
+        reads at t). The count is the job's since it started, in every feed alike: a job
+        that has made a step is not starting up however little of its past a feed holds
+        (a Prometheus range or a fleet cycle that begins mid-run, a trace whose first
+        phase series appears late: issue 23, where `analyze` of the agent's own trace said
+        `startup` for a job 4,420 steps in); one that has made none is, within the
+        start-up bound of the counter's first sample."""
+        if steps is None:
+            return None
+        n = steps.value_at(t, self.timing.stale_seconds)
+        if n is None:
+            return None
+        if n > 0:
+            return 0.0
+        first_t = steps.first_time()
+        return 1.0 if first_t is not None and t - first_t <= STARTUP_MAX_SECONDS else 0.0
+
+    def _first_seen(self, job: str, gpu: str) -> float | None:
+        """When the job (on `gpu`; "" for a CPU-only job) was first seen: as the live feed
+        noted it, else the earliest first sample of its series (its job_info for the GPU,
+        or any of its phases: which phase a feed routed first is no answer)."""
+        node = self.node
+        first = node.first_seen.get((job, gpu))
+        if first is not None:
+            return first
+        s: Series | None = node.job_info.get((job, gpu))
+        if s is not None:
+            return s.first_time()
+        j = node.jobs.get(job)
+        firsts = [
+            x
+            for p in (j.phases.values() if j is not None else ())
+            if (x := p.first_time()) is not None
+        ]
+        return min(firsts, default=None)
 
 
 def _context(ev: Evidence, input_pipeline: bool) -> dict[str, str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpufeed import vocabulary
 from gpufeed.correlator.engine.baseline import BUCKET_SECONDS, Baselines, Kind
@@ -23,6 +23,7 @@ from gpufeed.correlator.engine.classify import Classifier
 from gpufeed.correlator.engine.features import observe_healthy
 from gpufeed.correlator.engine.names import Feature
 from gpufeed.correlator.engine.node import NodeSeries
+from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.state import (
     Mark,
     Segment,
@@ -119,17 +120,30 @@ class NodeCorrelator:
         """Every instant at which some unit has a utilization (or up) sample."""
         ts: set[float] = set()
         for u in self.units.values():
-            if u.cols is not None:
-                for name in ("util", "up"):
-                    s = u.cols.fields.get(name)
-                    if s is not None:
-                        ts.update(s.ts)
-            else:
-                j = self.node.jobs[u.cpu_job]
-                for s in (j.phases.get("compute"), j.processes):
-                    if s is not None:
-                        ts.update(s.ts)
+            for s in self._pace_series(u):
+                ts.update(s.ts)
         return sorted(ts)
+
+    def on_timeline(self, t: float) -> bool:
+        """Whether t, the newest instant, is one of `timeline`'s: the live feed steps at
+        those only, as every other feed does. Stepping at every snapshot, it also stepped
+        where the agent's snapshot lacked every unit's series (a CPU-only job's phases
+        missing from one sample: the lab's loaded two-node run), so the live engine
+        learned a job's usual collective wait one sample sooner than its own trace's
+        analysis and the two gave different windows (issue 23)."""
+        return any(
+            s.ts and s.ts[-1] == t for u in self.units.values() for s in self._pace_series(u)
+        )
+
+    def _pace_series(self, u: Unit) -> list[Series]:
+        """The series whose samples are a unit's instants: a GPU's utilization and up, a
+        CPU-only job's compute phase and process count."""
+        if u.cols is not None:
+            got = (u.cols.fields.get("util"), u.cols.fields.get("up"))
+        else:
+            j = self.node.jobs[u.cpu_job]
+            got = (j.phases.get("compute"), j.processes)
+        return [s for s in got if s is not None]
 
     def _util(self, u: Unit, t: float) -> tuple[float | None, bool]:
         """(utilization, lost) at t; utilization None when there is no current value."""
@@ -564,11 +578,7 @@ class NodeCorrelator:
             u.pending.dt = 0.0
             self._commit(u, u.pending)
             u.pending = None
-        end = (
-            self._edge(u, u.high_since, recovered=True)
-            if u.high_since is not None
-            else u.last_low_t
-        )
+        end = self._end_so_far(u)
         if u.seg is None and u.run_start is not None and self._long_enough(u, end):
             self._open(u)
         self._close(u, end)
@@ -632,14 +642,28 @@ class NodeCorrelator:
     def _emit(self, u: Unit, seg: Segment, end: float) -> None:
         self._sink(segment_window(self.node.instance, u, seg, end, open_=False, node=self.node))
 
+    def _end_so_far(self, u: Unit) -> float:
+        """Where a run that stops here ends: at the recovery it is in (not yet held for
+        the merge gap), else at its last low sample."""
+        if u.high_since is not None:
+            return self._edge(u, u.high_since, recovered=True)
+        return u.last_low_t
+
     def open_windows(self) -> list[Window]:
+        """The windows open now, each ending where `finish` would close it: the live
+        agent logs these when it stops, and they must be the windows its own trace's
+        analysis closes at the end of the data (they ended at the last low sample, after
+        the recovery the analysis ends them at: 4 s later on a lab run; issue 23)."""
         out = []
         for u in self.units.values():
             if u.seg is not None:
-                out.append(
-                    segment_window(
-                        self.node.instance, u, u.seg, u.last_low_t, open_=True, node=self.node
+                seg, end = u.seg, self._end_so_far(u)
+                if u.chal is not None:  # as `_close` absorbs it: its time is disagreement
+                    seg = replace(
+                        seg, time=seg.time + u.chal.time, util_time=seg.util_time + u.chal.util_time
                     )
+                out.append(
+                    segment_window(self.node.instance, u, seg, end, open_=True, node=self.node)
                 )
         return out
 

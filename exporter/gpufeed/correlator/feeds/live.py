@@ -26,6 +26,7 @@ from gpufeed.correlator.outputs.windowlog_read import OPEN_RECORD, scan_log
 from gpufeed.logonce import LogOnce
 from gpufeed.model import Families, Family, LabelPairs
 from gpufeed.snapshot import Snapshot
+from gpufeed.trace.format import om_timestamp
 from gpufeed.vocabulary import Cause, DataSource
 
 SECONDS: Final = "gpufeed_gpu_underutilized_seconds_total"
@@ -185,7 +186,12 @@ class CorrelatorProcessor:
             if self._clock is None:
                 self._clock = ScenarioClock(snapshot.timestamp_seconds, self._pace)
             snapshot = self._clock.snapshot(snapshot)
-        t = snapshot.timestamp_seconds
+        # the instant as `--record` writes it (milliseconds): the engine's decisions turn
+        # on differences of instants (a decision is reused for under 5 s; edges weigh
+        # interval lengths), and at full precision the agent decided a sample differently
+        # from the analysis of its own trace where two instants were 5 s apart to within
+        # a millisecond (issue 23: a window's end 1 s apart, confidence 0.725 for 0.742)
+        t = float(om_timestamp(snapshot.timestamp_seconds))
         routes = self._routes
         node = self.node
         new = False
@@ -214,7 +220,8 @@ class CorrelatorProcessor:
                 self._corr.refresh_units()
             if self._last_t is None or t > self._last_t:  # a clock stepping back: skip
                 self._last_t = t
-                self._corr.step(t)
+                if self._corr.on_timeline(t):
+                    self._corr.step(t)
             if t >= self._next_trim:
                 self._next_trim = t + TRIM_EVERY_SECONDS
                 node.trim_before(t - KEEP_SECONDS)
