@@ -564,3 +564,43 @@ def test_a_sleeping_loader_on_a_host_others_saturate_is_not_preprocessing(
     assert w.cause is Cause.DATA_LOADING, w.summary
     assert dict(w.evidence).get(Ctx.DATA_SOURCE) == "input_pipeline", w.evidence
     assert "saturated" not in w.summary, w.summary
+
+
+def test_a_read_limit_on_the_jobs_tier_before_its_healthy_cpu_wait_is_known_is_storage(
+    tmp_path: object,
+) -> None:
+    """The lab's short scenario on a loaded host: a blkio read limit on the job's own hot
+    tier 50 s after the job began (before two minutes of healthy history: no median of
+    its threads' run-queue wait). The limit holds the reads before the device (the tier's
+    latency, busy time and queue stay as in healthy time); the node stalls on I/O while
+    the job waits for its input 60% of the time. Its two loader workers sleep on their
+    reads and wake briefly, and on a host other work keeps busy they wait for a CPU at
+    most wakeups (80% of their runnable time). That wait, with nothing to rise above, must
+    not explain the job's own stalled reads away: data_loading on the hot tier (it was
+    preprocessing, the job's CPU evidence outranking the node's I/O stall)."""
+
+    def job(s: float) -> dict[str, float]:
+        lab = f'{JOB},tier="hot",{INST}'
+        stalled = 50.0 <= s < 120.0
+        read = 5e5 if stalled else 1.3e6
+        own = threads_cpu(0.03, 0.12) if stalled else threads_cpu(0.07, 0.05)
+        return {
+            **(phases(0.4, 0.6) if stalled else phases(0.93, 0.07)),
+            f"gpufeed_job_storage_read_bytes_total{{{lab}}}": read,
+            f"gpufeed_job_storage_written_bytes_total{{{lab}}}": 0.0,
+            **own,
+        }
+
+    def host(s: float) -> dict[str, float]:
+        stalled = 50.0 <= s < 120.0
+        h = {**saturated_host(s), **tier("hot", 5e5 if stalled else 1.3e6, 0.0, 0.0004)}
+        if stalled:
+            h.update(psi(0.8, 0.6))
+        return h
+
+    ws = analyze_text(trace_text(node(job, host), 170), tmp_path)
+    inside = [w for w in ws if w.end_seconds - T0 > 50.0 and w.start_seconds - T0 < 120.0]
+    assert len(inside) == 1, [(w.cause, w.start_seconds - T0, w.summary) for w in ws]
+    (w,) = inside
+    assert w.cause is Cause.DATA_LOADING, w.summary
+    assert dict(w.evidence).get(Ctx.DATA_TIER) == "hot", w.evidence

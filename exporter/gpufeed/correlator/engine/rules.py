@@ -192,6 +192,16 @@ RULES_BY_CAUSE: dict[Cause, tuple[Rule, ...]] = {
 DATA_TIER_RULES = tuple(
     r for r in RULES_BY_CAUSE[C.DATA_LOADING] if r.primary and r.feature in DATA_TIER_FEATURES
 )
+# The data side's own primary evidence: the tier's, and the node's I/O stall while the
+# job waits for input (features.py: what an unsettled run-queue wait does not outrank)
+DATA_STALL_RULES = (
+    *DATA_TIER_RULES,
+    *(
+        r
+        for r in RULES_BY_CAUSE[C.DATA_LOADING]
+        if r.primary and r.feature == F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT
+    ),
+)
 JOB_CPU_RULES = tuple(
     r for r in RULES_BY_CAUSE[C.PREPROCESSING] if r.primary and r.feature in JOB_CPU_FEATURES
 )
