@@ -117,6 +117,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--guises", nargs="*", default=list(nh.GUISES))
     ap.add_argument(
+        "--slow", type=float, default=2.4, help="how much longer the slow worker computes"
+    )
+    ap.add_argument(
         "--cases", nargs="*", default=[f"{s:g}/{n}/{g}/{c}" for s, n, g, c in CASES],
         help="step_seconds/nodes/gpus/culprit_gpus",
     )  # fmt: skip
@@ -131,7 +134,7 @@ def main() -> int:
         s, n, g, c = case.split("/")
         step, nodes, gpus, cg = float(s), int(n), int(g), int(c)
         for guise in a.guises:
-            tr = nh.build(step, nodes, gpus, guise, culprit_gpus=cg, seed=a.seed)
+            tr = nh.build(step, nodes, gpus, guise, slow=a.slow, culprit_gpus=cg, seed=a.seed)
             sc = score(tr, analyse(tr, params), params)
             ht = nh.build(step, nodes, gpus, guise, slow=1.0, seed=a.seed)
             hs = healthy_share(ht, analyse(ht, params))

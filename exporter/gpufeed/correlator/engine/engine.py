@@ -54,9 +54,10 @@ JOB_RANKS_REFERENCE = "job_ranks"  # the rank's collective wait against the job'
 STEP_SAMPLES = 2.0
 STEP_MAX_X_MIN_WINDOW = 2.0
 # How far back a job's step counter is read for its seconds per step (step_seconds), and
-# after how many of those steps without a move the pace is no longer the job's.
+# after how many of those steps without a move the pace is no longer the job's (a step
+# runs a little longer than the last one now and then; a restart's start-up far longer).
 STEP_LOOKBACK_SECONDS = 600.0
-STALE_STEPS = 2.0
+STALE_STEPS = 1.5
 
 
 def step_seconds(j: JobColumns, t: float, timing: Timing) -> float | None:
@@ -107,7 +108,7 @@ def step_seconds(j: JobColumns, t: float, timing: Timing) -> float | None:
     gap = ts[i] - ts[i - 1]
     fast = gap / (last - 1.0) if last >= 2.0 else math.inf
     step = min((ts[i] - ts[k]) / done, fast)
-    # still for more than two such steps: it does not step at that pace now (stopped,
+    # still for one and a half such steps: it does not step at that pace now (stopped,
     # restarting, checkpointing), and what it did before says nothing of how to judge it
     return None if t - ts[i] > STALE_STEPS * step else step
 
