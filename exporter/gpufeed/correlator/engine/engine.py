@@ -156,6 +156,8 @@ class NodeCorrelator:
         self.node = node
         # the job's GPUs and ranks this engine may compare with (its own node by default)
         self.peers = peers if peers is not None else JobPeers.of_node(node)
+        self._steps: dict[str, float | None] = {}  # job -> seconds per step at _steps_t
+        self._steps_t = -math.inf
         self.timing = timing
         self.p = params or WindowParams()
         self.baselines = Baselines()
@@ -378,7 +380,7 @@ class NodeCorrelator:
         if j is None or j.steps is None:  # no step counter: judged sample by sample
             recent.clear()
             return v
-        period = step_seconds(j, t, self.timing)
+        period = self._step_seconds(job, j, t)
         short = STEP_SAMPLES * self.timing.interval_seconds
         if period is not None and period <= short:
             recent.clear()
@@ -396,6 +398,15 @@ class NodeCorrelator:
         since = t - min(period, longest)
         got = [x for ts, x in recent if ts > since]
         return sum(got) / len(got)
+
+    def _step_seconds(self, job: str, j: JobColumns, t: float) -> float | None:
+        """step_seconds, once per job and instant (every GPU of the job asks)."""
+        if self._steps_t != t:
+            self._steps_t = t
+            self._steps.clear()
+        if job not in self._steps:
+            self._steps[job] = step_seconds(j, t, self.timing)
+        return self._steps[job]
 
     def _peer_working(self, u: Unit, t: float, busy_before: bool) -> tuple[float, str] | None:
         """How much a GPU that reads busy works, against the rest of its job at the same
