@@ -9,7 +9,9 @@ steps.
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +111,27 @@ def test_spinning_victims_without_gpm_are_found_by_their_ranks_waits(tmp_path: o
             and w.start_seconds < lab.end
         )
         assert covered > 0.85 * (lab.end - lab.start), lab
+
+
+@pytest.mark.slow
+def test_prometheus_compares_with_the_job_on_every_node_as_the_file_does(
+    tmp_path: Path,
+) -> None:
+    """`analyze --prometheus` streams batches of whole jobs in time chunks: each node's
+    engine compares with the job's GPUs on the batch's other nodes, so it gives the file's
+    windows (a job slow from its first step, NCCL spinning, no GPM: the ranks' waits on
+    the other node are the only reference)."""
+    from prometheus_trace import prometheus_serving, run_analyze
+
+    tr = _trace(5.0, "spin", gpm=False)
+    trace = tmp_path / "job.om"
+    trace.write_text(tr.text)
+    file_out, prom_out = tmp_path / "file.jsonl", tmp_path / "prom.jsonl"
+    assert run_analyze(str(trace), "--output", str(file_out)) == 0
+    with prometheus_serving(trace, tmp_path) as url:
+        span = ("--start", f"{tr.start + 1:.0f}", "--end", f"{tr.end:.0f}", "--step", "1")
+        assert run_analyze("--prometheus", url, *span, "--output", str(prom_out)) == 0
+    from_file = [json.loads(x) for x in file_out.read_text().splitlines()]
+    from_prom = [json.loads(x) for x in prom_out.read_text().splitlines()]
+    assert {d["cause"] for d in from_file} == {"straggler"}
+    assert from_prom == from_file
