@@ -4,9 +4,12 @@ One data-parallel job spans N nodes x G GPUs, one rank per GPU. A step takes, on
 rank, the time of the slowest rank's own work (compute at its GPU's speed, input from its
 node's data tier through its node's CPUs) plus the all-reduce (as slow as the slowest
 link); a rank that finishes its own work early waits in the collective for the rest. So
-the culprit waits least in collectives (it arrives last) and the others wait for it:
-their GPUs read busy while NCCL's kernel spins (SM activity, GPM, stays low) on nodes that
-have GPM, and idle elsewhere (the `gloo`-like nodes). The agent's contract series are
+the culprit waits least in collectives (it arrives last) and the others wait for it.
+How their GPUs read is the `guise` (`GUISES`): `spin` (the default, NCCL) reads them busy
+while the collective kernel spins on every node (SM activity, GPM, on every other node,
+stays low: the job's busiest GPUs and its ranks' waits tell them from working);
+`compute_only` (gloo, or collectives that do not spin) reads the compute share; `mixed`
+(what 0.2.0 generated) spins on the GPM nodes only. The agent's contract series are
 written for every node: GPU utilization, up, SM activity, SM clock and clock event reasons;
 the data tier's counters; the fabric port; host CPU and pressure; the job's phases and
 steps; and, per rank, `gpufeed_job_rank_phase_seconds_total` (collective_wait included)
@@ -46,6 +49,8 @@ SCENARIOS = (
     "gpu_lost_before",
 )
 HEALTHY = "healthy"  # the same job without a stall: no culprit may be named
+# How a GPU waiting in a collective reads (module docstring); the first is the default.
+GUISES = ("spin", "compute_only", "mixed")
 WARMUP_SECONDS = 900.0  # healthy time first: the baselines need it
 STALL_SECONDS = 420.0
 
@@ -108,10 +113,14 @@ def build(
     gpus: int = 8,
     interval: float = 5.0,
     ranks: bool = True,
+    guise: str = GUISES[0],
 ) -> MultiNodeTrace:
-    """One job of `nodes` x `gpus` ranks with the stall of scenario `kind`."""
+    """One job of `nodes` x `gpus` ranks with the stall of scenario `kind`; `guise`, how a
+    GPU that waits in a collective reads (`GUISES`)."""
     if kind not in (*SCENARIOS, HEALTHY):
         raise ValueError(f"unknown scenario {kind!r}; known: {', '.join(SCENARIOS)}")
+    if guise not in GUISES:
+        raise ValueError(f"unknown guise {guise!r}; known: {', '.join(GUISES)}")
     r = random.Random(zlib.crc32(f"{kind}/{seed}".encode()))
     t0 = 1_760_000_000.0 + r.randrange(0, 86400)
     job = f"{40000 + r.randrange(10000)}"
@@ -158,7 +167,7 @@ def build(
     t = t0
     while t < t_end:
         t += interval
-        _sample(lines, ns, stalls, t, interval, gpus, job, r, ranks, lost_at)
+        _sample(lines, ns, stalls, t, interval, gpus, job, r, ranks, lost_at, guise)
     lines.append("# EOF")
     return MultiNodeTrace("\n".join(lines) + "\n", labels, stalls, tuple(insts), job, gpus)
 
@@ -196,6 +205,11 @@ def _labels(
     return out
 
 
+def _spins(guise: str, gpm: bool) -> bool:
+    """Whether a node's GPUs read busy while they wait in a collective (`GUISES`)."""
+    return guise == "spin" or (guise == "mixed" and gpm)
+
+
 def _sample(
     lines: list[str],
     ns: list[_Node],
@@ -207,6 +221,7 @@ def _sample(
     r: random.Random,
     ranks: bool,
     lost_at: float,
+    guise: str = GUISES[0],
 ) -> None:
     """One sample of every node at t."""
     now = [s for s in stalls if s.start < t <= s.end]
@@ -285,7 +300,7 @@ def _sample(
                     wait = max(0.0, step - own[k][g]) / step
                 util = work
             # waiting in NCCL: the GPU reads busy, its SMs idle (seen only with GPM)
-            spin = n.gpm and wait > 0.25
+            spin = _spins(guise, n.gpm) and wait > 0.25
             nv_util = min(1.0, (0.97 + 0.02 * r.random()) if spin else util * _n(r, 0.01))
             sm = (0.72 * util + 0.05 * wait) * _n(r, 0.03)
             L(f"gpufeed_gpu_up{{{gl}}} {0 if gone else 1} {ts}")

@@ -4,6 +4,7 @@ segment becomes a `Window` with evidence, confidence and summary."""
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from gpufeed.correlator.engine.backlog import fabric_latency, scheduler_backlog
@@ -116,6 +117,12 @@ class Unit:
     busy_mem_ratio: float | None = None
     last_mark: Mark | None = None  # the last classified sample of this run
     waiting: bool = False  # at the current sample: reads busy, but its SMs are not working
+    # what said it waits where its own healthy level did not (engine: _peer_working)
+    busy_reference: str = ""
+    read_busy: bool = True  # its utilization read busy at the last sample (as far as known)
+    # (t, utilization) over the job's last step, where a step spans several samples
+    # (engine: _over_step)
+    recent: deque[tuple[float, float]] = field(default_factory=deque)
 
 
 def segment_window(
@@ -235,4 +242,6 @@ CONTEXT_FOR: dict[Cause, tuple[str, ...]] = {
     Cause.THROTTLING: (Ctx.THROTTLE_REASONS, Ctx.THROTTLED_PEERS),
     Cause.GPU_ERROR: (Ctx.XIDS, Ctx.FAILED_PEERS),
     Cause.IDLE: (Ctx.LOST_RANKS,),
+    Cause.STRAGGLER: (Ctx.BUSY_REFERENCE,),
+    Cause.UNKNOWN: (Ctx.BUSY_REFERENCE,),
 }
