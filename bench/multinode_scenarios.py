@@ -452,9 +452,11 @@ def build_parallel(
     interval: float = 5.0,
     duration: float = 1800.0,
     spinning: bool = False,
+    coords: bool = True,
 ) -> ParallelTrace:
     """One dp x pp x tp job of scenario `kind` (PARALLEL_SCENARIOS), slow from its first
-    step, `duration` seconds (at least 40 steps)."""
+    step, `duration` seconds (at least 40 steps); `coords`: the ranks report their
+    parallelism coordinates (gpufeed_job_rank_info's dp_rank, pp_rank, tp_rank)."""
     if kind not in PARALLEL_SCENARIOS:
         raise ValueError(f"unknown scenario {kind!r}; known: {', '.join(PARALLEL_SCENARIOS)}")
     world = dp * pp * tp
@@ -468,8 +470,8 @@ def build_parallel(
     uuid = [
         [f"GPU-{zlib.crc32(f'{i}/{g}/{seed}'.encode()):08x}" for g in range(gpus)] for i in insts
     ]
-    coords = [(d, p, t) for p in range(pp) for d in range(dp) for t in range(tp)]
-    coords.sort(key=lambda c: parallel_rank(*c, dp, tp))
+    at = [(d, p, t) for p in range(pp) for d in range(dp) for t in range(tp)]
+    at.sort(key=lambda c: parallel_rank(*c, dp, tp))
     slow_d, slow_p = r.randrange(dp), r.randrange(pp)
     if kind == "slow_stage":
         slow_p = pp - 1
@@ -480,7 +482,7 @@ def build_parallel(
         heavy = r.randrange(dp) if kind == "rotating_imbalance" else -1
         extra = r.uniform(1.3, 1.8)
         w = []
-        for d, p, _t in coords:
+        for d, p, _t in at:
             x = base * _n(r, 0.01)
             if kind == "slow_worker" and (d, p) == (slow_d, slow_p):
                 x *= 2.4
@@ -493,7 +495,7 @@ def build_parallel(
         starts.append(starts[-1] + max(w) + 0.1 * step_seconds * _n(r, 0.05))
     t_end = min(starts[-1], t0 + max(duration, 40 * step_seconds))
     labels = _parallel_labels(
-        kind, coords, insts, gpus, dp, tp, slow_d, slow_p, t0, t_end, interval
+        kind, at, insts, gpus, dp, tp, slow_d, slow_p, t0, t_end, interval
     )
     lines: list[str] = []
     cum_comp = [0.0] * world
@@ -507,8 +509,8 @@ def build_parallel(
                 cum_comp[i] += work[k][i]
             k += 1
         done = [cum_comp[i] + min(work[k][i], t - starts[k]) for i in range(world)]
-        _parallel_sample(lines, insts, uuid, coords, done, prev, k, t, t0, interval, gpus, job,
-                         r, spinning)  # fmt: skip
+        _parallel_sample(lines, insts, uuid, at, done, prev, k, t, t0, interval, gpus, job,
+                         r, spinning, coords)  # fmt: skip
         prev = done
     lines.append("# EOF")
     return ParallelTrace(
@@ -569,6 +571,7 @@ def _parallel_sample(
     job: str,
     r: random.Random,
     spinning: bool,
+    with_coords: bool,
 ) -> None:
     """One sample of every node at t: each rank's compute so far is `done`; the rest of
     its time since t0 it waited in collectives."""
@@ -600,9 +603,10 @@ def _parallel_sample(
             rl = f'job_id="{job}",rank="{i}",{il}'
             L(f'gpufeed_job_rank_phase_seconds_total{{{rl},phase="compute"}} {comp:.3f} {ts}')
             L(f'gpufeed_job_rank_phase_seconds_total{{{rl},phase="collective_wait"}} {cw:.3f} {ts}')
+            xl = f',dp_rank="{d}",pp_rank="{p}",tp_rank="{tt}"' if with_coords else ""
             L(
                 f'gpufeed_job_rank_info{{{rl},local_rank="{g}",world_size="{world}",'
-                f'uuid="{uuid[k][g]}",dp_rank="{d}",pp_rank="{p}",tp_rank="{tt}"}} 1 {ts}'
+                f'uuid="{uuid[k][g]}"{xl}}} 1 {ts}'
             )
             L(f"gpufeed_job_rank_lost{{{rl}}} 0 {ts}")
         jl = f'job_id="{job}",{il}'

@@ -14,8 +14,8 @@ Over a stall this tells three things apart (`Frontier`):
 - the same ranks gate most steps (`persistent`): the culprit ranks (a slow worker, the
   ranks of a node whose tier stalls), or, where they are one pipeline stage on every
   data-parallel replica, a stage imbalance (no worker at fault);
-- the gating data-parallel rank changes from step to step while no group gates most of
-  them (`rotating`): an input imbalance (sequence lengths), no worker at fault;
+- the gating data-parallel rank changes from step to step while no group gates most
+  steps (`rotating`): an input imbalance (sequence lengths), no worker at fault;
 - nobody gates clearly (every rank waits alike: a slow link, congestion): not decided here.
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from statistics import median
 
 from gpufeed.correlator.engine.node import NodeSeries
@@ -35,9 +36,8 @@ MIN_SLICE_WAIT = 0.25  # the ranks' median collective wait in a step, seconds/se
 GATE_RATIO = 0.5  # a gating rank waits less than this share of the step's median
 # a rank (or group) that gates at least this share of the attributed steps is persistent
 PERSISTENT_SHARE = 0.6
-# a rotation: at least this many distinct gating groups, none gating this share or more
-MIN_ROTATING_GROUPS = 3
-ROTATING_TOP_SHARE = 0.5
+# a rotation: the gating group changes from one step to the next at least this often
+MIN_CHANGE_SHARE = 1 / 3
 MIN_ATTRIBUTED_STEPS = 3  # fewer attributed steps decide nothing
 ACTIVE_LOOKBACK_SECONDS = 300.0  # a rank that reported in this span before the stall
 
@@ -60,23 +60,24 @@ class Frontier:
 
     def rotating(self, group: Mapping[RankKey, int]) -> int:
         """How many distinct groups (`group`: rank -> its data-parallel rank, or its own
-        index without coordinates) gate the attributed slices, where they rotate: at least
-        MIN_ROTATING_GROUPS, none gating ROTATING_TOP_SHARE of them or more, and no rank
-        persistent; 0 otherwise."""
+        index without coordinates) gate the attributed slices in turn, where they rotate:
+        most slices gated by ranks of one group, two groups or more, none gating
+        PERSISTENT_SHARE of the slices, and the gating group changing from one slice to
+        the next in at least MIN_CHANGE_SHARE of them; 0 otherwise."""
         if self.attributed < MIN_ATTRIBUTED_STEPS or self.persistent():
             return 0
-        per: Counter[int] = Counter()
+        seq: list[int] = []
         for g in self.gates:
             ids = {group.get(k, -1) for k in g}
             if len(ids) == 1 and -1 not in ids:
-                per[ids.pop()] += 1
-        if len(per) < MIN_ROTATING_GROUPS:
+                seq.append(ids.pop())
+        per = Counter(seq)
+        if len(per) < 2 or len(seq) < max(MIN_ATTRIBUTED_STEPS, 0.5 * self.attributed):
+            return 0  # most slices gated by ranks of several groups: no rotation
+        if max(per.values()) >= PERSISTENT_SHARE * len(seq):
             return 0
-        if max(per.values()) >= ROTATING_TOP_SHARE * self.attributed:
-            return 0
-        if sum(per.values()) < 0.5 * self.attributed:
-            return 0  # most slices were gated by ranks of several groups: no rotation
-        return len(per)
+        changes = sum(1 for a, b in pairwise(seq) if a != b)
+        return len(per) if changes >= MIN_CHANGE_SHARE * (len(seq) - 1) else 0
 
 
 def rank_waits(nodes: Mapping[str, NodeSeries], job_id: str, start: float) -> dict[RankKey, Series]:
