@@ -1089,6 +1089,17 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         optional=("culprit_gpu", "culprit_rank"),
     ),
     _fleet(
+        "gpufeed_fleet_job_imbalance_info",
+        "gauge",
+        "1 for a job whose GPUs wait for its own imbalance at the end of the last cycle's "
+        "slice, no worker at fault: reason stage_imbalance (a pipeline stage slower on every "
+        "replica; pipeline_stage says which) or input_imbalance (the slowest data-parallel "
+        "rank changes every step).",
+        ("job_id", "reason", "pipeline_stage"),
+        "",
+        optional=("pipeline_stage",),
+    ),
+    _fleet(
         "gpufeed_fleet_job_waiting_gpus",
         "gauge",
         "GPUs of a held-back job that wait for its culprit (the victims), at the end of the "
