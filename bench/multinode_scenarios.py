@@ -494,9 +494,7 @@ def build_parallel(
         work.append(w)
         starts.append(starts[-1] + max(w) + 0.1 * step_seconds * _n(r, 0.05))
     t_end = min(starts[-1], t0 + max(duration, 40 * step_seconds))
-    labels = _parallel_labels(
-        kind, at, insts, gpus, dp, tp, slow_d, slow_p, t0, t_end, interval
-    )
+    labels = _parallel_labels(kind, at, insts, gpus, dp, tp, slow_d, slow_p, t0, t_end, interval)
     lines: list[str] = []
     cum_comp = [0.0] * world
     prev = [0.0] * world  # each rank's compute at the sample before

@@ -19,7 +19,9 @@ from gpufeed.correlator.job.frontier import Frontier
 from gpufeed.trace.reader import read_trace
 
 
-def _joined(kind: str, tmp_path: Path, coords: bool = True, **layout: int) -> tuple[mn.ParallelTrace, list[Window]]:
+def _joined(
+    kind: str, tmp_path: Path, coords: bool = True, **layout: int
+) -> tuple[mn.ParallelTrace, list[Window]]:
     shape = {"dp": 2, "pp": 2, "tp": 2, "gpus": 4, **layout}
     tr = mn.build_parallel(kind, seed=2, step_seconds=2.0, duration=600.0, coords=coords, **shape)
     windows = analyze_text(tr.text, tmp_path)
@@ -73,8 +75,9 @@ def test_a_stage_slower_on_every_replica_is_a_stage_imbalance(tmp_path: Path) ->
     right = _covered(
         tr,
         windows,
-        lambda w, lab: w.culprit is None
-        and dict(w.evidence).get("straggler_reason") == "stage_imbalance",
+        lambda w, lab: (
+            w.culprit is None and dict(w.evidence).get("straggler_reason") == "stage_imbalance"
+        ),
     )
     assert right >= 0.9, right
     assert not any(w.culprit for w in windows)
@@ -94,8 +97,9 @@ def test_a_rotating_slowest_replica_is_an_input_imbalance(tmp_path: Path) -> Non
     right = _covered(
         tr,
         windows,
-        lambda w, lab: w.culprit is None
-        and dict(w.evidence).get("straggler_reason") == "input_imbalance",
+        lambda w, lab: (
+            w.culprit is None and dict(w.evidence).get("straggler_reason") == "input_imbalance"
+        ),
     )
     inside = _covered(tr, windows, lambda w, lab: True)
     assert inside > 0 and right >= 0.9 * inside, (right, inside)

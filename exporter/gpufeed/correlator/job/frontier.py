@@ -40,6 +40,7 @@ PERSISTENT_SHARE = 0.6
 MIN_CHANGE_SHARE = 1 / 3
 MIN_ATTRIBUTED_STEPS = 3  # fewer attributed steps decide nothing
 ACTIVE_LOOKBACK_SECONDS = 300.0  # a rank that reported in this span before the stall
+MAX_SLICES = 360  # the most slices one stall is cut into (each reads every rank twice)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +115,9 @@ def step_seconds(nodes: Mapping[str, NodeSeries], job_id: str, start: float, end
 
 
 def _interval(s: Series) -> float:
-    gaps = [b - a for a, b in zip(s.ts, s.ts[1:], strict=False) if b > a]
-    return median(gaps[-64:]) if gaps else 0.0
+    """The series' sample interval: the median gap of its last samples."""
+    gaps = [b - a for a, b in pairwise(s.ts[-65:]) if b > a]
+    return median(gaps) if gaps else 0.0
 
 
 def frontier(
@@ -127,7 +129,8 @@ def frontier(
     if len(waits) < 2 or end <= start:
         return None
     iv = median(_interval(s) for s in waits.values())
-    size = max(iv, step_seconds(nodes, job_id, start, end))
+    # at most MAX_SLICES slices: a long stall of a large job is judged in longer slices
+    size = max(iv, step_seconds(nodes, job_id, start, end), (end - start) / MAX_SLICES)
     if size <= 0:
         return None
     edges = _edges(start, end, size)
@@ -166,7 +169,7 @@ def frontier(
 
 
 def _edges(start: float, end: float, size: float) -> list[float]:
-    """Slice edges from start to end, each slice `size` long (the last one may be up to
-    half again as long, so that no sliver of a slice is judged alone)."""
+    """Edges of equal slices from start to end, each at least `size` long and less than
+    twice that (no sliver of a slice is judged alone)."""
     n = max(1, int((end - start) / size))
     return [start + (end - start) * i / n for i in range(n + 1)]
