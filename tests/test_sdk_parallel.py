@@ -18,6 +18,8 @@ from gpufeed.jobs.aggregate import JobTable
 from gpufeed.jobs.sdk_server import SdkServer
 from gpufeed.model import iter_samples
 from gpufeed.run_cli import instrumented_env
+from test_run_cli import EXPORTER
+from test_run_cli import run as run_cli_main
 from test_sdk import (
     SlowIterable,
     server,  # noqa: F401 (the real SDK server, a fixture)
@@ -207,3 +209,32 @@ def test_a_coordinate_without_a_rank_is_nobodys() -> None:
     table.apply(coord, 101, 1.0)
     infos = [dict(s.labels) for s in iter_samples(table.families()) if s.name.endswith("rank_info")]
     assert infos[0]["pp_rank"] == "1"
+
+
+SIZES_PROBE = (
+    "import os, sys; sys.path.insert(0, sys.argv[1]); from gpufeed import sdk; "
+    "print(sdk.environ_parallel(os.environ, 45, 64))"
+)
+
+
+def test_gpufeed_run_hands_its_sizes_to_every_rank(tmp_path: Path) -> None:
+    out = run_cli_main(
+        ["--parallel-sizes", "tp=4,pp=4", "--", sys.executable, "-c", SIZES_PROBE, str(EXPORTER)],
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "{'tp': (1, 4), 'dp': (3, 4), 'pp': (2, 4)}"
+
+
+@pytest.mark.parametrize(
+    ("sizes", "words"),
+    [
+        ("tp=4,zz=2", "'zz=2' is not DIM=SIZE with DIM one of tp, cp, dp, pp"),
+        ("tp=0", "tp='0': need a whole number from 1 to 65536"),
+        ("tp=4,tp=2", "tp given twice"),
+    ],
+)
+def test_gpufeed_run_refuses_sizes_it_cannot_use(tmp_path: Path, sizes: str, words: str) -> None:
+    out = run_cli_main(["--parallel-sizes", sizes, "--", sys.executable, "-c", "pass"], tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"gpufeed run: --parallel-sizes: {words}"
