@@ -12,7 +12,10 @@ scores, per scenario, over the truth's GPU-time:
   the imbalances;
 - `of windowed`: `named` over the labelled time inside windows (the join's own accuracy);
 - `node blamed`: for the imbalances, GPU-time inside windows that name any culprit, over
-  the labelled time (no node may be blamed).
+  the labelled time (no node may be blamed);
+- `named after`: steps after the job's first waiting window opened (its start + the
+  minimum window) until the join, fed only the windows known then, names the truth ("-":
+  not within PROBE_STEPS).
 
 Exit status 1 when a target is missed on the windowed time: culprit top-1 >= 0.95, the
 imbalances named for >= 90% with no node blamed.
@@ -23,16 +26,18 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bench import multinode_scenarios as mn
 from gpufeed.correlator.engine.engine import WindowParams
+from gpufeed.correlator.engine.node import NodeSeries
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.feeds.analyze import analyze_nodes
-from gpufeed.correlator.job.culprit import correlate_jobs
+from gpufeed.correlator.job.culprit import Found, Imbalance, correlate_jobs, is_waiting, judge_stall
 from gpufeed.trace.reader import read_trace
 
 LAYOUTS = {8: (2, 2, 2, 4), 64: (4, 4, 4, 8), 128: (8, 4, 4, 8)}  # ranks -> dp, pp, tp, gpus
+PROBE_STEPS = (0, 1, 2, 3, 4, 6, 8, 12)
 CULPRIT_TARGET = 0.95
 IMBALANCE_TARGET = 0.90
 
@@ -43,6 +48,7 @@ class Score:
     windowed_s: float
     named_s: float
     blamed_s: float
+    named_after_steps: int | None = None
 
     @property
     def of_windowed(self) -> float:
@@ -76,6 +82,33 @@ def score(tr: mn.ParallelTrace, windows: list[Window]) -> Score:
     return Score(truth, windowed, named, blamed)
 
 
+def named_after(
+    tr: mn.ParallelTrace, nodes: dict[str, NodeSeries], windows: list[Window]
+) -> int | None:
+    """Steps after the first waiting window opened until the join names the truth."""
+    waiting = [w for w in windows if is_waiting(w)]
+    if not waiting or not tr.labels:
+        return None
+    s0 = min(w.start_seconds for w in waiting)
+    opened = s0 + WindowParams().min_window_seconds
+    lab = tr.labels[0]
+    for k in PROBE_STEPS:
+        cut = opened + k * tr.step_seconds
+        known = [
+            replace(w, end_seconds=min(w.end_seconds, cut))
+            for w in waiting
+            if w.start_seconds < cut
+        ]
+        got = judge_stall(tr.job_id, nodes, known, s0, cut)
+        if isinstance(got, Imbalance) and got.reason.value == lab.reason:
+            return k
+        if isinstance(got, Found) and not lab.reason:
+            c = got.culprit
+            if (c.instance, c.gpu) == (lab.culprit_instance, lab.culprit_gpu):
+                return k
+    return None
+
+
 def run_one(kind: str, ranks: int, step: float, spinning: bool, seed: int) -> Score:
     dp, pp, tp, gpus = LAYOUTS[ranks]
     tr = mn.build_parallel(
@@ -88,7 +121,8 @@ def run_one(kind: str, ranks: int, step: float, spinning: bool, seed: int) -> Sc
             f.write(tr.text)
         trace = read_trace(path, jobs=1)
     windows = analyze_nodes(trace.nodes.values(), WindowParams(), jobs=1)
-    return score(tr, correlate_jobs(trace.nodes.values(), windows))
+    got = score(tr, correlate_jobs(trace.nodes.values(), windows))
+    return replace(got, named_after_steps=named_after(tr, dict(trace.nodes), windows))
 
 
 def main() -> int:
@@ -103,7 +137,7 @@ def main() -> int:
     print(f"parallel jobs never healthy, {guise} utilization")
     print(
         f"{'scenario':<20}{'ranks':>6}{'step s':>8}{'in windows':>12}{'named':>8}"
-        f"{'of windowed':>13}{'node blamed':>13}"
+        f"{'of windowed':>13}{'node blamed':>13}{'named after':>13}"
     )
     ok = True
     for kind in a.scenarios:
@@ -116,6 +150,7 @@ def main() -> int:
                 print(
                     f"{kind:<20}{ranks:>6}{step:>8g}{s.windowed_s / t:>12.3f}"
                     f"{s.named_s / t:>8.3f}{s.of_windowed:>13.3f}{s.blamed_s / t:>13.3f}"
+                    f"{'-' if s.named_after_steps is None else s.named_after_steps:>13}"
                 )
     return 0 if ok else 1
 
