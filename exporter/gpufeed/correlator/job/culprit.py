@@ -433,13 +433,14 @@ def _ranks_culprit(
     active: Iterable[str],
 ) -> tuple[str, str, str, str]:
     """(instance, gpus, uuids, ranks) of the late ranks on one node, each list comma
-    separated in rank order; all "" but the instance where every active rank of the job
-    on that node is late (the node as a whole holds the job back)."""
-    if set(active) <= set(late):
+    separated in rank order; all "" but the instance where several ranks are late and
+    they are every active rank of the job on that node (the node as a whole holds the
+    job back). One late rank is named with its GPU, as before, whatever else runs there."""
+    ranks = sorted(set(late), key=_rank_order)
+    if len(ranks) > 1 and set(active) <= set(ranks):
         return inst, "", "", ""
     n = nodes[inst]
     j = n.jobs[job_id]
-    ranks = sorted(set(late), key=_rank_order)
     uuids = [j.rank_uuid.get(r, "") for r in ranks]
     gpus = [next((g for g, c in n.gpus.items() if u and c.uuid == u), "") for u in uuids]
     if len(ranks) > 1 and not all(gpus):
