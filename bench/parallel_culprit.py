@@ -13,9 +13,10 @@ scores, per scenario, over the truth's GPU-time:
 - `of windowed`: `named` over the labelled time inside windows (the join's own accuracy);
 - `node blamed`: for the imbalances, GPU-time inside windows that name any culprit, over
   the labelled time (no node may be blamed);
-- `named after`: steps after the job's first waiting window opened (its start + the
-  minimum window) until the join, fed only the windows known then, names the truth ("-":
-  not within PROBE_STEPS).
+- `named after`: seconds (and steps) after the job's first waiting window opened (its
+  start + the minimum window) until the join, fed only the windows known then, names the
+  truth (probes: PROBE_STEPS steps and PROBE_SECONDS; "-": not within them). The issue's
+  target: within 3 steps or 60 s, whichever is longer.
 
 Exit status 1 when a target is missed on the windowed time: culprit top-1 >= 0.95, the
 imbalances named for >= 90% with no node blamed.
@@ -38,6 +39,7 @@ from gpufeed.trace.reader import read_trace
 
 LAYOUTS = {8: (2, 2, 2, 4), 64: (4, 4, 4, 8), 128: (8, 4, 4, 8)}  # ranks -> dp, pp, tp, gpus
 PROBE_STEPS = (0, 1, 2, 3, 4, 6, 8, 12)
+PROBE_SECONDS = (15.0, 30.0, 45.0, 60.0, 90.0, 120.0)
 CULPRIT_TARGET = 0.95
 IMBALANCE_TARGET = 0.90
 
@@ -48,7 +50,7 @@ class Score:
     windowed_s: float
     named_s: float
     blamed_s: float
-    named_after_steps: int | None = None
+    named_after_seconds: float | None = None
 
     @property
     def of_windowed(self) -> float:
@@ -84,16 +86,16 @@ def score(tr: mn.ParallelTrace, windows: list[Window]) -> Score:
 
 def named_after(
     tr: mn.ParallelTrace, nodes: dict[str, NodeSeries], windows: list[Window]
-) -> int | None:
-    """Steps after the first waiting window opened until the join names the truth."""
+) -> float | None:
+    """Seconds after the first waiting window opened until the join names the truth."""
     waiting = [w for w in windows if is_waiting(w)]
     if not waiting or not tr.labels:
         return None
     s0 = min(w.start_seconds for w in waiting)
     opened = s0 + WindowParams().min_window_seconds
     lab = tr.labels[0]
-    for k in PROBE_STEPS:
-        cut = opened + k * tr.step_seconds
+    for d in sorted({k * tr.step_seconds for k in PROBE_STEPS} | set(PROBE_SECONDS)):
+        cut = opened + d
         known = [
             replace(w, end_seconds=min(w.end_seconds, cut))
             for w in waiting
@@ -101,11 +103,11 @@ def named_after(
         ]
         got = judge_stall(tr.job_id, nodes, known, s0, cut)
         if isinstance(got, Imbalance) and got.reason.value == lab.reason:
-            return k
+            return d
         if isinstance(got, Found) and not lab.reason:
             c = got.culprit
             if (c.instance, c.gpu) == (lab.culprit_instance, lab.culprit_gpu):
-                return k
+                return d
     return None
 
 
@@ -122,7 +124,11 @@ def run_one(kind: str, ranks: int, step: float, spinning: bool, seed: int) -> Sc
         trace = read_trace(path, jobs=1)
     windows = analyze_nodes(trace.nodes.values(), WindowParams(), jobs=1)
     got = score(tr, correlate_jobs(trace.nodes.values(), windows))
-    return replace(got, named_after_steps=named_after(tr, dict(trace.nodes), windows))
+    return replace(got, named_after_seconds=named_after(tr, dict(trace.nodes), windows))
+
+
+def _after(seconds: float | None, step: float) -> str:
+    return "-" if seconds is None else f"{seconds:g} s ({seconds / step:.2g} st)"
 
 
 def main() -> int:
@@ -137,7 +143,7 @@ def main() -> int:
     print(f"parallel jobs never healthy, {guise} utilization")
     print(
         f"{'scenario':<20}{'ranks':>6}{'step s':>8}{'in windows':>12}{'named':>8}"
-        f"{'of windowed':>13}{'node blamed':>13}{'named after':>13}"
+        f"{'of windowed':>13}{'node blamed':>13}{'named after':>16}"
     )
     ok = True
     for kind in a.scenarios:
@@ -150,7 +156,7 @@ def main() -> int:
                 print(
                     f"{kind:<20}{ranks:>6}{step:>8g}{s.windowed_s / t:>12.3f}"
                     f"{s.named_s / t:>8.3f}{s.of_windowed:>13.3f}{s.blamed_s / t:>13.3f}"
-                    f"{'-' if s.named_after_steps is None else s.named_after_steps:>13}"
+                    f"{_after(s.named_after_seconds, step):>16}"
                 )
     return 0 if ok else 1
 
