@@ -128,7 +128,7 @@ def run_one(kind: str, ranks: int, step: float, spinning: bool, seed: int) -> Sc
 
 
 def _after(seconds: float | None, step: float) -> str:
-    return "-" if seconds is None else f"{seconds:g} s ({seconds / step:.2g} st)"
+    return "-" if seconds is None else f"{seconds:g} s ({seconds / step:g} steps)"
 
 
 def main() -> int:
@@ -143,7 +143,7 @@ def main() -> int:
     print(f"parallel jobs never healthy, {guise} utilization")
     print(
         f"{'scenario':<20}{'ranks':>6}{'step s':>8}{'in windows':>12}{'named':>8}"
-        f"{'of windowed':>13}{'node blamed':>13}{'named after':>16}"
+        f"{'of windowed':>13}{'node blamed':>13}{'named after':>20}"
     )
     ok = True
     for kind in a.scenarios:
@@ -156,7 +156,7 @@ def main() -> int:
                 print(
                     f"{kind:<20}{ranks:>6}{step:>8g}{s.windowed_s / t:>12.3f}"
                     f"{s.named_s / t:>8.3f}{s.of_windowed:>13.3f}{s.blamed_s / t:>13.3f}"
-                    f"{_after(s.named_after_seconds, step):>16}"
+                    f"  {_after(s.named_after_seconds, step):>18}"
                 )
     return 0 if ok else 1
 
