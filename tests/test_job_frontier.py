@@ -131,3 +131,34 @@ def test_the_frontier_tells_persistent_from_rotating_gates(
     want = {k if isinstance(k, tuple) else ("n", k) for k in persistent}
     assert set(fr.persistent()) == want
     assert fr.rotating({("n", r): g for r, g in groups.items()}) == turns
+
+
+def test_the_fleet_tells_the_jobs_owner_of_a_stage_imbalance_once(tmp_path: Path) -> None:
+    """The fleet's report of a stage-imbalanced job: one gpufeed_fleet_job_imbalance_info
+    (the stage named), no culprit to page on-call with (GpuJobHeldBack stays quiet)."""
+    from gpufeed.correlator.engine.engine import WindowParams
+    from gpufeed.correlator.feeds.analyze import analyze_nodes
+    from gpufeed.fleet.cycle import report
+    from gpufeed.fleet.metrics import Progress, render
+    from gpufeed.fleet.state import FleetState
+    from gpufeed.fleet.timing import CycleTiming
+
+    tr = mn.build_parallel("slow_stage", seed=2, dp=2, pp=2, tp=2, gpus=4, duration=600.0)
+    path = tmp_path / "job.om"
+    path.write_text(tr.text)
+    nodes = list(read_trace(str(path)).nodes.values())
+    params = WindowParams()
+    windows = analyze_nodes(nodes, params, jobs=1)
+    timing = CycleTiming(60.0, 3600.0, 5.0, 0.0, params.merge_gap_seconds)
+    boundary = timing.first_after(tr.end - 120.0)
+    result = report(nodes, [], windows, boundary, timing, params)
+    assert result.held_back == ()
+    assert [(x.job_id, x.reason, x.pipeline_stage) for x in result.imbalanced] == [
+        (tr.job_id, "stage_imbalance", "1")
+    ]
+    assert result.imbalanced[0].waiting_gpus == 4  # stage 0's GPUs; stage 1 computes
+    page = render(FleetState(), result, Progress(0.0, 1, 0, 0, None), None).decode()
+    lines = [x for x in page.splitlines() if x.startswith("gpufeed_fleet_job_")]
+    assert not any(x.startswith("gpufeed_fleet_job_culprit_info{") for x in lines)
+    line = next(x for x in lines if x.startswith("gpufeed_fleet_job_imbalance_info{"))
+    assert 'reason="stage_imbalance"' in line and 'pipeline_stage="1"' in line

@@ -9,6 +9,7 @@ import sys
 import time
 import types
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -26,6 +27,7 @@ from test_sdk import (
     wait_value,
 )
 from test_sdk_ranks import LAUNCHER_VARS
+from test_sdk_wire_compat import old_wire  # noqa: F401 (the 0.2.0 decoder, a fixture)
 
 
 def _rank_info(srv: SdkServer, job_id: str, rank: str, timeout: float = 5.0) -> dict[str, str]:
@@ -238,3 +240,28 @@ def test_gpufeed_run_refuses_sizes_it_cannot_use(tmp_path: Path, sizes: str, wor
     out = run_cli_main(["--parallel-sizes", sizes, "--", sys.executable, "-c", "pass"], tmp_path)
     assert out.returncode == 2
     assert out.stderr.strip() == f"gpufeed run: --parallel-sizes: {words}"
+
+
+def test_an_older_agent_refuses_only_the_coordinates_datagram(
+    old_wire: ModuleType,  # noqa: F811 (the fixture imported above)
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What today's SDK sends for a rank with coordinates, captured from its socket calls:
+    the 0.2.0 decoder refuses the PARALLEL datagram (as `schema`) and nothing with it,
+    the steps decode as they always did."""
+    _launch(monkeypatch, "old", 3, 8)
+    job = sdk.Job("old", socket="/nonexistent/s")
+    sent: list[bytes] = []
+    monkeypatch.setattr(job, "_send_status", lambda d: sent.append(d) or 0)
+    job.set_parallel(dp=(1, 2), pp=(1, 2), tp=(1, 2))
+    for _ in job.track(SlowIterable(2, 0.001)):
+        pass
+    job._flush()
+    today = [wire.decode_datagram(d) for d in sent]
+    kinds = [{m.kind for m in got} for got in today if isinstance(got, list)]
+    assert {wire.KIND_PARALLEL} in kinds and len(kinds) == len(sent)
+    old = [old_wire.decode_datagram(d) for d in sent]
+    parallel = [o for o, k in zip(old, kinds, strict=True) if k == {wire.KIND_PARALLEL}]
+    assert parallel and all(o == "schema" for o in parallel)
+    steps = [o for o, k in zip(old, kinds, strict=True) if wire.KIND_STEP in k]
+    assert steps and all(isinstance(o, list) for o in steps)
