@@ -265,3 +265,41 @@ def test_an_older_agent_refuses_only_the_coordinates_datagram(
     assert parallel and all(o == "schema" for o in parallel)
     steps = [o for o, k in zip(old, kinds, strict=True) if wire.KIND_STEP in k]
     assert steps and all(isinstance(o, list) for o in steps)
+
+
+MESH_PROGRAM = r"""
+import os, sys
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.utils.data import DataLoader
+
+dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
+init_device_mesh("cpu", (1, 1, 1), mesh_dim_names=("pp", "dp_shard", "tp"))
+init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))  # a smaller mesh tells less
+for batch in DataLoader(list(range(6)), batch_size=2):
+    pass
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_gpufeed_run_reads_a_torchtitan_style_mesh(tmp_path: Path) -> None:
+    """Under `gpufeed run`, a program's init_device_mesh with named dimensions reports
+    the rank's coordinates with no code of ours in it (real torch, gloo, the real server)."""
+    # run_cli_main gives `gpufeed run` the socket tmp_path / "s"
+    srv = SdkServer(
+        str(tmp_path / "s"), max_jobs=8, max_messages_per_second=10000, grace_seconds=60
+    )
+    srv.start()
+    try:
+        out = run_cli_main(
+            ["--job-id", "mesh", "--", sys.executable, "-c", MESH_PROGRAM, str(tmp_path / "st")],
+            tmp_path,
+            RANK="0",
+            WORLD_SIZE="1",
+        )
+        assert out.returncode == 0, out.stderr
+        got = _rank_info(srv, "mesh", "0", timeout=10.0)
+    finally:
+        srv.stop()
+    assert (got["pp_rank"], got["dp_rank"], got["tp_rank"]) == ("0", "0", "0")
