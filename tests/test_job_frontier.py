@@ -65,6 +65,9 @@ def test_a_slow_worker_is_its_ranks_and_its_node_neighbours_are_victims(tmp_path
     ranks = some.culprit.rank.split(",")  # type: ignore[union-attr]
     assert len(ranks) == len(culprit[1].split(",")) and all(r.isdigit() for r in ranks)
     assert f"GPUs {culprit[1]}" in some.summary
+    # the frontier's additive account: nearly all of the job's exposed wait is theirs
+    share = dict(some.evidence)["culprit_wait_share"]
+    assert isinstance(share, float) and share >= 0.9, share
 
 
 def test_a_stage_slower_on_every_replica_is_a_stage_imbalance(tmp_path: Path) -> None:

@@ -127,6 +127,9 @@ class Found:
     # instance -> its ranks' median collective wait over the stall (_node_waits), read
     # once per stall by every step that compares a node's wait with its peers'
     node_waits: Mapping[str, float] = field(default_factory=dict)
+    # last_to_arrive by the per-step frontier: the share of the job's exposed wait over
+    # the stall credited to the culprit's ranks (0.0: not found that way)
+    wait_share: float = 0.0
 
 
 def correlate_jobs(
@@ -256,11 +259,14 @@ def judge_stall(
     waits = _node_waits(shares)
     lost = lost_rank(job_id, nodes, start, end)
     last: tuple[str, str, str, str] | None = None
+    wait_share = 0.0
     if lost is None:
         fr = frontier(nodes, job_id, start, end)
         judged = _by_frontier(job_id, nodes, fr) if fr is not None else None
         if isinstance(judged, Imbalance):
             return judged
+        if judged is not None and fr is not None:
+            wait_share = fr.share(fr.persistent())
         last = judged or _last_to_arrive(job_id, nodes, shares)
     if lost is not None:
         inst, rank, how = lost
@@ -304,6 +310,7 @@ def judge_stall(
         link[1] if link is not None else None,
         link[2] if link is not None else 0.0,
         waits,
+        wait_share if signal == "last_to_arrive" else 0.0,
     )
 
 
@@ -741,8 +748,11 @@ def as_straggler(w: Window, found: Found) -> Window:
         f"{who} (job {w.job_id}) {HEADLINES[Cause.STRAGGLER]}: job {w.job_id} waits on "
         + culprit_words(c, found.tier, found.exit)
     )
-    ev = tuple(kv for kv in w.evidence if kv[0] not in ("culprit_signal", "culprit_exit"))
+    drop = ("culprit_signal", "culprit_exit", "culprit_wait_share")
+    ev = tuple(kv for kv in w.evidence if kv[0] not in drop)
     said = (("culprit_exit", found.exit),) if found.exit else ()
+    if found.wait_share > 0:  # the frontier's account: how much of the wait is theirs
+        said = (*said, ("culprit_wait_share", round(found.wait_share, 3)))
     if not is_waiting(w):  # its node's own reading, kept beside the culprit
         ev = (*ev, ("node_cause", w.cause.value))
     return replace(

@@ -59,6 +59,12 @@ class Frontier:
         n = Counter(k for g in self.gates for k in g)
         return frozenset(k for k, c in n.items() if c >= PERSISTENT_SHARE * self.attributed)
 
+    def share(self, ranks: frozenset[RankKey]) -> float:
+        """The share of the job's exposed wait over the stall credited to `ranks`."""
+        total = sum(self.credit_seconds.values())
+        mine = sum(v for k, v in self.credit_seconds.items() if k in ranks)
+        return mine / total if total > 0 else 0.0
+
     def rotating(self, group: Mapping[RankKey, int]) -> int:
         """How many distinct groups (`group`: rank -> its data-parallel rank, or its own
         index without coordinates) gate the attributed slices in turn, where they rotate:
