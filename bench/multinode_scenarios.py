@@ -397,3 +397,258 @@ def _sample(
             L(
                 f'gpufeed_host_pressure_waiting_seconds_total{{resource="{res}",{il}}} {n.psi[res]:.6g} {ts}'
             )
+
+
+# ---------------------------------------------------------------------------------------
+# Issue 24 (job level): jobs with parallelism coordinates that are never healthy. Kept
+# apart from the scenarios above (which stall after a healthy stretch) so that the two can
+# grow independently.
+#
+# The job is dp x pp x tp ranks in Megatron's default order (tensor-parallel fastest, then
+# data-parallel, then the pipeline stage: rank = t + tp * (d + dp * p)), `gpus` ranks per
+# node, so one node holds the same stage of gpus / tp replicas. Every step each rank works
+# for its own time, then waits in the step's collectives (the pipeline's sends and the
+# data-parallel all-reduce) until the slowest rank is done: the step takes the slowest
+# rank's work plus the all-reduce left after overlap. From the first step:
+# - `slow_worker`: one replica's stage (tp GPUs on one node) computes 2.4x slower; every
+#   other rank, its node's other GPUs included, waits for it (truth: those ranks, named);
+# - `slow_stage`: the last stage computes 1.6x longer on every replica (its layers are
+#   heavier): no worker at fault (truth: `stage_imbalance`, no culprit);
+# - `rotating_imbalance`: each step one replica, drawn at random, computes 1.3-1.8x longer
+#   (its batch holds the long sequences): the slowest data-parallel rank changes every
+#   step (truth: `input_imbalance`, no culprit).
+# `spinning`: a GPU waiting in a collective reads busy (NCCL's kernel spins) and only SM
+# activity shows the compute; else utilization counts compute only (gloo-like).
+# ---------------------------------------------------------------------------------------
+
+PARALLEL_SCENARIOS = ("slow_worker", "slow_stage", "rotating_imbalance")
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelLabel:
+    """Truth for one GPU of a parallel job: its cause over [start, end], the culprit
+    (instance and its GPUs, comma separated) or the imbalance that explains the wait."""
+
+    instance: str
+    gpu: str
+    start: float
+    end: float
+    cause: str
+    culprit_instance: str = ""
+    culprit_gpu: str = ""
+    reason: str = ""  # "stage_imbalance", "input_imbalance"; "" for a named culprit
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelTrace:
+    text: str
+    labels: list[ParallelLabel]
+    kind: str
+    instances: tuple[str, ...]
+    job_id: str
+    gpus_per_node: int
+    start: float
+    end: float
+    step_seconds: float
+
+
+def parallel_rank(d: int, p: int, t: int, dp: int, tp: int) -> int:
+    return t + tp * (d + dp * p)
+
+
+def build_parallel(
+    kind: str,
+    seed: int = 1,
+    dp: int = 4,
+    pp: int = 4,
+    tp: int = 4,
+    gpus: int = 8,
+    step_seconds: float = 5.0,
+    interval: float = 5.0,
+    duration: float = 1800.0,
+    spinning: bool = False,
+    coords: bool = True,
+) -> ParallelTrace:
+    """One dp x pp x tp job of scenario `kind` (PARALLEL_SCENARIOS), slow from its first
+    step, `duration` seconds (at least 40 steps); `coords`: the ranks report their
+    parallelism coordinates (gpufeed_job_rank_info's dp_rank, pp_rank, tp_rank)."""
+    if kind not in PARALLEL_SCENARIOS:
+        raise ValueError(f"unknown scenario {kind!r}; known: {', '.join(PARALLEL_SCENARIOS)}")
+    world = dp * pp * tp
+    if world % gpus or gpus % tp:
+        raise ValueError(f"{world} ranks do not fill nodes of {gpus} GPUs by whole tp groups")
+    r = random.Random(zlib.crc32(f"parallel/{kind}/{seed}/{dp}x{pp}x{tp}".encode()))
+    t0 = 1_760_000_000.0 + r.randrange(0, 86400)
+    job = f"{50000 + r.randrange(10000)}"
+    nn = world // gpus
+    insts = [f"node-{i:02d}:9842" for i in range(nn)]
+    uuid = [
+        [f"GPU-{zlib.crc32(f'{i}/{g}/{seed}'.encode()):08x}" for g in range(gpus)] for i in insts
+    ]
+    at = [(d, p, t) for p in range(pp) for d in range(dp) for t in range(tp)]
+    at.sort(key=lambda c: parallel_rank(*c, dp, tp))
+    slow_d, slow_p = r.randrange(dp), r.randrange(pp)
+    if kind == "slow_stage":
+        slow_p = pp - 1
+    base = 0.9 * step_seconds  # a healthy rank's work; the all-reduce left takes the rest
+    starts, work = [t0], []
+    n_steps = max(40, int(duration / step_seconds) + 1)
+    while len(work) < n_steps:
+        heavy = r.randrange(dp) if kind == "rotating_imbalance" else -1
+        extra = r.uniform(1.3, 1.8)
+        w = []
+        for d, p, _t in at:
+            x = base * _n(r, 0.01)
+            if kind == "slow_worker" and (d, p) == (slow_d, slow_p):
+                x *= 2.4
+            elif kind == "slow_stage" and p == slow_p:
+                x *= 1.6
+            elif d == heavy:
+                x *= extra
+            w.append(x)
+        work.append(w)
+        starts.append(starts[-1] + max(w) + 0.1 * step_seconds * _n(r, 0.05))
+    t_end = min(starts[-1], t0 + max(duration, 40 * step_seconds))
+    labels = _parallel_labels(kind, at, insts, gpus, dp, tp, slow_d, slow_p, t0, t_end, interval)
+    lines: list[str] = []
+    cum_comp = [0.0] * world
+    prev = [0.0] * world  # each rank's compute at the sample before
+    t = t0
+    k = 0  # the step in progress at t
+    while t + interval <= t_end:
+        t += interval
+        while starts[k + 1] <= t:
+            for i in range(world):
+                cum_comp[i] += work[k][i]
+            k += 1
+        done = [cum_comp[i] + min(work[k][i], t - starts[k]) for i in range(world)]
+        _parallel_sample(lines, insts, uuid, at, done, prev, k, t, t0, interval, gpus, job,
+                         r, spinning, coords)  # fmt: skip
+        prev = done
+    lines.append("# EOF")
+    return ParallelTrace(
+        "\n".join(lines) + "\n", labels, kind, tuple(insts), job, gpus, t0, t_end, step_seconds
+    )
+
+
+def _parallel_labels(
+    kind: str,
+    coords: list[tuple[int, int, int]],
+    insts: list[str],
+    gpus: int,
+    dp: int,
+    tp: int,
+    slow_d: int,
+    slow_p: int,
+    t0: float,
+    t_end: float,
+    interval: float,
+) -> list[ParallelLabel]:
+    """Truth per GPU, from the first sample to the last."""
+    culprit = [i for i, (d, p, _t) in enumerate(coords) if (d, p) == (slow_d, slow_p)]
+    c_inst = insts[culprit[0] // gpus]
+    c_gpus = ",".join(str(i % gpus) for i in culprit)
+    out = []
+    for i, (_d, p, _t) in enumerate(coords):
+        inst, gpu = insts[i // gpus], str(i % gpus)
+        if kind == "slow_worker":
+            if i in culprit:
+                continue  # it computes flat out
+            lab = ParallelLabel(inst, gpu, t0 + interval, t_end, "straggler", c_inst, c_gpus)
+        elif kind == "slow_stage":
+            if p == slow_p:
+                continue
+            lab = ParallelLabel(
+                inst, gpu, t0 + interval, t_end, "straggler", reason="stage_imbalance"
+            )
+        else:
+            lab = ParallelLabel(
+                inst, gpu, t0 + interval, t_end, "straggler", reason="input_imbalance"
+            )
+        out.append(lab)
+    return out
+
+
+def _parallel_sample(
+    lines: list[str],
+    insts: list[str],
+    uuid: list[list[str]],
+    coords: list[tuple[int, int, int]],
+    done: list[float],
+    prev: list[float],
+    steps: int,
+    t: float,
+    t0: float,
+    iv: float,
+    gpus: int,
+    job: str,
+    r: random.Random,
+    spinning: bool,
+    with_coords: bool,
+) -> None:
+    """One sample of every node at t: each rank's compute so far is `done`; the rest of
+    its time since t0 it waited in collectives."""
+    ts = f"{t:.3f}"
+    L = lines.append
+    world = len(coords)
+    for k, inst in enumerate(insts):
+        il = f'instance="{inst}"'
+        comp_sum = wait_sum = 0.0
+        for g in range(gpus):
+            i = k * gpus + g
+            d, p, tt = coords[i]
+            util = max(0.0, min(1.0, (done[i] - prev[i]) / iv))
+            wait = 1.0 - util
+            gl = f'gpu="{g}",uuid="{uuid[k][g]}",{il}'
+            nv = (0.97 + 0.02 * r.random()) if spinning and wait > 0.25 else util * _n(r, 0.01)
+            sm = (0.72 * util + 0.05 * wait) * _n(r, 0.03)
+            L(f"gpufeed_gpu_up{{{gl}}} 1 {ts}")
+            L(f"gpufeed_gpu_utilization_ratio{{{gl}}} {min(nv, 1.0):.3f} {ts}")
+            L(f"gpufeed_gpu_sm_active_ratio{{{gl}}} {min(sm, 1.0):.3f} {ts}")
+            L(f"gpufeed_gpu_sm_clock_hertz{{{gl}}} 1980000000 {ts}")
+            L(f'gpufeed_gpu_clock_event_active{{{gl},reason="hw_slowdown"}} 0 {ts}')
+            L(f"gpufeed_gpu_memory_used_bytes{{{gl}}} 7e10 {ts}")
+            L(f"gpufeed_gpu_memory_total_bytes{{{gl}}} 8.5e10 {ts}")
+            L(f'gpufeed_job_info{{job_id="{job}",gpu="{g}",uuid="{uuid[k][g]}",{il}}} 1 {ts}')
+            comp, cw = done[i], (t - t0) - done[i]
+            comp_sum += comp
+            wait_sum += cw
+            rl = f'job_id="{job}",rank="{i}",{il}'
+            L(f'gpufeed_job_rank_phase_seconds_total{{{rl},phase="compute"}} {comp:.3f} {ts}')
+            L(f'gpufeed_job_rank_phase_seconds_total{{{rl},phase="collective_wait"}} {cw:.3f} {ts}')
+            xl = f',dp_rank="{d}",pp_rank="{p}",tp_rank="{tt}"' if with_coords else ""
+            L(
+                f'gpufeed_job_rank_info{{{rl},local_rank="{g}",world_size="{world}",'
+                f'uuid="{uuid[k][g]}"{xl}}} 1 {ts}'
+            )
+            L(f"gpufeed_job_rank_lost{{{rl}}} 0 {ts}")
+        jl = f'job_id="{job}",{il}'
+        L(f'gpufeed_job_phase_seconds_total{{{jl},phase="compute"}} {comp_sum:.3f} {ts}')
+        L(f'gpufeed_job_phase_seconds_total{{{jl},phase="communication"}} {wait_sum:.3f} {ts}')
+        L(f"gpufeed_job_steps_total{{{jl}}} {steps} {ts}")
+        _healthy_host(lines, inst, t - t0, ts)
+
+
+def _healthy_host(lines: list[str], inst: str, since: float, ts: str) -> None:
+    """A node whose host, tier and fabric show nothing: 64 CPUs 40% busy, a quiet data
+    tier, the all-reduce's traffic well under the link's speed."""
+    il = f'instance="{inst}"'
+    L = lines.append
+    for mode, share in (("user", 0.34), ("system", 0.06), ("iowait", 0.01), ("idle", 0.59)):
+        L(f'gpufeed_host_cpu_seconds_total{{mode="{mode}",{il}}} {64 * share * since:.6g} {ts}')
+    for res in ("cpu", "io"):
+        L(
+            f'gpufeed_host_pressure_waiting_seconds_total{{resource="{res}",{il}}} {0.01 * since:.6g} {ts}'
+        )
+    tl = f'tier="warm",mountpoint="/mnt/warm",device="sdb",{il}'
+    for key, rate in (("read_bytes", 2e8), ("reads_completed", 800.0), ("read_time_seconds", 0.5),
+                      ("io_time_seconds", 0.1), ("io_time_weighted_seconds", 0.5)):  # fmt: skip
+        L(f"gpufeed_storage_{key}_total{{{tl}}} {rate * since:.6g} {ts}")
+    nl = f'device="mlx5_0",fabric="infiniband",{il}'
+    for key, rate in (
+        ("receive_bytes", 5e9),
+        ("transmit_bytes", 5e9),
+        ("transmit_wait_seconds", 0.002),
+    ):
+        L(f"gpufeed_network_{key}_total{{{nl}}} {rate * since:.6g} {ts}")
+    L(f"gpufeed_network_speed_bytes_per_second{{{nl}}} 2.5e10 {ts}")
