@@ -417,8 +417,10 @@ def _sample(
 # - `rotating_imbalance`: each step one replica, drawn at random, computes 1.3-1.8x longer
 #   (its batch holds the long sequences): the slowest data-parallel rank changes every
 #   step (truth: `input_imbalance`, no culprit).
-# `spinning`: a GPU waiting in a collective reads busy (NCCL's kernel spins) and only SM
-# activity shows the compute; else utilization counts compute only (gloo-like).
+# `guise` (GUISES, as for SCENARIOS): `spin` (the default) reads a GPU waiting in a
+# collective busy (NCCL's kernel spins) and only SM activity shows the compute;
+# `compute_only` counts compute only (gloo-like); every node here has GPM, so `mixed`
+# reads as `spin`.
 # ---------------------------------------------------------------------------------------
 
 PARALLEL_SCENARIOS = ("slow_worker", "slow_stage", "rotating_imbalance")
@@ -450,6 +452,11 @@ class ParallelTrace:
     start: float
     end: float
     step_seconds: float
+    # per (instance, gpu): the stretches [start, end] in which it waited for the step's
+    # last rank (its exposed wait, each step's all-reduce left out): what "inside windows
+    # for 95% of the waiting time" is measured on (a rank of a rotating imbalance waits in
+    # the steps another replica gates and none in its own)
+    waits: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
 
 
 def parallel_rank(d: int, p: int, t: int, dp: int, tp: int) -> int:
@@ -466,7 +473,7 @@ def build_parallel(
     step_seconds: float = 5.0,
     interval: float = 5.0,
     duration: float = 1800.0,
-    spinning: bool = False,
+    guise: str = GUISES[0],
     coords: bool = True,
 ) -> ParallelTrace:
     """One dp x pp x tp job of scenario `kind` (PARALLEL_SCENARIOS), slow from its first
@@ -474,6 +481,8 @@ def build_parallel(
     parallelism coordinates (gpufeed_job_rank_info's dp_rank, pp_rank, tp_rank)."""
     if kind not in PARALLEL_SCENARIOS:
         raise ValueError(f"unknown scenario {kind!r}; known: {', '.join(PARALLEL_SCENARIOS)}")
+    if guise not in GUISES:
+        raise ValueError(f"unknown guise {guise!r}; known: {', '.join(GUISES)}")
     world = dp * pp * tp
     if world % gpus or gpus % tp:
         raise ValueError(f"{world} ranks do not fill nodes of {gpus} GPUs by whole tp groups")
@@ -523,12 +532,34 @@ def build_parallel(
             k += 1
         done = [cum_comp[i] + min(work[k][i], t - starts[k]) for i in range(world)]
         _parallel_sample(lines, insts, uuid, at, done, prev, k, t, t0, interval, gpus, job,
-                         r, spinning, coords)  # fmt: skip
+                         r, _spins(guise, True), coords)  # fmt: skip
         prev = done
     lines.append("# EOF")
+    waits = _parallel_waits(starts, work, insts, gpus, t0 + interval, t_end)
     return ParallelTrace(
-        "\n".join(lines) + "\n", labels, kind, tuple(insts), job, gpus, t0, t_end, step_seconds
-    )
+        "\n".join(lines) + "\n", labels, kind, tuple(insts), job, gpus, t0, t_end, step_seconds,
+        waits,
+    )  # fmt: skip
+
+
+def _parallel_waits(
+    starts: list[float],
+    work: list[list[float]],
+    insts: list[str],
+    gpus: int,
+    t0: float,
+    t_end: float,
+) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """Each rank's exposed wait per step: from the end of its own work to the end of the
+    slowest rank's, clipped to [t0, t_end] (the labels' span)."""
+    out: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for k, w in enumerate(work):
+        gate = starts[k] + max(w)
+        for i, x in enumerate(w):
+            a, b = max(starts[k] + x, t0), min(gate, t_end)
+            if b > a:
+                out.setdefault((insts[i // gpus], str(i % gpus)), []).append((a, b))
+    return out
 
 
 def _parallel_labels(
@@ -625,7 +656,11 @@ def _parallel_sample(
         jl = f'job_id="{job}",{il}'
         L(f'gpufeed_job_phase_seconds_total{{{jl},phase="compute"}} {comp_sum:.3f} {ts}')
         L(f'gpufeed_job_phase_seconds_total{{{jl},phase="communication"}} {wait_sum:.3f} {ts}')
-        L(f"gpufeed_job_steps_total{{{jl}}} {steps} {ts}")
+        # summed over the node's rank processes, as the SDK's counter is (each rank counts
+        # its own steps): a per-node count read as the job's pace made every step `gpus`
+        # times as long as it is and left the step rule (engine._over_step) unused
+        L(f"gpufeed_job_steps_total{{{jl}}} {steps * gpus} {ts}")
+        L(f"gpufeed_job_processes{{{jl}}} {gpus} {ts}")
         _healthy_host(lines, inst, t - t0, ts)
 
 

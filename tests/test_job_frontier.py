@@ -165,3 +165,44 @@ def test_the_fleet_tells_the_jobs_owner_of_a_stage_imbalance_once(tmp_path: Path
     assert not any(x.startswith("gpufeed_fleet_job_culprit_info{") for x in lines)
     line = next(x for x in lines if x.startswith("gpufeed_fleet_job_imbalance_info{"))
     assert 'reason="stage_imbalance"' in line and 'pipeline_stage="1"' in line
+
+
+@pytest.mark.parametrize("guise", ["spin", "compute_only"])
+def test_long_steps_put_the_victims_waits_inside_windows(tmp_path: Path, guise: str) -> None:
+    """46 s steps, the last stage 1.6x slower: the other stages work ~58% of every step and
+    wait the rest. Judged over their job's steps (engine._over_step) their whole waiting
+    time is inside windows, in both guises; the generator once wrote one node-level step
+    count for the job's 4 ranks there, read as steps 4x as long, so the step rule never
+    applied and those GPUs, low 58% of each minute, opened no window at all."""
+    from bench.parallel_culprit import score
+
+    tr = mn.build_parallel(
+        "slow_stage", seed=2, dp=2, pp=2, tp=2, gpus=4, step_seconds=46.0, duration=1840.0,
+        guise=guise,
+    )  # fmt: skip
+    s = score(tr, analyze_text(tr.text, tmp_path))
+    assert s.truth_s > 0 and s.windowed_s / s.truth_s >= 0.95, s
+
+
+def test_parallel_jobs_spin_by_default_and_name_their_guise() -> None:
+    """NCCL's reading is the default for a multi-node job (issue 24): a waiting GPU reads
+    busy while its SM activity stays low; compute_only reads the compute share."""
+    spin = mn.build_parallel("slow_stage", seed=2, dp=2, pp=2, tp=2, gpus=4, duration=200.0)
+    flat = mn.build_parallel(
+        "slow_stage", seed=2, dp=2, pp=2, tp=2, gpus=4, duration=200.0, guise="compute_only"
+    )
+
+    def victims_mean(text: str) -> float:
+        got = [
+            float(ln.rsplit(" ", 2)[1])
+            for ln in text.splitlines()
+            if ln.startswith("gpufeed_gpu_utilization_ratio")
+            and 'instance="node-00:9842"' in ln
+            and ('gpu="0"' in ln or 'gpu="1"' in ln)  # stage 0: victims
+        ]
+        return sum(got) / len(got)
+
+    assert victims_mean(spin.text) >= 0.9
+    assert victims_mean(flat.text) < 0.8
+    with pytest.raises(ValueError, match="unknown guise"):
+        mn.build_parallel("slow_stage", guise="spinning")
