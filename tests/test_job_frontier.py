@@ -206,3 +206,18 @@ def test_parallel_jobs_spin_by_default_and_name_their_guise() -> None:
     assert victims_mean(flat.text) < 0.8
     with pytest.raises(ValueError, match="unknown guise"):
         mn.build_parallel("slow_stage", guise="spinning")
+
+
+def test_the_frontiers_step_is_the_jobs_step_not_its_counters(tmp_path: Path) -> None:
+    """`gpufeed_job_steps_total` sums the steps of the job's processes on a node (4 ranks
+    here): the frontier's slices are one step of the job long, not a quarter of one."""
+    from gpufeed.correlator.job.frontier import step_seconds
+
+    tr = mn.build_parallel(
+        "slow_worker", seed=2, dp=2, pp=2, tp=2, gpus=4, step_seconds=20.0, duration=800.0
+    )
+    path = tmp_path / "job.om"
+    path.write_text(tr.text)
+    nodes = read_trace(str(path)).nodes
+    got = step_seconds(nodes, tr.job_id, tr.start + 100.0, tr.end - 100.0)
+    assert 35.0 <= got <= 60.0, got  # 2.4 x 0.9 x 20 s of the slow worker plus the rest

@@ -96,8 +96,7 @@ def step_seconds(j: JobColumns, t: float, timing: Timing) -> float | None:
         return None
     if vs[i] <= vs[k]:
         return None  # a reset since
-    procs = j.processes.value_at(t, timing.stale_seconds) if j.processes is not None else None
-    per = procs if procs is not None and procs >= 1 else float(max(len(j.rank_info), 1))
+    per = step_counters(j, t, timing.stale_seconds)
     done = (vs[i] - vs[k]) / per
     if done < 1.0:
         return None
@@ -111,6 +110,14 @@ def step_seconds(j: JobColumns, t: float, timing: Timing) -> float | None:
     # still for one and a half such steps: it does not step at that pace now (stopped,
     # restarting, checkpointing), and what it did before says nothing of how to judge it
     return None if t - ts[i] > STALE_STEPS * step else step
+
+
+def step_counters(j: JobColumns, t: float, stale_seconds: float) -> float:
+    """How many processes' steps `gpufeed_job_steps_total` sums here at t: each process
+    (rank) of the job counts its own steps (jobs/aggregate.py), so a step of the job moves
+    the counter once per process; its live processes, else its ranks here, else one."""
+    procs = j.processes.value_at(t, stale_seconds) if j.processes is not None else None
+    return procs if procs is not None and procs >= 1 else float(max(len(j.rank_info), 1))
 
 
 # Causes of a stretch that waits for a peer (its node cannot say why): a job brought down

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from statistics import median
 
+from gpufeed.correlator.engine.engine import step_counters
 from gpufeed.correlator.engine.node import NodeSeries
 from gpufeed.correlator.engine.series import Series
 
@@ -107,7 +108,8 @@ def rank_waits(nodes: Mapping[str, NodeSeries], job_id: str, start: float) -> di
 
 def step_seconds(nodes: Mapping[str, NodeSeries], job_id: str, start: float, end: float) -> float:
     """The job's step time over [start, end] from its nodes' step counters (the median
-    node's), 0.0 where no node counts steps or none completed."""
+    node's; each counter shared out over the processes it sums), 0.0 where no node counts
+    steps or none completed."""
     per: list[float] = []
     for n in nodes.values():
         j = n.jobs.get(job_id)
@@ -116,7 +118,9 @@ def step_seconds(nodes: Mapping[str, NodeSeries], job_id: str, start: float, end
         a = j.steps.value_at(start, ACTIVE_LOOKBACK_SECONDS)
         b = j.steps.value_at(end, ACTIVE_LOOKBACK_SECONDS)
         if a is not None and b is not None and b > a:
-            per.append((end - start) / (b - a))
+            # the counter sums the steps of the job's processes here (engine.step_counters)
+            steps = (b - a) / step_counters(j, end, ACTIVE_LOOKBACK_SECONDS)
+            per.append((end - start) / steps)
     return median(per) if per else 0.0
 
 
