@@ -168,6 +168,25 @@ def test_the_fleet_tells_the_jobs_owner_of_a_stage_imbalance_once(tmp_path: Path
 
 
 @pytest.mark.parametrize("guise", ["spin", "compute_only"])
+def test_steps_near_the_sample_interval_put_the_victims_waits_inside_windows(
+    tmp_path: Path, guise: str
+) -> None:
+    """Steps of ~9 s, samples every 5 s: the step counter moves at sample instants only,
+    so two adjacent moves read a 5 s step and the next pair 10 s, and the victims were
+    judged per sample half the time, reading 0.2-1.0 as the step beat with the sampling
+    (0.30 of their waiting time inside windows); the step is read over moves several
+    samples apart and judged over whole steps now."""
+    from bench.parallel_culprit import score
+
+    tr = mn.build_parallel(
+        "slow_stage", seed=2, dp=2, pp=2, tp=2, gpus=4, step_seconds=6.0, duration=900.0,
+        guise=guise,
+    )  # fmt: skip
+    s = score(tr, analyze_text(tr.text, tmp_path))
+    assert s.truth_s > 0 and s.windowed_s / s.truth_s >= 0.95, s
+
+
+@pytest.mark.parametrize("guise", ["spin", "compute_only"])
 def test_long_steps_put_the_victims_waits_inside_windows(tmp_path: Path, guise: str) -> None:
     """46 s steps, the last stage 1.6x slower: the other stages work ~58% of every step and
     wait the rest. Judged over their job's steps (engine._over_step) their whole waiting

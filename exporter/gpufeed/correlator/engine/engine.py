@@ -49,8 +49,9 @@ JOB_GPUS_REFERENCE = "job_gpus"  # SM activity against the job's busiest GPU now
 JOB_RANKS_REFERENCE = "job_ranks"  # the rank's collective wait against the job's least
 
 
-# A GPU is judged over its job's step where a step spans more samples than this
-# (_over_step); a step longer than this many minimum windows is judged over that long.
+# A GPU is judged over its job's steps where a step is longer than a sample: over the
+# fewest whole steps that span this many samples (_over_step); a step longer than
+# STEP_MAX_X_MIN_WINDOW minimum windows is judged over that long.
 STEP_SAMPLES = 2.0
 STEP_MAX_X_MIN_WINDOW = 2.0
 # How far back a job's step counter is read for its seconds per step (step_seconds), and
@@ -58,6 +59,7 @@ STEP_MAX_X_MIN_WINDOW = 2.0
 # runs a little longer than the last one now and then; a restart's start-up far longer).
 STEP_LOOKBACK_SECONDS = 600.0
 STALE_STEPS = 1.5
+STEP_READ_SAMPLES = 4.0  # a step is read over moves of its counter this many samples apart
 
 
 def step_seconds(j: JobColumns, t: float, timing: Timing) -> float | None:
@@ -86,6 +88,17 @@ def step_seconds(j: JobColumns, t: float, timing: Timing) -> float | None:
     k = i - 1
     while k > lo and vs[k - 1] == vs[k]:  # back to the move before
         k -= 1
+    # moves are seen at sample instants only: a step of 9 s read between two adjacent
+    # moves 5 s apart read 5 s, then 10 s, flipping the GPU between judged per sample
+    # and over its step; over moves STEP_READ_SAMPLES samples apart it reads within a
+    # quarter of the truth
+    while ts[i] - ts[k] < STEP_READ_SAMPLES * timing.interval_seconds and k > lo:
+        m = k - 1
+        while m > lo and vs[m - 1] == vs[m]:
+            m -= 1
+        if not (m > lo and vs[m - 1] < vs[m] <= vs[k]):
+            break  # no earlier move in reach since the counter (re)started
+        k = m
     # k is the move before, or where the counter began (at 0, in reach) or was reset: the
     # start of the first step, which counts only where no start-up phase came before it
     if k > lo and vs[k] >= vs[k - 1]:
@@ -388,8 +401,8 @@ class NodeCorrelator:
             recent.clear()
             return v
         period = self._step_seconds(job, j, t)
-        short = STEP_SAMPLES * self.timing.interval_seconds
-        if period is not None and period <= short:
+        iv = self.timing.interval_seconds
+        if period is not None and period <= iv:  # each sample holds a step or more
             recent.clear()
             return v
         longest = STEP_MAX_X_MIN_WINDOW * self.p.min_window_seconds
@@ -402,7 +415,12 @@ class NodeCorrelator:
             recent.popleft()
         if period is None:
             return v
-        since = t - min(period, longest)
+        # whole steps that span STEP_SAMPLES samples or more: a step between one and two
+        # samples long, read sample by sample, beats with the sampling (a victim working
+        # 58% of each 8.5 s step read 0.4-1.0 from one 5 s sample to the next, above the
+        # threshold in a third of them, and never opened a window)
+        span = period * math.ceil(STEP_SAMPLES * iv / period)
+        since = t - min(span, longest)
         got = [x for ts, x in recent if ts > since]
         return sum(got) / len(got)
 

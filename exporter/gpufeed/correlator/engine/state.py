@@ -202,7 +202,7 @@ def segment_window(
         start_seconds=seg.start,
         end_seconds=max(end, seg.start),
         cause=cause,
-        confidence_ratio=round(min(max(conf, 0.0), 1.0), 4),
+        confidence_ratio=round(min(max(conf, 0.0), 1.0), 3),  # as to_json writes it
         mean_utilization_ratio=round(mean_util, 4),
         evidence=evidence,
         summary=summary,
