@@ -346,7 +346,9 @@ def _sample(
                 f'gpufeed_job_phase_seconds_total{{job_id="{job}",phase="{ph}",{il}}} {n.phases[ph]:.3f} {ts}'
             )
         n.steps += 0.0 if step == math.inf else iv / step
-        L(f'gpufeed_job_steps_total{{job_id="{job}",{il}}} {n.steps:.0f} {ts}')
+        # summed over the node's ranks, as the SDK's counter is (build_parallel's note)
+        L(f'gpufeed_job_steps_total{{job_id="{job}",{il}}} {round(n.steps) * gpus} {ts}')
+        L(f'gpufeed_job_processes{{job_id="{job}",{il}}} {gpus} {ts}')
         # the data tier: reads at the job's pace, latency up when it is slow
         pace = 0.0 if step == math.inf else 1.0 / step
         rb = 1.5e9 * pace * _n(r, 0.05) / max(1.0, tier_slow[k] / 3)

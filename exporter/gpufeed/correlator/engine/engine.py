@@ -59,7 +59,6 @@ STEP_MAX_X_MIN_WINDOW = 2.0
 # runs a little longer than the last one now and then; a restart's start-up far longer).
 STEP_LOOKBACK_SECONDS = 600.0
 STALE_STEPS = 1.5
-STEP_READ_SAMPLES = 4.0  # a step is read over moves of its counter this many samples apart
 
 
 def step_seconds(j: JobColumns, t: float, timing: Timing) -> float | None:
@@ -90,9 +89,9 @@ def step_seconds(j: JobColumns, t: float, timing: Timing) -> float | None:
         k -= 1
     # moves are seen at sample instants only: a step of 9 s read between two adjacent
     # moves 5 s apart read 5 s, then 10 s, flipping the GPU between judged per sample
-    # and over its step; over moves STEP_READ_SAMPLES samples apart it reads within a
-    # quarter of the truth
-    while ts[i] - ts[k] < STEP_READ_SAMPLES * timing.interval_seconds and k > lo:
+    # and over its step; it is read over moves STEP_SAMPLES samples apart at least (a
+    # step that long already was: read as before)
+    while ts[i] - ts[k] < STEP_SAMPLES * timing.interval_seconds and k > lo:
         m = k - 1
         while m > lo and vs[m - 1] == vs[m]:
             m -= 1
@@ -385,9 +384,9 @@ class NodeCorrelator:
         return None if sm is None else min(sm / base, 1.0)
 
     def _over_step(self, u: Unit, t: float, v: float) -> float:
-        """A GPU's utilization judged over its job's last step where a step spans several
-        samples: the mean of its samples over the trailing step (`step_seconds`), else
-        the sample itself. A window needs 3/4 of its first minute low; a job whose steps
+        """A GPU's utilization judged over its job's last steps where a step is longer
+        than a sample: the mean of its samples over the fewest trailing whole steps
+        (`step_seconds`) that span STEP_SAMPLES samples, else the sample itself. A window needs 3/4 of its first minute low; a job whose steps
         take 30-60 s works and waits in stretches of tens of seconds, so whether a GPU
         waiting 58% of each 46 s step reached 3/4 low depended on where its first minute
         fell, and one low 61% of the time opened a window while one low 58% never did
