@@ -99,7 +99,9 @@ bench: install promtool
 bench-correlator: install
 	$(PY) -m bench.correlator_accuracy --simulated
 	$(PY) -m bench.culprit_accuracy
+	$(PY) -m bench.culprit_accuracy --guise compute_only
 	$(PY) -m bench.network_accuracy
+	$(PY) -m bench.never_healthy_accuracy
 
 # One hour of a real agent under scrapes, /api/windows, SDK jobs and idle connections;
 # fails if RSS grows >= 5 MB/h after warm-up, fds or threads rise, or /metrics p99 >= 10 ms.

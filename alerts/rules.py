@@ -132,6 +132,26 @@ def job_culprit(cfg: RulesConfig) -> str:
     return f"max by ({CULPRIT_LABELS}) (gpufeed_fleet_job_culprit_info{{{cfg.fleet_sel}}})"
 
 
+IMBALANCE_LABELS = "job_id, reason, pipeline_stage"
+
+
+def job_imbalance(cfg: RulesConfig) -> str:
+    """One series per job that waits for its own imbalance, however many fleet replicas
+    export it."""
+    return f"max by ({IMBALANCE_LABELS}) (gpufeed_fleet_job_imbalance_info{{{cfg.fleet_sel}}})"
+
+
+def imbalance_description() -> str:
+    return (
+        "Job {{ $labels.job_id }} waits for its own imbalance; no worker or node is at "
+        'fault: {{ if eq $labels.reason "stage_imbalance" }}pipeline stage '
+        "{{ $labels.pipeline_stage }} is the bottleneck on every replica: rebalance its "
+        "layers across the stages{{ else }}the slowest data-parallel rank changes every "
+        "step: input imbalance (sequence lengths), bucket or pack the batches{{ end }}. "
+        "The job's owners decide; see the Job dashboard's collective wait by pipeline stage."
+    )
+
+
 def cause_description(cfg: RulesConfig) -> str:
     """A description template that says what to look at for the alert's cause."""
     head = (
@@ -311,6 +331,16 @@ def alert_rules(cfg: RulesConfig) -> list[Rule]:
             "annotations": {
                 "summary": "A multi-node job is held back by one straggler.",
                 "description": held_back_description(cfg),
+            },
+        },
+        {
+            "alert": "GpuJobImbalanced",
+            "expr": job_imbalance(cfg),
+            "for": cfg.job_held_back_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "A multi-rank job waits for its own imbalance (its stages or its batches).",
+                "description": imbalance_description(),
             },
         },
         {

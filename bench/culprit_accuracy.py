@@ -144,14 +144,23 @@ def _clip(w: Window, cut: float) -> Window:
 
 
 def run(
-    kinds: list[str], nodes: int, gpus: int, interval: float, seed: int, ranks: bool
+    kinds: list[str],
+    nodes: int,
+    gpus: int,
+    interval: float,
+    seed: int,
+    ranks: bool,
+    guise: str = mn.GUISES[0],
 ) -> tuple[dict[str, dict[str, object]], Tally]:
     params = WindowParams()
     total = Tally()
     rows: dict[str, dict[str, object]] = {}
     with tempfile.TemporaryDirectory() as d:
         for kind in kinds:
-            tr = mn.build(kind, seed=seed, nodes=nodes, gpus=gpus, interval=interval, ranks=ranks)
+            tr = mn.build(
+                kind, seed=seed, nodes=nodes, gpus=gpus, interval=interval, ranks=ranks,
+                guise=guise,
+            )  # fmt: skip
             path = os.path.join(d, f"{kind}.om")
             with open(path, "w") as f:
                 f.write(tr.text)
@@ -181,11 +190,16 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-ranks", action="store_true", help="without per-rank signals")
     ap.add_argument("--scenarios", nargs="*", default=[*mn.SCENARIOS, "healthy"])
+    ap.add_argument(
+        "--guise", choices=mn.GUISES, default=mn.GUISES[0],
+        help="how a GPU waiting in a collective reads: spin (NCCL, the default),"
+        " compute_only (gloo), mixed (spinning on the GPM nodes only: 0.2.0's traces)",
+    )  # fmt: skip
     a = ap.parse_args()
-    rows, total = run(a.scenarios, a.nodes, a.gpus, a.interval, a.seed, not a.no_ranks)
+    rows, total = run(a.scenarios, a.nodes, a.gpus, a.interval, a.seed, not a.no_ranks, a.guise)
     print(
         f"culprit accuracy: {a.nodes} nodes x {a.gpus} GPUs, {a.interval:g} s,"
-        f" per-rank signals {'off' if a.no_ranks else 'on'}"
+        f" per-rank signals {'off' if a.no_ranks else 'on'}, guise {a.guise}"
     )
     print(
         f"{'scenario':<24}{'precision':>10}{'recall':>8}{'cause':>7}{'named after s':>16}"

@@ -4,9 +4,12 @@ One data-parallel job spans N nodes x G GPUs, one rank per GPU. A step takes, on
 rank, the time of the slowest rank's own work (compute at its GPU's speed, input from its
 node's data tier through its node's CPUs) plus the all-reduce (as slow as the slowest
 link); a rank that finishes its own work early waits in the collective for the rest. So
-the culprit waits least in collectives (it arrives last) and the others wait for it:
-their GPUs read busy while NCCL's kernel spins (SM activity, GPM, stays low) on nodes that
-have GPM, and idle elsewhere (the `gloo`-like nodes). The agent's contract series are
+the culprit waits least in collectives (it arrives last) and the others wait for it.
+How their GPUs read is the `guise` (`GUISES`): `spin` (the default, NCCL) reads them busy
+while the collective kernel spins on every node (SM activity, GPM, on every other node,
+stays low: the job's busiest GPUs and its ranks' waits tell them from working);
+`compute_only` (gloo, or collectives that do not spin) reads the compute share; `mixed`
+(what 0.2.0 generated) spins on the GPM nodes only. The agent's contract series are
 written for every node: GPU utilization, up, SM activity, SM clock and clock event reasons;
 the data tier's counters; the fabric port; host CPU and pressure; the job's phases and
 steps; and, per rank, `gpufeed_job_rank_phase_seconds_total` (collective_wait included)
@@ -46,6 +49,8 @@ SCENARIOS = (
     "gpu_lost_before",
 )
 HEALTHY = "healthy"  # the same job without a stall: no culprit may be named
+# How a GPU waiting in a collective reads (module docstring); the first is the default.
+GUISES = ("spin", "compute_only", "mixed")
 WARMUP_SECONDS = 900.0  # healthy time first: the baselines need it
 STALL_SECONDS = 420.0
 
@@ -108,10 +113,14 @@ def build(
     gpus: int = 8,
     interval: float = 5.0,
     ranks: bool = True,
+    guise: str = GUISES[0],
 ) -> MultiNodeTrace:
-    """One job of `nodes` x `gpus` ranks with the stall of scenario `kind`."""
+    """One job of `nodes` x `gpus` ranks with the stall of scenario `kind`; `guise`, how a
+    GPU that waits in a collective reads (`GUISES`)."""
     if kind not in (*SCENARIOS, HEALTHY):
         raise ValueError(f"unknown scenario {kind!r}; known: {', '.join(SCENARIOS)}")
+    if guise not in GUISES:
+        raise ValueError(f"unknown guise {guise!r}; known: {', '.join(GUISES)}")
     r = random.Random(zlib.crc32(f"{kind}/{seed}".encode()))
     t0 = 1_760_000_000.0 + r.randrange(0, 86400)
     job = f"{40000 + r.randrange(10000)}"
@@ -158,7 +167,7 @@ def build(
     t = t0
     while t < t_end:
         t += interval
-        _sample(lines, ns, stalls, t, interval, gpus, job, r, ranks, lost_at)
+        _sample(lines, ns, stalls, t, interval, gpus, job, r, ranks, lost_at, guise)
     lines.append("# EOF")
     return MultiNodeTrace("\n".join(lines) + "\n", labels, stalls, tuple(insts), job, gpus)
 
@@ -196,6 +205,11 @@ def _labels(
     return out
 
 
+def _spins(guise: str, gpm: bool) -> bool:
+    """Whether a node's GPUs read busy while they wait in a collective (`GUISES`)."""
+    return guise == "spin" or (guise == "mixed" and gpm)
+
+
 def _sample(
     lines: list[str],
     ns: list[_Node],
@@ -207,6 +221,7 @@ def _sample(
     r: random.Random,
     ranks: bool,
     lost_at: float,
+    guise: str = GUISES[0],
 ) -> None:
     """One sample of every node at t."""
     now = [s for s in stalls if s.start < t <= s.end]
@@ -285,7 +300,7 @@ def _sample(
                     wait = max(0.0, step - own[k][g]) / step
                 util = work
             # waiting in NCCL: the GPU reads busy, its SMs idle (seen only with GPM)
-            spin = n.gpm and wait > 0.25
+            spin = _spins(guise, n.gpm) and wait > 0.25
             nv_util = min(1.0, (0.97 + 0.02 * r.random()) if spin else util * _n(r, 0.01))
             sm = (0.72 * util + 0.05 * wait) * _n(r, 0.03)
             L(f"gpufeed_gpu_up{{{gl}}} {0 if gone else 1} {ts}")
@@ -331,7 +346,9 @@ def _sample(
                 f'gpufeed_job_phase_seconds_total{{job_id="{job}",phase="{ph}",{il}}} {n.phases[ph]:.3f} {ts}'
             )
         n.steps += 0.0 if step == math.inf else iv / step
-        L(f'gpufeed_job_steps_total{{job_id="{job}",{il}}} {n.steps:.0f} {ts}')
+        # summed over the node's ranks, as the SDK's counter is (build_parallel's note)
+        L(f'gpufeed_job_steps_total{{job_id="{job}",{il}}} {round(n.steps) * gpus} {ts}')
+        L(f'gpufeed_job_processes{{job_id="{job}",{il}}} {gpus} {ts}')
         # the data tier: reads at the job's pace, latency up when it is slow
         pace = 0.0 if step == math.inf else 1.0 / step
         rb = 1.5e9 * pace * _n(r, 0.05) / max(1.0, tier_slow[k] / 3)
@@ -382,3 +399,293 @@ def _sample(
             L(
                 f'gpufeed_host_pressure_waiting_seconds_total{{resource="{res}",{il}}} {n.psi[res]:.6g} {ts}'
             )
+
+
+# ---------------------------------------------------------------------------------------
+# Issue 24 (job level): jobs with parallelism coordinates that are never healthy. Kept
+# apart from the scenarios above (which stall after a healthy stretch) so that the two can
+# grow independently.
+#
+# The job is dp x pp x tp ranks in Megatron's default order (tensor-parallel fastest, then
+# data-parallel, then the pipeline stage: rank = t + tp * (d + dp * p)), `gpus` ranks per
+# node, so one node holds the same stage of gpus / tp replicas. Every step each rank works
+# for its own time, then waits in the step's collectives (the pipeline's sends and the
+# data-parallel all-reduce) until the slowest rank is done: the step takes the slowest
+# rank's work plus the all-reduce left after overlap. From the first step:
+# - `slow_worker`: one replica's stage (tp GPUs on one node) computes 2.4x slower; every
+#   other rank, its node's other GPUs included, waits for it (truth: those ranks, named);
+# - `slow_stage`: the last stage computes 1.6x longer on every replica (its layers are
+#   heavier): no worker at fault (truth: `stage_imbalance`, no culprit);
+# - `rotating_imbalance`: each step one replica, drawn at random, computes 1.3-1.8x longer
+#   (its batch holds the long sequences): the slowest data-parallel rank changes every
+#   step (truth: `input_imbalance`, no culprit).
+# `guise` (GUISES, as for SCENARIOS): `spin` (the default) reads a GPU waiting in a
+# collective busy (NCCL's kernel spins) and only SM activity shows the compute;
+# `compute_only` counts compute only (gloo-like); every node here has GPM, so `mixed`
+# reads as `spin`.
+# ---------------------------------------------------------------------------------------
+
+PARALLEL_SCENARIOS = ("slow_worker", "slow_stage", "rotating_imbalance")
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelLabel:
+    """Truth for one GPU of a parallel job: its cause over [start, end], the culprit
+    (instance and its GPUs, comma separated) or the imbalance that explains the wait."""
+
+    instance: str
+    gpu: str
+    start: float
+    end: float
+    cause: str
+    culprit_instance: str = ""
+    culprit_gpu: str = ""
+    reason: str = ""  # "stage_imbalance", "input_imbalance"; "" for a named culprit
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelTrace:
+    text: str
+    labels: list[ParallelLabel]
+    kind: str
+    instances: tuple[str, ...]
+    job_id: str
+    gpus_per_node: int
+    start: float
+    end: float
+    step_seconds: float
+    # per (instance, gpu): the stretches [start, end] in which it waited for the step's
+    # last rank (its exposed wait, each step's all-reduce left out): what "inside windows
+    # for 95% of the waiting time" is measured on (a rank of a rotating imbalance waits in
+    # the steps another replica gates and none in its own)
+    waits: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
+
+
+def parallel_rank(d: int, p: int, t: int, dp: int, tp: int) -> int:
+    return t + tp * (d + dp * p)
+
+
+def build_parallel(
+    kind: str,
+    seed: int = 1,
+    dp: int = 4,
+    pp: int = 4,
+    tp: int = 4,
+    gpus: int = 8,
+    step_seconds: float = 5.0,
+    interval: float = 5.0,
+    duration: float = 1800.0,
+    guise: str = GUISES[0],
+    coords: bool = True,
+) -> ParallelTrace:
+    """One dp x pp x tp job of scenario `kind` (PARALLEL_SCENARIOS), slow from its first
+    step, `duration` seconds (at least 40 steps); `coords`: the ranks report their
+    parallelism coordinates (gpufeed_job_rank_info's dp_rank, pp_rank, tp_rank)."""
+    if kind not in PARALLEL_SCENARIOS:
+        raise ValueError(f"unknown scenario {kind!r}; known: {', '.join(PARALLEL_SCENARIOS)}")
+    if guise not in GUISES:
+        raise ValueError(f"unknown guise {guise!r}; known: {', '.join(GUISES)}")
+    world = dp * pp * tp
+    if world % gpus or gpus % tp:
+        raise ValueError(f"{world} ranks do not fill nodes of {gpus} GPUs by whole tp groups")
+    r = random.Random(zlib.crc32(f"parallel/{kind}/{seed}/{dp}x{pp}x{tp}".encode()))
+    t0 = 1_760_000_000.0 + r.randrange(0, 86400)
+    job = f"{50000 + r.randrange(10000)}"
+    nn = world // gpus
+    insts = [f"node-{i:02d}:9842" for i in range(nn)]
+    uuid = [
+        [f"GPU-{zlib.crc32(f'{i}/{g}/{seed}'.encode()):08x}" for g in range(gpus)] for i in insts
+    ]
+    at = [(d, p, t) for p in range(pp) for d in range(dp) for t in range(tp)]
+    at.sort(key=lambda c: parallel_rank(*c, dp, tp))
+    slow_d, slow_p = r.randrange(dp), r.randrange(pp)
+    if kind == "slow_stage":
+        slow_p = pp - 1
+    base = 0.9 * step_seconds  # a healthy rank's work; the all-reduce left takes the rest
+    starts, work = [t0], []
+    n_steps = max(40, int(duration / step_seconds) + 1)
+    while len(work) < n_steps:
+        heavy = r.randrange(dp) if kind == "rotating_imbalance" else -1
+        extra = r.uniform(1.3, 1.8)
+        w = []
+        for d, p, _t in at:
+            x = base * _n(r, 0.01)
+            if kind == "slow_worker" and (d, p) == (slow_d, slow_p):
+                x *= 2.4
+            elif kind == "slow_stage" and p == slow_p:
+                x *= 1.6
+            elif d == heavy:
+                x *= extra
+            w.append(x)
+        work.append(w)
+        starts.append(starts[-1] + max(w) + 0.1 * step_seconds * _n(r, 0.05))
+    t_end = min(starts[-1], t0 + max(duration, 40 * step_seconds))
+    labels = _parallel_labels(kind, at, insts, gpus, dp, tp, slow_d, slow_p, t0, t_end, interval)
+    lines: list[str] = []
+    cum_comp = [0.0] * world
+    prev = [0.0] * world  # each rank's compute at the sample before
+    t = t0
+    k = 0  # the step in progress at t
+    while t + interval <= t_end:
+        t += interval
+        while starts[k + 1] <= t:
+            for i in range(world):
+                cum_comp[i] += work[k][i]
+            k += 1
+        done = [cum_comp[i] + min(work[k][i], t - starts[k]) for i in range(world)]
+        _parallel_sample(lines, insts, uuid, at, done, prev, k, t, t0, interval, gpus, job,
+                         r, _spins(guise, True), coords)  # fmt: skip
+        prev = done
+    lines.append("# EOF")
+    waits = _parallel_waits(starts, work, insts, gpus, t0 + interval, t_end)
+    return ParallelTrace(
+        "\n".join(lines) + "\n", labels, kind, tuple(insts), job, gpus, t0, t_end, step_seconds,
+        waits,
+    )  # fmt: skip
+
+
+def _parallel_waits(
+    starts: list[float],
+    work: list[list[float]],
+    insts: list[str],
+    gpus: int,
+    t0: float,
+    t_end: float,
+) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """Each rank's exposed wait per step: from the end of its own work to the end of the
+    slowest rank's, clipped to [t0, t_end] (the labels' span)."""
+    out: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for k, w in enumerate(work):
+        gate = starts[k] + max(w)
+        for i, x in enumerate(w):
+            a, b = max(starts[k] + x, t0), min(gate, t_end)
+            if b > a:
+                out.setdefault((insts[i // gpus], str(i % gpus)), []).append((a, b))
+    return out
+
+
+def _parallel_labels(
+    kind: str,
+    coords: list[tuple[int, int, int]],
+    insts: list[str],
+    gpus: int,
+    dp: int,
+    tp: int,
+    slow_d: int,
+    slow_p: int,
+    t0: float,
+    t_end: float,
+    interval: float,
+) -> list[ParallelLabel]:
+    """Truth per GPU, from the first sample to the last."""
+    culprit = [i for i, (d, p, _t) in enumerate(coords) if (d, p) == (slow_d, slow_p)]
+    c_inst = insts[culprit[0] // gpus]
+    c_gpus = ",".join(str(i % gpus) for i in culprit)
+    out = []
+    for i, (_d, p, _t) in enumerate(coords):
+        inst, gpu = insts[i // gpus], str(i % gpus)
+        if kind == "slow_worker":
+            if i in culprit:
+                continue  # it computes flat out
+            lab = ParallelLabel(inst, gpu, t0 + interval, t_end, "straggler", c_inst, c_gpus)
+        elif kind == "slow_stage":
+            if p == slow_p:
+                continue
+            lab = ParallelLabel(
+                inst, gpu, t0 + interval, t_end, "straggler", reason="stage_imbalance"
+            )
+        else:
+            lab = ParallelLabel(
+                inst, gpu, t0 + interval, t_end, "straggler", reason="input_imbalance"
+            )
+        out.append(lab)
+    return out
+
+
+def _parallel_sample(
+    lines: list[str],
+    insts: list[str],
+    uuid: list[list[str]],
+    coords: list[tuple[int, int, int]],
+    done: list[float],
+    prev: list[float],
+    steps: int,
+    t: float,
+    t0: float,
+    iv: float,
+    gpus: int,
+    job: str,
+    r: random.Random,
+    spinning: bool,
+    with_coords: bool,
+) -> None:
+    """One sample of every node at t: each rank's compute so far is `done`; the rest of
+    its time since t0 it waited in collectives."""
+    ts = f"{t:.3f}"
+    L = lines.append
+    world = len(coords)
+    for k, inst in enumerate(insts):
+        il = f'instance="{inst}"'
+        comp_sum = wait_sum = 0.0
+        for g in range(gpus):
+            i = k * gpus + g
+            d, p, tt = coords[i]
+            util = max(0.0, min(1.0, (done[i] - prev[i]) / iv))
+            wait = 1.0 - util
+            gl = f'gpu="{g}",uuid="{uuid[k][g]}",{il}'
+            nv = (0.97 + 0.02 * r.random()) if spinning and wait > 0.25 else util * _n(r, 0.01)
+            sm = (0.72 * util + 0.05 * wait) * _n(r, 0.03)
+            L(f"gpufeed_gpu_up{{{gl}}} 1 {ts}")
+            L(f"gpufeed_gpu_utilization_ratio{{{gl}}} {min(nv, 1.0):.3f} {ts}")
+            L(f"gpufeed_gpu_sm_active_ratio{{{gl}}} {min(sm, 1.0):.3f} {ts}")
+            L(f"gpufeed_gpu_sm_clock_hertz{{{gl}}} 1980000000 {ts}")
+            L(f'gpufeed_gpu_clock_event_active{{{gl},reason="hw_slowdown"}} 0 {ts}')
+            L(f"gpufeed_gpu_memory_used_bytes{{{gl}}} 7e10 {ts}")
+            L(f"gpufeed_gpu_memory_total_bytes{{{gl}}} 8.5e10 {ts}")
+            L(f'gpufeed_job_info{{job_id="{job}",gpu="{g}",uuid="{uuid[k][g]}",{il}}} 1 {ts}')
+            comp, cw = done[i], (t - t0) - done[i]
+            comp_sum += comp
+            wait_sum += cw
+            rl = f'job_id="{job}",rank="{i}",{il}'
+            L(f'gpufeed_job_rank_phase_seconds_total{{{rl},phase="compute"}} {comp:.3f} {ts}')
+            L(f'gpufeed_job_rank_phase_seconds_total{{{rl},phase="collective_wait"}} {cw:.3f} {ts}')
+            xl = f',dp_rank="{d}",pp_rank="{p}",tp_rank="{tt}"' if with_coords else ""
+            L(
+                f'gpufeed_job_rank_info{{{rl},local_rank="{g}",world_size="{world}",'
+                f'uuid="{uuid[k][g]}"{xl}}} 1 {ts}'
+            )
+            L(f"gpufeed_job_rank_lost{{{rl}}} 0 {ts}")
+        jl = f'job_id="{job}",{il}'
+        L(f'gpufeed_job_phase_seconds_total{{{jl},phase="compute"}} {comp_sum:.3f} {ts}')
+        L(f'gpufeed_job_phase_seconds_total{{{jl},phase="communication"}} {wait_sum:.3f} {ts}')
+        # summed over the node's rank processes, as the SDK's counter is (each rank counts
+        # its own steps): a per-node count read as the job's pace made every step `gpus`
+        # times as long as it is and left the step rule (engine._over_step) unused
+        L(f"gpufeed_job_steps_total{{{jl}}} {steps * gpus} {ts}")
+        L(f"gpufeed_job_processes{{{jl}}} {gpus} {ts}")
+        _healthy_host(lines, inst, t - t0, ts)
+
+
+def _healthy_host(lines: list[str], inst: str, since: float, ts: str) -> None:
+    """A node whose host, tier and fabric show nothing: 64 CPUs 40% busy, a quiet data
+    tier, the all-reduce's traffic well under the link's speed."""
+    il = f'instance="{inst}"'
+    L = lines.append
+    for mode, share in (("user", 0.34), ("system", 0.06), ("iowait", 0.01), ("idle", 0.59)):
+        L(f'gpufeed_host_cpu_seconds_total{{mode="{mode}",{il}}} {64 * share * since:.6g} {ts}')
+    for res in ("cpu", "io"):
+        L(
+            f'gpufeed_host_pressure_waiting_seconds_total{{resource="{res}",{il}}} {0.01 * since:.6g} {ts}'
+        )
+    tl = f'tier="warm",mountpoint="/mnt/warm",device="sdb",{il}'
+    for key, rate in (("read_bytes", 2e8), ("reads_completed", 800.0), ("read_time_seconds", 0.5),
+                      ("io_time_seconds", 0.1), ("io_time_weighted_seconds", 0.5)):  # fmt: skip
+        L(f"gpufeed_storage_{key}_total{{{tl}}} {rate * since:.6g} {ts}")
+    nl = f'device="mlx5_0",fabric="infiniband",{il}'
+    for key, rate in (
+        ("receive_bytes", 5e9),
+        ("transmit_bytes", 5e9),
+        ("transmit_wait_seconds", 0.002),
+    ):
+        L(f"gpufeed_network_{key}_total{{{nl}}} {rate * since:.6g} {ts}")
+    L(f"gpufeed_network_speed_bytes_per_second{{{nl}}} 2.5e10 {ts}")

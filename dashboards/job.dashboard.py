@@ -263,6 +263,40 @@ dashboard = build_dashboard(
                     "for one of its GPUs or nodes, and the culprit's own cause.",
                     sort_by="cause",
                 ),
+                table(
+                    "Imbalance (no worker at fault)",
+                    [
+                        target(
+                            "max by (job_id, reason, pipeline_stage) "
+                            f"(gpufeed_fleet_job_imbalance_info{{{JOB}}})",
+                            instant=True,
+                            table=True,
+                        )
+                    ],
+                    PER_SECOND,
+                    description="The job waits for its own imbalance: a pipeline stage "
+                    "slower on every replica (stage_imbalance: rebalance its layers) or a "
+                    "slowest data-parallel rank that changes every step (input_imbalance: "
+                    "bucket or pack the batches). For the job's owners (GpuJobImbalanced).",
+                    sort_by="reason",
+                ),
+                timeseries(
+                    "Collective wait by pipeline stage",
+                    [
+                        target(
+                            "avg by (pp_rank) (rate(gpufeed_job_rank_phase_seconds_total{"
+                            f'{JOB}, phase="collective_wait"}}{RI})'
+                            " * on (instance, job_id, rank) group_left (pp_rank) "
+                            f'max by (instance, job_id, rank, pp_rank) (gpufeed_job_rank_info{{{JOB}, pp_rank!=""}}))',
+                            "stage {{pp_rank}}",
+                        )
+                    ],
+                    RATIO,
+                    max_value=1,
+                    description="Seconds per second the ranks of each pipeline stage wait in "
+                    "collectives (mean over the stage's ranks; the ranks' pp_rank as they "
+                    "report it). The stage every replica waits for waits least.",
+                ),
             ],
         ),
         (

@@ -89,6 +89,7 @@ ROUTES = {
     ("GpuJobHeldBack", "throttling"): "oncall",
     ("GpuJobHeldBack", "unknown"): "oncall",
     ("GpuJobRankLost", None): "oncall",  # warning: falls through to on-call
+    ("GpuJobImbalanced", None): "job-owners",  # the job's owners, never on-call
     ("GpuClockThrottled", None): "oncall",
     ("GpufeedAgentDown", None): "oncall",
     ("GpufeedCollectorFailing", None): "oncall",

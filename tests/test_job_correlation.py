@@ -21,9 +21,12 @@ from gpufeed.trace.reader import read_trace
 
 
 def _joined(
-    kind: str, tmp_path: object, ranks: bool = True
+    kind: str, tmp_path: object, ranks: bool = True, guise: str = "mixed"
 ) -> tuple[mn.MultiNodeTrace, list[Window]]:
-    tr = mn.build(kind, seed=3, nodes=4, gpus=4, ranks=ranks)
+    """The join over scenario `kind`; by default in the guise these tests were written for
+    (collectives spin on the GPM nodes only): without per-rank signals a GPU that spins
+    and has no SM activity cannot be told from one that works, in any engine."""
+    tr = mn.build(kind, seed=3, nodes=4, gpus=4, ranks=ranks, guise=guise)
     windows = analyze_text(tr.text, tmp_path)
     nodes = read_trace(os.path.join(str(tmp_path), "trace.om")).nodes
     return tr, correlate_jobs(nodes.values(), windows)

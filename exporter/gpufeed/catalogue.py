@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from gpufeed.model import MetricType
+from gpufeed.vocabulary import PARALLEL_LABELS
 
 Group = Literal[
     "gpu",
@@ -785,15 +786,17 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpufeed_job_rank_info",
         "gauge",
-        "A rank of the job running on this node (1): its local rank, the world size and "
-        "the GPU it uses where known",
-        ("job_id", "rank", "local_rank", "world_size", "uuid"),
+        "A rank of the job running on this node (1): its local rank, the world size, "
+        "the GPU it uses where known, and its parallelism coordinates where it reported "
+        "them (data-parallel rank, pipeline stage, tensor/context/expert-parallel rank)",
+        ("job_id", "rank", "local_rank", "world_size", "uuid", *PARALLEL_LABELS),
         "",
         "jobs",
         "sdk",
         # local_rank: absent where the launcher does not say; uuid: absent unless NVML
-        # lists the rank's process on exactly one GPU
-        optional_labels=("local_rank", "uuid"),
+        # lists the rank's process on exactly one GPU; <dim>_rank: absent unless the rank
+        # reported that dimension (SDK set_parallel, Megatron, gpufeed run --parallel-sizes)
+        optional_labels=("local_rank", "uuid", *PARALLEL_LABELS),
     ),
     MetricSpec(
         "gpufeed_job_rank_lost",
@@ -1087,6 +1090,17 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         ("job_id", "culprit_instance", "culprit_gpu", "culprit_rank", "cause"),
         "",
         optional=("culprit_gpu", "culprit_rank"),
+    ),
+    _fleet(
+        "gpufeed_fleet_job_imbalance_info",
+        "gauge",
+        "1 for a job whose GPUs wait for its own imbalance at the end of the last cycle's "
+        "slice, no worker at fault: reason stage_imbalance (a pipeline stage slower on every "
+        "replica; pipeline_stage says which) or input_imbalance (the slowest data-parallel "
+        "rank changes every step).",
+        ("job_id", "reason", "pipeline_stage"),
+        "",
+        optional=("pipeline_stage",),
     ),
     _fleet(
         "gpufeed_fleet_job_waiting_gpus",

@@ -43,9 +43,12 @@ def instrumented_env(
     name: str | None = None,
     run_id: str | None = None,
     job_id: str | None = None,
+    parallel_sizes: str | None = None,
 ) -> dict[str, str]:
     """The environment a command runs in under `gpufeed run`: `run_id` new for this run,
-    `job_id` the one the user gave (else GPUFEED_JOB_ID stays as the environment has it)."""
+    `job_id` the one the user gave (else GPUFEED_JOB_ID stays as the environment has it),
+    `parallel_sizes` the job's parallelism ("tp=4,pp=4": each rank's SDK derives its
+    coordinates from its global rank)."""
     env = dict(base)
     inject = str(INJECT_DIR)
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != inject]
@@ -57,6 +60,8 @@ def instrumented_env(
         env["GPUFEED_RUN_ID"] = run_id  # replaces an outer run's: a nested run is a run
     if job_id:
         env["GPUFEED_JOB_ID"] = job_id
+    if parallel_sizes:
+        env["GPUFEED_PARALLEL_SIZES"] = parallel_sizes
     return env
 
 
@@ -87,6 +92,7 @@ def run_command(
     job_id: str | None = None,
     serving_metrics: str | None = None,
     serving: bool = False,
+    parallel_sizes: str | None = None,
 ) -> int:
     """Runs `command` instrumented, forwarding signals; returns its exit status the way a
     shell would (128 + N for a command killed by signal N)."""
@@ -99,6 +105,7 @@ def run_command(
         name or Path(command[0]).name,
         run_job_id(read_proc_stat(Path("/proc"), me), me),
         job_id,
+        parallel_sizes,
     )
     # Said once, here, rather than by every rank; the program runs all the same and its
     # SDK connects by itself if an agent starts later.
@@ -180,8 +187,23 @@ def _func(args: argparse.Namespace) -> int:
         if problem is not None:
             print(f"gpufeed run: --serving-metrics: {problem}", file=sys.stderr)
             return 2
+    if args.parallel_sizes is not None:
+        from gpufeed.sdk import parse_parallel_sizes
+
+        sizes = parse_parallel_sizes(args.parallel_sizes)
+        if isinstance(sizes, str):
+            print(f"gpufeed run: --parallel-sizes: {sizes}", file=sys.stderr)
+            return 2
     serving = args.serving or args.serving_metrics is not None
-    return run_command(command, args.socket, args.name, args.job_id, args.serving_metrics, serving)
+    return run_command(
+        command,
+        args.socket,
+        args.name,
+        args.job_id,
+        args.serving_metrics,
+        serving,
+        args.parallel_sizes,
+    )
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -213,6 +235,15 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="its serving stack's Prometheus endpoint on this host (vLLM, Triton, TGI), "
         "e.g. http://127.0.0.1:8000/metrics; implies --serving",
+    )
+    p.add_argument(
+        "--parallel-sizes",
+        metavar="DIM=N,...",
+        help="the job's parallelism, e.g. tp=4,pp=4 (dimensions tp, cp, dp, pp; dp is what "
+        "the world leaves unless given): each rank reports its data-parallel rank, "
+        "pipeline stage and tensor/context-parallel ranks, derived from its global rank in "
+        "Megatron's default order (sets GPUFEED_PARALLEL_SIZES; the program's own "
+        "Megatron state or Job.set_parallel win over it)",
     )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
     p.set_defaults(func=_func)

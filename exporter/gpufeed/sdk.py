@@ -55,6 +55,11 @@ MAX_DATAGRAM_BYTES in all, each:
     EXIT:       n = a pid, a = its exit status as a shell gives it (0-255; 128 + N for
                 signal N): sent by a launcher (`gpufeed run`, `report_exit`) once its
                 command ended; the sender is no process of the job (added in 0.3.0)
+    PARALLEL:   phase = index in PARALLEL_DIMENSIONS (dp, pp, tp, cp, ep), a = this rank's
+                index in that dimension, b = the dimension's size (whole numbers, 0 <= a <
+                b <= MAX_PARALLEL_SIZE): the rank's parallelism coordinates, one message
+                per dimension known, in a datagram of their own right after RANK's (added
+                in 0.3.0; an agent that predates it refuses that datagram only)
 A PHASE with phase = len(PHASES) is collective_wait (added in 0.3.0). RANK and
 collective_wait go in a datagram of their own, sent before the rest of a flush: an agent
 that predates them refuses that datagram only (as it refuses IO), and everything else
@@ -64,6 +69,14 @@ Rank: from the launcher's environment (torchrun's RANK/LOCAL_RANK/WORLD_SIZE, Op
 OMPI_COMM_WORLD_*, Slurm's SLURM_PROCID/SLURM_LOCALID/SLURM_STEP_NUM_TASKS), else from
 torch.distributed once the program has initialised it, else `Job.set_rank`; a process with
 no rank reports to its job only.
+
+Parallelism coordinates (data-parallel rank, pipeline stage, tensor/context/expert-parallel
+ranks): `Job.set_parallel` (or `set_parallel_from_mesh` with a torch DeviceMesh, as
+torchtitan builds one), else Megatron's `megatron.core.parallel_state` where the program has
+imported and initialised it (never imported here), else $GPUFEED_PARALLEL_SIZES
+(`gpufeed run --parallel-sizes tp=4,pp=4`: the sizes; each rank's coordinates follow from
+its global rank in Megatron's default order, tensor-parallel fastest, then context, then
+data-parallel, then the pipeline stage).
 """
 
 from __future__ import annotations
@@ -103,6 +116,19 @@ SERVING_DECLARE = 0
 SERVING_DEMAND = 1
 _MAX_SERVING_REQUESTS = 1 << 32  # gpufeed.jobs.wire.MAX_SERVING_REQUESTS
 KIND_EXIT = 11  # sent by a launcher (`gpufeed run`) for its command: see report_exit
+KIND_PARALLEL = 12
+# gpufeed.vocabulary.PARALLEL_DIMENSIONS (a test checks they agree): data, pipeline (the
+# stage), tensor, context, expert parallel
+PARALLEL_DIMENSIONS = ("dp", "pp", "tp", "cp", "ep")
+MAX_PARALLEL_SIZE = 1 << 16  # gpufeed.jobs.wire.MAX_PARALLEL_SIZE
+PARALLEL_SIZES_ENV = "GPUFEED_PARALLEL_SIZES"
+# Megatron's default order of the dimensions in the global rank, fastest first (its
+# "tp-cp-ep-dp-pp" without ep, which shares the data-parallel ranks)
+_RANK_ORDER = ("tp", "cp", "dp", "pp")
+# torch DeviceMesh dimension names (torchtitan's among them) -> the dimension; the
+# data-parallel rank of a replicate x shard mesh is replicate * shard size + shard
+_MESH_NAMES = {"pp": "pp", "tp": "tp", "cp": "cp", "ep": "ep", "dp": "dp"}
+_MESH_DP = ("dp_replicate", "dp_shard")
 PHASES = ("compute", "data_wait", "checkpoint", "communication", "startup", "eval", "other")
 COLLECTIVE_WAIT = "collective_wait"  # a per-rank phase: PHASE index len(PHASES)
 RANK_PHASES = (*PHASES, COLLECTIVE_WAIT)
@@ -225,6 +251,9 @@ class Job:
         # (rank, world size, local rank or -1) once known; when RANK was last sent
         self._rank = launcher_rank(os.environ)
         self._rank_sent_at = float("-inf")
+        # dimension -> (index, size) once known (set_parallel, Megatron, the environment)
+        self._parallel: dict[str, tuple[int, int]] | None = None
+        self._parallel_declared = False  # by set_parallel: nothing learnt overrides it
         self._collective_sent_at = float("-inf")
         # object-storage requests may come from any thread (boto3's transfer threads, s3fs's
         # event loop): (location, phase) -> [requests, seconds, bytes], under a lock
@@ -582,6 +611,33 @@ class Job:
             self._rank = got
             self._rank_sent_at = float("-inf")
 
+    def set_parallel(self, **dims: tuple[int, int]) -> None:
+        """Declares this rank's parallelism coordinates, each dimension of
+        PARALLEL_DIMENSIONS as (index, size): `job.set_parallel(dp=(1, 4), pp=(3, 4),
+        tp=(0, 4))`; ValueError for an unknown dimension or unless 0 <= index < size <=
+        MAX_PARALLEL_SIZE. They go with the rank (a process with no rank sends neither)."""
+        got = _valid_parallel(dims)
+        if isinstance(got, str):
+            raise ValueError(f"gpufeed: set_parallel: {got}")
+        self._parallel_declared = True
+        if got != self._parallel:
+            self._parallel = got
+            self._rank_sent_at = float("-inf")
+
+    def set_parallel_from_mesh(self, mesh: object) -> None:
+        """Declares the coordinates from a torch DeviceMesh with named dimensions (pp, dp
+        or dp_replicate / dp_shard, cp, tp, ep: torchtitan's names); the others are left
+        out. ValueError where the mesh tells none."""
+        got = mesh_parallel(mesh)
+        if not got:
+            raise ValueError("gpufeed: set_parallel_from_mesh: no named dimension it knows")
+        self.set_parallel(**got)
+
+    @property
+    def parallel(self) -> dict[str, tuple[int, int]]:
+        """This rank's parallelism coordinates where known: dimension -> (index, size)."""
+        return dict(self._parallel or {})
+
     @property
     def rank(self) -> int | None:
         """This process's global rank, where known."""
@@ -794,8 +850,29 @@ class Job:
             self._collective_sent_at = now
         got = self._send_patiently(b"".join(m + self._suffix for m in msgs), final)
         if got == _SENT:
+            if due:
+                self._send_parallel(final)
             self._rank_sent_at = now
         return got
+
+    def _send_parallel(self, final: bool) -> None:
+        """PARALLEL, one message per dimension known, in a datagram of its own after the
+        rank's (an older agent refuses this one only). Unless declared, Megatron's state is
+        read each time (the program may initialise it after its first steps), and wins over
+        the environment's sizes."""
+        if not self._parallel_declared and self._rank is not None:
+            rank, world, _local = self._rank
+            learnt = megatron_parallel() or self._parallel
+            self._parallel = learnt or environ_parallel(os.environ, rank, world)
+        if not self._parallel:
+            return
+        head, lens = (MAGIC, WIRE_VERSION), self._lens
+        msgs = [
+            HEADER.pack(*head, KIND_PARALLEL, PARALLEL_DIMENSIONS.index(dim), 0, *lens,
+                        float(i), float(n), 0) + self._suffix
+            for dim, (i, n) in sorted(self._parallel.items())
+        ]  # fmt: skip
+        self._send_patiently(b"".join(msgs), final)
 
     def _emit(self, kind: int, a: float, n: int) -> None:
         """A checkpoint or an epoch: an observation of its own, sent with the next flush."""
@@ -967,6 +1044,115 @@ def torch_rank() -> tuple[int, int, int] | None:
         )
     except Exception:  # a half-initialised group, a LOCAL_RANK that is no number
         return None
+
+
+def _valid_parallel(dims: Mapping[str, object]) -> dict[str, tuple[int, int]] | str:
+    """The coordinates (dimension -> (index, size)), or what is wrong with them."""
+    out: dict[str, tuple[int, int]] = {}
+    for dim, v in dims.items():
+        if dim not in PARALLEL_DIMENSIONS:
+            return f"unknown dimension {dim!r} (known: {', '.join(PARALLEL_DIMENSIONS)})"
+        if not (isinstance(v, tuple) and len(v) == 2 and all(type(x) is int for x in v)):
+            return f"{dim}={v!r} is not (index, size)"
+        i, n = v
+        if not 0 <= i < n <= MAX_PARALLEL_SIZE:
+            return f"{dim}={v!r}: need 0 <= index < size <= {MAX_PARALLEL_SIZE}"
+        out[dim] = (i, n)
+    return out
+
+
+def parse_parallel_sizes(text: str) -> dict[str, int] | str:
+    """The sizes of "tp=4,pp=4" (dimensions of _RANK_ORDER, whole numbers >= 1, each at
+    most once), or what is wrong with them."""
+    sizes: dict[str, int] = {}
+    for part in text.split(","):
+        dim, eq, size = (x.strip() for x in part.partition("="))
+        if dim not in _RANK_ORDER or not eq:
+            return f"{part.strip()!r} is not DIM=SIZE with DIM one of {', '.join(_RANK_ORDER)}"
+        if dim in sizes:
+            return f"{dim} given twice"
+        if not size.isdigit() or not 1 <= int(size) <= MAX_PARALLEL_SIZE:
+            return f"{dim}={size!r}: need a whole number from 1 to {MAX_PARALLEL_SIZE}"
+        sizes[dim] = int(size)
+    return sizes
+
+
+def environ_parallel(
+    environ: Mapping[str, str], rank: int, world: int
+) -> dict[str, tuple[int, int]] | None:
+    """The coordinates of global rank `rank` of `world` from $GPUFEED_PARALLEL_SIZES
+    ("tp=4,pp=4": the sizes; dp is what the world leaves, unless given), in Megatron's
+    default order (_RANK_ORDER); None where it is unset, malformed or does not make the
+    world."""
+    text = environ.get(PARALLEL_SIZES_ENV, "").strip()
+    sizes = parse_parallel_sizes(text) if text else "unset"
+    if isinstance(sizes, str):
+        return None
+    rest = 1
+    for dim, n in sizes.items():
+        rest *= n if dim != "dp" else 1
+    if "dp" not in sizes:
+        if world % rest:
+            return None
+        sizes["dp"] = world // rest
+    if rest * sizes["dp"] != world:
+        return None
+    out: dict[str, tuple[int, int]] = {}
+    left = rank
+    for dim in _RANK_ORDER:
+        n = sizes.get(dim, 1)
+        if dim in sizes:
+            out[dim] = (left % n, n)
+        left //= n
+    got = _valid_parallel(out)
+    return got if isinstance(got, dict) else None
+
+
+def megatron_parallel() -> dict[str, tuple[int, int]] | None:
+    """The coordinates Megatron's parallel state holds, where the program imported and
+    initialised it (never imported here); None otherwise."""
+    ps = sys.modules.get("megatron.core.parallel_state")
+    if ps is None:
+        return None
+    try:
+        if not ps.model_parallel_is_initialized():
+            return None
+    except Exception:
+        return None
+    out: dict[str, tuple[int, int]] = {}
+    for dim, name in (("dp", "data_parallel"), ("pp", "pipeline_model_parallel"),
+                      ("tp", "tensor_model_parallel"), ("cp", "context_parallel"),
+                      ("ep", "expert_model_parallel")):  # fmt: skip
+        try:
+            i = int(getattr(ps, f"get_{name}_rank")())
+            n = int(getattr(ps, f"get_{name}_world_size")())
+        except Exception:  # an older Megatron without the dimension, a group not made
+            continue
+        if 0 <= i < n <= MAX_PARALLEL_SIZE:
+            out[dim] = (i, n)
+    return out or None
+
+
+def mesh_parallel(mesh: object) -> dict[str, tuple[int, int]]:
+    """The coordinates a torch DeviceMesh with named dimensions gives (duck-typed:
+    `mesh_dim_names`, `get_local_rank(name)`, `size(dim index)`)."""
+    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    out: dict[str, tuple[int, int]] = {}
+    try:
+        at = {
+            n: (int(mesh.get_local_rank(n)), int(mesh.size(i)))  # type: ignore[attr-defined]
+            for i, n in enumerate(names)
+        }
+    except Exception:
+        return {}
+    for n, v in at.items():
+        if n in _MESH_NAMES:
+            out[_MESH_NAMES[n]] = v
+    if "dp" not in out and any(n in at for n in _MESH_DP):
+        (ri, rn), (si, sn) = (at.get(n, (0, 1)) for n in _MESH_DP)
+        out["dp"] = (ri * sn + si, rn * sn)
+    got = _valid_parallel(out)
+    return got if isinstance(got, dict) else {}
 
 
 def _valid_rank(rank: int, world: int, local: int | None) -> tuple[int, int, int] | None:

@@ -95,6 +95,31 @@ class DataSource(StrEnum):
         return self.value
 
 
+class StragglerReason(StrEnum):
+    """Why a `straggler` window's job waits where no rank or node is at fault (its
+    evidence's `straggler_reason`), found by the job-level join from the ranks' collective
+    waits and their parallelism coordinates; a finding for the job's owner, never a node's:
+
+    - `stage_imbalance`: one pipeline stage arrives last on every data-parallel replica
+      (its layers are heavier than the other stages'): rebalance the pipeline partition.
+    - `input_imbalance`: the data-parallel rank that arrives last changes from step to
+      step (sequence lengths, sample sizes): bucket or pack the batches.
+    """
+
+    STAGE_IMBALANCE = "stage_imbalance"
+    INPUT_IMBALANCE = "input_imbalance"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# The parallelism dimensions a rank may report its coordinates in (data, pipeline: the
+# stage, tensor, context, expert parallel), in the SDK's wire order; each is the label
+# `<dim>_rank` of gpufeed_job_rank_info (a small int: at most the dimension's size).
+PARALLEL_DIMENSIONS: Final[tuple[str, ...]] = ("dp", "pp", "tp", "cp", "ep")
+PARALLEL_LABELS: Final[tuple[str, ...]] = tuple(f"{d}_rank" for d in PARALLEL_DIMENSIONS)
+
+
 # The fault counters (gpufeed_network_link_errors_total's `counter`) that count a link going
 # down (link_downed) or changing state (carrier_changes: down and up, two per flap); the
 # others count errors on a link that stays up.

@@ -33,6 +33,7 @@ from typing import Any
 from gpufeed import vocabulary
 from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.correlator.engine.node import CLUSTER_METRICS, USED_METRICS, NodeSeries, cluster_key
+from gpufeed.correlator.engine.peers import JobPeers
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.feeds import matrix, promql
@@ -76,6 +77,11 @@ class Epoch:
     # series that missed one of the chunk's instants a copy of its own.
     grid: array[float] = field(default_factory=lambda: array("d"))
     sharing: list[Series] = field(default_factory=list)
+    # every node's GPUs of a job at the same instant, for each node's engine (engine/peers.py)
+    peers: JobPeers = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.peers = JobPeers(self.nodes)
 
     def route(self, metric: str, items: list[Parsed], instants: array[float]) -> None:
         """Appends an answer's points after `done_seconds` to their columns; `instants`,
@@ -105,7 +111,7 @@ class Epoch:
                 if node is None:
                     node = self.nodes[inst] = NodeSeries(inst)
                     node.cluster = self.cluster
-                    self.runs[inst] = NodeRun(node)
+                    self.runs[inst] = NodeRun(node, self.peers)
                 rest = {k: v for k, v in named.items() if k not in ("instance", "__name__")}
                 series = cols[key] = node.route(metric, rest)
             if series is None:

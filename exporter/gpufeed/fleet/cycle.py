@@ -34,6 +34,18 @@ class HeldBack:
     waiting_gpus: int
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class Imbalanced:
+    """A job whose GPUs wait, at the end of the reported slice, for its own imbalance (a
+    pipeline stage slower on every replica, a rotating slowest data-parallel rank): a
+    finding for the job's owner, no culprit."""
+
+    job_id: str
+    reason: str  # StragglerReason
+    pipeline_stage: str  # stage_imbalance: the stage; "" otherwise
+    waiting_gpus: int
+
+
 @dataclass(frozen=True, slots=True)
 class CycleResult:
     boundary_seconds: float
@@ -46,6 +58,7 @@ class CycleResult:
     jobs: tuple[str, ...]  # jobs holding GPUs in the slice
     queries: int  # what the cycle cost the TSDB
     points: int
+    imbalanced: tuple[Imbalanced, ...] = ()
 
 
 def evaluate(engines: FleetEngines, boundary: float) -> CycleResult:
@@ -91,6 +104,7 @@ def report(
         jobs=tuple(sorted({job for job, _, _ in ledger.gpu_seconds})),
         queries=0,
         points=0,
+        imbalanced=_imbalanced(at_end),
     )
 
 
@@ -112,6 +126,20 @@ def _held_back(at_end: Iterable[Window]) -> tuple[HeldBack, ...]:
         key = (w.job_id, culprit.instance, culprit.gpu, culprit.rank, culprit.cause.value)
         count[key] = count.get(key, 0) + 1
     return tuple(HeldBack(*k, n) for k, n in sorted(count.items()))
+
+
+def _imbalanced(at_end: Iterable[Window]) -> tuple[Imbalanced, ...]:
+    """One entry per (job, imbalance): the job's owner is told once, not per GPU."""
+    count: dict[tuple[str, str, str], int] = {}
+    for w in at_end:
+        ev = dict(w.evidence)
+        reason = ev.get("straggler_reason")
+        if w.cause is not Cause.STRAGGLER or w.culprit is not None or not reason:
+            continue
+        stage = ev.get("pipeline_stage")
+        key = (w.job_id, str(reason), "" if stage is None else str(stage))
+        count[key] = count.get(key, 0) + 1
+    return tuple(Imbalanced(*k, n) for k, n in sorted(count.items()))
 
 
 def _underutilized(at_end: Iterable[Window]) -> tuple[tuple[str, str, int], ...]:

@@ -47,6 +47,9 @@ def render(
             }
             put(SPECS["gpufeed_fleet_job_culprit_info"], _present(labels), 1.0)
             put(SPECS["gpufeed_fleet_job_waiting_gpus"], {"job_id": h.job_id}, h.waiting_gpus)
+        for x in last.imbalanced:
+            labels = {"job_id": x.job_id, "reason": x.reason, "pipeline_stage": x.pipeline_stage}
+            put(SPECS["gpufeed_fleet_job_imbalance_info"], _present(labels), 1.0)
         for job, cause, n in last.underutilized_gpus:
             put(SPECS["gpufeed_fleet_job_underutilized_gpus"], {"job_id": job, "cause": cause}, n)
         put(SPECS["gpufeed_fleet_jobs"], {}, len(last.jobs))
@@ -73,4 +76,4 @@ def render(
 
 def _present(labels: dict[str, str]) -> dict[str, str]:
     """Optional labels are left out where unknown (absent, not empty)."""
-    return {k: v for k, v in labels.items() if v or k in ("job_id", "state", "cause")}
+    return {k: v for k, v in labels.items() if v or k in ("job_id", "state", "cause", "reason")}

@@ -499,6 +499,34 @@ def patch_distributed(torch: Any) -> None:
     ddp = getattr(getattr(torch.nn, "parallel", None), "DistributedDataParallel", None)
     if ddp is not None and not getattr(ddp.forward, "_gpufeed", False):
         ddp.forward = _ddp_forward(ddp.forward)
+    patch_device_mesh(dist)
+
+
+def patch_device_mesh(dist: Any) -> None:
+    """init_device_mesh with named dimensions (torchtitan's world mesh: pp, dp_replicate,
+    dp_shard, cp, tp) tells the rank's parallelism coordinates: the mesh with the most
+    dimensions the process made so far is reported (a sub-mesh made later tells less)."""
+    mesh_mod: Any = sys.modules.get("torch.distributed.device_mesh")
+    orig = getattr(mesh_mod, "init_device_mesh", None)
+    if orig is None or getattr(orig, "_gpufeed", False):
+        return
+
+    @functools.wraps(orig)
+    def init_device_mesh(*args: Any, **kwargs: Any) -> Any:
+        mesh = orig(*args, **kwargs)
+        try:
+            coords = _sdk().mesh_parallel(mesh)
+            j = job()
+            if coords and len(coords) >= len(j.parallel):
+                j.set_parallel(**coords)
+        except Exception as exc:  # never into the program
+            _warn_once(f"parallelism coordinates not read from the mesh: {exc!r}")
+        return mesh
+
+    init_device_mesh._gpufeed = True  # type: ignore[attr-defined]
+    for mod in (mesh_mod, dist):
+        if getattr(mod, "init_device_mesh", None) is orig:
+            mod.init_device_mesh = init_device_mesh
 
 
 def _collective_depth() -> int:

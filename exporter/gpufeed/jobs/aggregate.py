@@ -137,6 +137,8 @@ class RankState:
     pids: set[int] = field(default_factory=set)
     lost: bool = False  # every process of the rank exited without closing its job
     exit_status: int | None = None  # as a shell gives it (128 + N: signal N); None unknown
+    # parallelism coordinates the rank reported (PARALLEL): dimension -> its index
+    coords: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -228,6 +230,10 @@ class JobTable:
             self._add_object(job, msg)
             return None
         rank = job.ranks.get(job.pid_ranks[pid]) if pid in job.pid_ranks else None
+        if msg.kind == wire.KIND_PARALLEL:
+            if rank is not None:  # a coordinate of a rank; without its RANK, of nobody
+                rank.coords[msg.phase] = msg.parallel_index
+            return None
         if msg.kind == wire.KIND_PHASE and msg.phase == wire.COLLECTIVE_WAIT:
             if rank is not None:  # a per-rank phase only (see the module's docstring)
                 _add(rank.phase_seconds, msg.phase, msg.seconds)
@@ -529,6 +535,7 @@ class JobTable:
                 extra = {"world_size": str(state.world_size)}
                 if state.local_rank is not None:
                     extra["local_rank"] = str(state.local_rank)
+                extra.update((f"{d}_rank", str(i)) for d, i in sorted(state.coords.items()))
                 live = job.open_pids(state.pids)
                 gpus = set().union(*(gpus_of_pid.get(p, ()) for p in live))
                 if len(gpus) == 1:  # on several GPUs (a stray context): which is not known

@@ -21,6 +21,7 @@ from typing import Final
 
 from gpufeed.serving.endpoints import url_problem
 from gpufeed.storage.objects import parse_s3_url
+from gpufeed.vocabulary import PARALLEL_DIMENSIONS
 
 WIRE_VERSION: Final = 1
 MAGIC: Final = b"gf"
@@ -64,6 +65,12 @@ SERVING_STAGES: Final = ("declare", "demand")
 # a killed process cannot say it was killed; its parent can.
 KIND_EXIT: Final = 11
 MAX_EXIT_STATUS: Final = 255
+# Added in 0.3.0 (issue 24), sent by the SDK in a datagram of its own right after RANK's (an
+# older agent drops that one as `schema`): one of the sending rank's parallelism
+# coordinates, phase = its dimension's index in PARALLEL_DIMENSIONS, a = the rank's index
+# in it, b = the dimension's size (whole numbers, 0 <= a < b <= MAX_PARALLEL_SIZE), n = 0.
+KIND_PARALLEL: Final = 12
+MAX_PARALLEL_SIZE: Final = 1 << 16
 MAX_PID: Final = 1 << 22  # the kernel's pid_max limit (PID_MAX_LIMIT)
 MAX_SERVING_REQUESTS: Final = 1 << 32
 PHASES: Final = ("compute", "data_wait", "checkpoint", "communication", "startup", "eval", "other")
@@ -143,6 +150,9 @@ class Message:
     # EXIT only: the ended command's pid and exit status
     exit_pid: int = 0
     exit_status: int | None = None
+    # PARALLEL only (the dimension is in `phase`): the rank's index in it, and its size
+    parallel_index: int = 0
+    parallel_size: int = 0
 
 
 def decode_datagram(data: bytes) -> list[Message] | str:
@@ -173,7 +183,7 @@ def _decode_one(
         return REASON_SCHEMA
     if version != WIRE_VERSION:
         return REASON_VERSION
-    if not KIND_STEP <= kind <= KIND_EXIT:
+    if not KIND_STEP <= kind <= KIND_PARALLEL:
         return REASON_SCHEMA
     if (reserved != 0 and kind not in (KIND_OBJECT, KIND_SERVING)) or (
         kind == KIND_OBJECT and reserved == 0
@@ -277,6 +287,8 @@ def _message(
         return Message(kind, job_id, name, read_bytes=int(a), written_bytes=int(b))
     if kind == KIND_RANK:
         return _rank_message(phase, a, b, n, job_id, name)
+    if kind == KIND_PARALLEL:
+        return _parallel_message(phase, a, b, n, job_id, name)
     if kind == KIND_LOAD:
         return _load_message(phase, a, b, n, job_id, name)
     if kind == KIND_EXIT:
@@ -317,6 +329,27 @@ def _rank_message(phase: int, a: float, b: float, n: int, job_id: str, name: str
         return REASON_SCHEMA
     local = None if a < 0 else int(a)
     return Message(KIND_RANK, job_id, name, rank=n, local_rank=local, world_size=int(b))
+
+
+def _parallel_message(
+    phase: int, a: float, b: float, n: int, job_id: str, name: str
+) -> Message | str:
+    """PARALLEL: phase = dimension index, a = index, b = size; 0 <= a < b <=
+    MAX_PARALLEL_SIZE, whole numbers, n = 0."""
+    if phase >= len(PARALLEL_DIMENSIONS):
+        return REASON_PHASE
+    if n != 0 or not all(math.isfinite(x) and x.is_integer() for x in (a, b)):
+        return REASON_SCHEMA
+    if not 0 <= a < b <= MAX_PARALLEL_SIZE:
+        return REASON_SCHEMA
+    return Message(
+        KIND_PARALLEL,
+        job_id,
+        name,
+        phase=PARALLEL_DIMENSIONS[phase],
+        parallel_index=int(a),
+        parallel_size=int(b),
+    )
 
 
 def _exit_message(phase: int, a: float, b: float, n: int, job_id: str, name: str) -> Message | str:
@@ -377,6 +410,9 @@ def encode(msg: Message) -> bytes:
         phase += OBJECT_OUTCOMES.index(msg.outcome)
     elif msg.kind == KIND_EXIT:
         a, b, n = float(msg.exit_status or 0), 0.0, msg.exit_pid
+    elif msg.kind == KIND_PARALLEL:
+        phase = PARALLEL_DIMENSIONS.index(msg.phase)
+        a, b, n = float(msg.parallel_index), float(msg.parallel_size), 0
     elif msg.kind == KIND_SERVING:
         phase, n = SERVING_STAGES.index(msg.phase), 0
         a = msg.requests_waiting or 0.0

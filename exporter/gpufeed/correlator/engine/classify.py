@@ -214,7 +214,7 @@ class Classifier:
         self._memory_evidence(u, g, job, t, util, ev)
         if g.clock_events:
             self._throttle_evidence(u, g, job, t, ev)
-        self._clock_evidence(u, g, t, ev)
+        self._clock_evidence(u, g, t, util, ev)
         self._nvlink_evidence(u, g, t, ev)
         if job:
             self._job_gpus_evidence(u, job, t, ev)
@@ -398,11 +398,17 @@ class Classifier:
         if reasons:
             ev.context[Ctx.THROTTLE_REASONS] = ",".join(sorted(reasons))
 
-    def _clock_evidence(self, u: Unit, g: GpuColumns, t: float, ev: Evidence) -> None:
+    def _clock_evidence(self, u: Unit, g: GpuColumns, t: float, util: float, ev: Evidence) -> None:
         """SM clock against this GPU's healthy median; SM activity (GPM) too where the
-        GPU reads busy but is waiting (engine: `Unit.waiting`)."""
+        GPU reads busy but is waiting (engine: `Unit.waiting`). Where the rest of its job
+        at the same instant said so (no healthy level did: `Unit.busy_reference`), the
+        drop is against that reference (`util` is what it works at) and the evidence names
+        the reference."""
         checks = [("sm_clock", Kind.SM_CLOCK, F.SM_CLOCK_DROP_RATIO)]
-        if u.waiting:
+        if u.busy_reference:
+            ev.features[F.SM_ACTIVE_DROP_RATIO] = max(0.0, 1.0 - util)
+            ev.context[Ctx.BUSY_REFERENCE] = u.busy_reference
+        elif u.waiting:
             checks.append(("sm_active", Kind.SM_ACTIVE, F.SM_ACTIVE_DROP_RATIO))
         for name, kind, feature in checks:
             s = g.fields.get(name)

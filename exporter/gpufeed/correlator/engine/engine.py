@@ -1,7 +1,8 @@
 """The window engine: per unit (GPU, or CPU-only job) underutilization windows with causes.
 
 Feed it a node's columns (`NodeSeries`) and call `step(t)` for each sample instant in
-order. Per unit, a run starts at the first sample below the threshold (or a lost GPU);
+order. Per unit, a run starts at the first sample below the threshold (or a lost GPU;
+judged over the job's last step where a step spans several samples: _over_step);
 high stretches shorter than the merge gap stay inside it; it becomes an open window once
 it has lasted `min_window_seconds` with at least 3/4 of that time low, and closes at the
 first high sample that stays high for the merge gap. Every low sample is classified by
@@ -22,7 +23,8 @@ from gpufeed.correlator.engine.causes import Cause
 from gpufeed.correlator.engine.classify import Classifier
 from gpufeed.correlator.engine.features import observe_healthy
 from gpufeed.correlator.engine.names import Feature
-from gpufeed.correlator.engine.node import NodeSeries
+from gpufeed.correlator.engine.node import JobColumns, NodeSeries
+from gpufeed.correlator.engine.peers import JobPeers, gpu_collective_wait
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.state import (
     Mark,
@@ -49,6 +51,93 @@ RUN_TRIM_SLACK_SECONDS = 60.0
 # not working: it counts as underutilized at that share (what it really does).
 SM_WAITING_RATIO = 0.6
 MIN_SM_ACTIVE_BASELINE = 0.02  # below this, the healthy level itself is noise
+# Where no healthy level says a busy GPU waits, the rest of its job at the same instant may
+# (_peer_working); the window's evidence names which (Context.BUSY_REFERENCE).
+JOB_GPUS_REFERENCE = "job_gpus"  # SM activity against the job's busiest GPU now
+JOB_RANKS_REFERENCE = "job_ranks"  # the rank's collective wait against the job's least
+
+
+# A GPU is judged over its job's steps where a step is longer than a sample: over the
+# fewest whole steps that span this many samples (_over_step); a step longer than
+# STEP_MAX_X_MIN_WINDOW minimum windows is judged over that long.
+STEP_SAMPLES = 2.0
+STEP_MAX_X_MIN_WINDOW = 2.0
+# How far back a job's step counter is read for its seconds per step (step_seconds), and
+# after how many of those steps without a move the pace is no longer the job's (a step
+# runs a little longer than the last one now and then; a restart's start-up far longer).
+STEP_LOOKBACK_SECONDS = 600.0
+STALE_STEPS = 1.5
+
+
+def step_seconds(j: JobColumns, t: float, timing: Timing) -> float | None:
+    """A job's seconds per step at t, from its step counter here: the time between the
+    last two samples at which it moved (within STEP_LOOKBACK_SECONDS), over the steps in
+    between: its latest steps, so a job that recovers is judged by its fast steps again at
+    once (over the last 10 minutes, a recovered job was judged over its slow steps and its
+    windows ended a step late). Moves, not the lookback's start: a step in progress would
+    lengthen it. A counter that began at 0 within reach, before its second move, counts
+    from its first sample, so a job slow from its first step is judged by that step; not
+    where the job reports its start-up phase (its first step begins after it: those
+    seconds were no step). None without a step in reach. `gpufeed_job_steps_total` sums
+    the steps of every process of the job here, so the count is shared out over its live
+    processes (else its ranks here; else one: a shorter step than the truth only judges
+    the GPU over less time, as before)."""
+    s = j.steps
+    if s is None:
+        return None
+    ts, vs = s.ts, s.vs
+    i = s.index_at(t)
+    lo = bisect_right(ts, t - STEP_LOOKBACK_SECONDS)
+    while i > lo and vs[i - 1] == vs[i]:  # back to the sample at which it last moved
+        i -= 1
+    if i <= lo:
+        return None
+    k = i - 1
+    while k > lo and vs[k - 1] == vs[k]:  # back to the move before
+        k -= 1
+    # moves are seen at sample instants only: a step of 9 s read between two adjacent
+    # moves 5 s apart read 5 s, then 10 s, flipping the GPU between judged per sample
+    # and over its step; it is read over moves STEP_SAMPLES samples apart at least (a
+    # step that long already was: read as before)
+    while ts[i] - ts[k] < STEP_SAMPLES * timing.interval_seconds and k > lo:
+        m = k - 1
+        while m > lo and vs[m - 1] == vs[m]:
+            m -= 1
+        if not (m > lo and vs[m - 1] < vs[m] <= vs[k]):
+            break  # no earlier move in reach since the counter (re)started
+        k = m
+    # k is the move before, or where the counter began (at 0, in reach) or was reset: the
+    # start of the first step, which counts only where no start-up phase came before it
+    if k > lo and vs[k] >= vs[k - 1]:
+        pass  # a step ended at k
+    elif (k > lo or (lo == 0 and vs[0] == 0)) and STARTUP not in j.phases:
+        pass  # the counter (re)started at k
+    else:
+        return None
+    if vs[i] <= vs[k]:
+        return None  # a reset since
+    per = step_counters(j, t, timing.stale_seconds)
+    done = (vs[i] - vs[k]) / per
+    if done < 1.0:
+        return None
+    # the steps that ended in the last interval alone: d of them fit d - 1 whole steps in
+    # it, whatever the pause before (a restart's start-up, a checkpoint): a job that
+    # steps fast again is judged by its fast steps at once
+    last = (vs[i] - vs[i - 1]) / per
+    gap = ts[i] - ts[i - 1]
+    fast = gap / (last - 1.0) if last >= 2.0 else math.inf
+    step = min((ts[i] - ts[k]) / done, fast)
+    # still for one and a half such steps: it does not step at that pace now (stopped,
+    # restarting, checkpointing), and what it did before says nothing of how to judge it
+    return None if t - ts[i] > STALE_STEPS * step else step
+
+
+def step_counters(j: JobColumns, t: float, stale_seconds: float) -> float:
+    """How many processes' steps `gpufeed_job_steps_total` sums here at t: each process
+    (rank) of the job counts its own steps (jobs/aggregate.py), so a step of the job moves
+    the counter once per process; its live processes, else its ranks here, else one."""
+    procs = j.processes.value_at(t, stale_seconds) if j.processes is not None else None
+    return procs if procs is not None and procs >= 1 else float(max(len(j.rank_info), 1))
 
 
 # Causes of a stretch that waits for a peer (its node cannot say why): a job brought down
@@ -89,8 +178,13 @@ class NodeCorrelator:
         params: WindowParams | None = None,
         on_window: WindowSink | None = None,
         start_seconds: float | None = None,
+        peers: JobPeers | None = None,
     ) -> None:
         self.node = node
+        # the job's GPUs and ranks this engine may compare with (its own node by default)
+        self.peers = peers if peers is not None else JobPeers.of_node(node)
+        self._steps: dict[str, float | None] = {}  # job -> seconds per step at _steps_t
+        self._steps_t = -math.inf
         self.timing = timing
         self.p = params or WindowParams()
         self.baselines = Baselines()
@@ -165,11 +259,18 @@ class NodeCorrelator:
                 if up is not None and up < 0.5:
                     return 0.0, True
             u.waiting = False
+            u.busy_reference = ""
+            busy_before, u.read_busy = u.read_busy, v is not None and v >= self.p.threshold_ratio
             if v is not None and v >= self.p.threshold_ratio:
                 working = self._working_ratio(u, t)
                 if working is not None and working < SM_WAITING_RATIO:
                     u.waiting = True  # busy, but not working: it waits (see below)
                     return working, False
+                peer = self._peer_working(u, t, busy_before)
+                if peer is not None and peer[0] < self.p.threshold_ratio:
+                    u.waiting = True  # busy while the rest of its job works: it waits
+                    u.busy_reference = peer[1]
+                    return peer[0], False
             return v, False
         return self._cpu_share(u, t), False
 
@@ -303,6 +404,102 @@ class NodeCorrelator:
         sm = s.value_at(t, self.timing.stale_seconds)
         return None if sm is None else min(sm / base, 1.0)
 
+    def _over_step(self, u: Unit, t: float, v: float) -> float:
+        """A GPU's utilization judged over its job's last steps where a step is longer
+        than a sample: the mean of its samples over the fewest trailing whole steps
+        (`step_seconds`) that span STEP_SAMPLES samples, else the sample itself. A window needs 3/4 of its first minute low; a job whose steps
+        take 30-60 s works and waits in stretches of tens of seconds, so whether a GPU
+        waiting 58% of each 46 s step reached 3/4 low depended on where its first minute
+        fell, and one low 61% of the time opened a window while one low 58% never did
+        (issue 24). Over a whole step the share it works is the same wherever the step
+        begins: a step below the threshold is a low step, for 1 s steps and 60 s alike.
+        Samples from before a gap are not averaged in."""
+        recent = u.recent
+        job = self._classifier.gpu_jobs(t).get(u.gpu, "")
+        j = self.node.jobs.get(job) if job else None
+        if j is None or j.steps is None:  # no step counter: judged sample by sample
+            recent.clear()
+            return v
+        period = self._step_seconds(job, j, t)
+        iv = self.timing.interval_seconds
+        if period is not None and period <= iv:  # each sample holds a step or more
+            recent.clear()
+            return v
+        longest = STEP_MAX_X_MIN_WINDOW * self.p.min_window_seconds
+        if recent and t - recent[-1][0] > self.timing.gap_seconds:
+            recent.clear()
+        # kept while the step is not known yet: the first step's samples count once it
+        # has ended (a job slow from its first step is judged by that step too)
+        recent.append((t, v))
+        while recent[0][0] <= t - longest:
+            recent.popleft()
+        if period is None:
+            return v
+        # whole steps that span STEP_SAMPLES samples or more: a step between one and two
+        # samples long, read sample by sample, beats with the sampling (a victim working
+        # 58% of each 8.5 s step read 0.4-1.0 from one 5 s sample to the next, above the
+        # threshold in a third of them, and never opened a window)
+        span = period * math.ceil(STEP_SAMPLES * iv / period)
+        since = t - min(span, longest)
+        got = [x for ts, x in recent if ts > since]
+        return sum(got) / len(got)
+
+    def _step_seconds(self, job: str, j: JobColumns, t: float) -> float | None:
+        """step_seconds, once per job and instant (every GPU of the job asks)."""
+        if self._steps_t != t:
+            self._steps_t = t
+            self._steps.clear()
+        if job not in self._steps:
+            self._steps[job] = step_seconds(j, t, self.timing)
+        return self._steps[job]
+
+    def _peer_working(self, u: Unit, t: float, busy_before: bool) -> tuple[float, str] | None:
+        """How much a GPU that reads busy works, against the rest of its job at the same
+        instant (engine/peers.py): a reference that needs no healthy past, so a job slow
+        from its first step is judged like one that slowed down (issue 24). Two readings,
+        the lower one decides, each with the reference it came from:
+
+        - its SM activity over the job's busiest GPU's now (`job_gpus`), a share below
+          SM_WAITING_RATIO counting as the share it works at (as against its own level);
+        - one minus its rank's collective-wait share above the least any rank of the job
+          waits now (`job_ranks`): the least waiting rank pays only the collective's own
+          cost, what every rank pays in a healthy step; the rest is exposed wait that a
+          late rank made, time a compute-only utilization would have shown idle. Where
+          the job had a healthy stretch here, its usual wait then (Kind.COLLECTIVE_WAIT)
+          is the allowance if lower: a job-wide stall (congestion on every link) slows
+          every rank alike, and only its own past tells that wait from the usual.
+
+        Only the job's own GPUs and ranks that this engine is given count: the live agent
+        sees its node (a culprit on another node leaves every GPU here alike, and the
+        job-level view decides), `gpufeed analyze` and `gpufeed fleet` every node of the job."""
+        assert u.cols is not None
+        job = self._classifier.gpu_jobs(t).get(u.gpu, "")
+        if not job:
+            return None
+        tm = self.timing
+        best: tuple[float, str] | None = None
+        s = u.cols.fields.get("sm_active")
+        busiest = self.peers.busiest_sm_active(job, t, tm) if s is not None else None
+        if s is not None and busiest is not None and busiest >= MIN_SM_ACTIVE_BASELINE:
+            sm = s.value_at(t, tm.stale_seconds)
+            ratio = None if sm is None else min(sm / busiest, 1.0)
+            if ratio is not None and ratio < SM_WAITING_RATIO:
+                best = (ratio, JOB_GPUS_REFERENCE)
+        # the wait of the interval since the last sample hides in a busy reading only if the
+        # GPU read busy at both ends: one that read idle showed its wait itself (gloo), and
+        # counting it again held a window one sample past the recovery
+        j = self.node.jobs.get(job) if busy_before else None
+        mine = gpu_collective_wait(j, u.uuid, t, tm) if j is not None else None
+        least = self.peers.least_collective_wait(job, t, tm) if mine is not None else None
+        usual = self.baselines.median((Kind.COLLECTIVE_WAIT, job))
+        if usual is not None:  # the job's own healthy wait here, where it had a healthy past
+            least = usual if least is None else min(least, usual)
+        if mine is not None and least is not None:
+            working = 1.0 - max(mine - least, 0.0)
+            if best is None or working < best[0]:
+                best = (working, JOB_RANKS_REFERENCE)
+        return best
+
     # ---- the main step -------------------------------------------------------------------
     def step(self, t: float) -> None:
         if self.watch.start is None:
@@ -318,7 +515,10 @@ class NodeCorrelator:
             if v is None:
                 self._no_data(u, t)
                 continue
-            low = lost or v < thr
+            # judged over its job's step; its samples keep what they read (the window's
+            # mean utilization is theirs)
+            judged = self._over_step(u, t, v) if u.cols is not None and not lost else v
+            low = lost or judged < thr
             learning = self._learn_wait(u)
             if not low:
                 any_busy = True

@@ -133,6 +133,10 @@ class Context:
     LOST_RANKS: Final = "lost_ranks"
     # serving endpoints of the GPU down or stale: its demand is unknown, never low demand
     SERVING_DOWN: Final = "serving_down"
+    # what said a GPU that reads busy waits, where its own healthy level could not: the
+    # job's busiest GPU now (`job_gpus`) or its ranks' collective waits (`job_ranks`)
+    # (engine._peer_working); the job-level view names whom it waits for
+    BUSY_REFERENCE: Final = "busy_reference"
 
 
 # Features that decide nothing: they describe the situation beside the feature they

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from gpufeed.correlator.engine.series import Series
 from gpufeed.trace.format import DROPPED_SAMPLES
+from gpufeed.vocabulary import PARALLEL_DIMENSIONS
 
 K = TypeVar("K", str, tuple[str, str])  # a column map's key, kept in natural order
 V = TypeVar("V")
@@ -195,6 +196,9 @@ class JobColumns:
     rank_phases: dict[tuple[str, str], Series] = field(default_factory=dict)
     rank_info: dict[str, Series] = field(default_factory=dict)
     rank_uuid: dict[str, str] = field(default_factory=dict)  # rank -> its GPU, where known
+    # rank -> its parallelism coordinates where it reported them (PARALLEL_DIMENSIONS ->
+    # its index in that dimension: {"dp": 1, "pp": 3, "tp": 0})
+    rank_coords: dict[str, dict[str, int]] = field(default_factory=dict)
     # rank -> 1 once it exited without closing the job (killed, crashed); its exit status
     # where `gpufeed run` reported it (137: SIGKILL)
     rank_lost: dict[str, Series] = field(default_factory=dict)
@@ -249,6 +253,21 @@ def exit_words(status: float | None) -> str:
     if code > 128:
         return f"killed by signal {code - 128}"
     return f"exited with status {code} without closing the job"
+
+
+# the largest coordinate a rank's label may carry: beyond it the label is not a coordinate
+MAX_PARALLEL_COORDINATE = 1 << 16
+
+
+def rank_coords(labels: Mapping[str, str]) -> dict[str, int]:
+    """A rank's parallelism coordinates from gpufeed_job_rank_info's `<dim>_rank` labels
+    (PARALLEL_DIMENSIONS -> index); a label that is not a small whole number is left out."""
+    out: dict[str, int] = {}
+    for dim in PARALLEL_DIMENSIONS:
+        v = labels.get(f"{dim}_rank", "")
+        if v.isdigit() and int(v) < MAX_PARALLEL_COORDINATE:
+            out[dim] = int(v)
+    return out
 
 
 @dataclass(slots=True)
@@ -371,6 +390,9 @@ class NodeSeries:
         if name == "gpufeed_job_rank_info":
             if get("uuid"):
                 put_in_order(j.rank_uuid, get("rank", ""), get("uuid", ""))
+            coords = rank_coords(labels)
+            if coords:
+                j.rank_coords[get("rank", "")] = coords
             return _slot(j.rank_info, get("rank", ""))
         if name == "gpufeed_job_rank_lost":
             return _slot(j.rank_lost, get("rank", ""))

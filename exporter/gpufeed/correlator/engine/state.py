@@ -4,6 +4,7 @@ segment becomes a `Window` with evidence, confidence and summary."""
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from gpufeed.correlator.engine.backlog import fabric_latency, scheduler_backlog
@@ -121,6 +122,12 @@ class Unit:
     busy_mem_ratio: float | None = None
     last_mark: Mark | None = None  # the last classified sample of this run
     waiting: bool = False  # at the current sample: reads busy, but its SMs are not working
+    # what said it waits where its own healthy level did not (engine: _peer_working)
+    busy_reference: str = ""
+    read_busy: bool = True  # its utilization read busy at the last sample (as far as known)
+    # (t, utilization) over the job's last step, where a step spans several samples
+    # (engine: _over_step)
+    recent: deque[tuple[float, float]] = field(default_factory=deque)
 
 
 def segment_window(
@@ -206,7 +213,7 @@ def segment_window(
         start_seconds=seg.start,
         end_seconds=max(end, seg.start),
         cause=cause,
-        confidence_ratio=round(min(max(conf, 0.0), 1.0), 4),
+        confidence_ratio=round(min(max(conf, 0.0), 1.0), 3),  # as to_json writes it
         mean_utilization_ratio=round(mean_util, 4),
         evidence=evidence,
         summary=summary,
@@ -263,4 +270,6 @@ CONTEXT_FOR: dict[Cause, tuple[str, ...]] = {
     Cause.THROTTLING: (Ctx.THROTTLE_REASONS, Ctx.THROTTLED_PEERS),
     Cause.GPU_ERROR: (Ctx.XIDS, Ctx.FAILED_PEERS),
     Cause.IDLE: (Ctx.LOST_RANKS,),
+    Cause.STRAGGLER: (Ctx.BUSY_REFERENCE,),
+    Cause.UNKNOWN: (Ctx.BUSY_REFERENCE,),
 }

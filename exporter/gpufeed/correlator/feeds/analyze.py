@@ -13,6 +13,7 @@ from typing import Any
 
 from gpufeed.correlator.engine.engine import NodeCorrelator, WindowParams
 from gpufeed.correlator.engine.node import NodeSeries
+from gpufeed.correlator.engine.peers import JobPeers
 from gpufeed.correlator.engine.view import Timing
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.outputs.merge import window_key
@@ -39,8 +40,12 @@ def estimate_interval(node: NodeSeries) -> float:
     return max(median(diffs), 0.05)
 
 
-def analyze_node(node: NodeSeries, params: WindowParams) -> list[Window]:
-    corr = NodeCorrelator(node, Timing(estimate_interval(node)), params)
+def analyze_node(
+    node: NodeSeries, params: WindowParams, peers: JobPeers | None = None
+) -> list[Window]:
+    """One node's windows; `peers`, the nodes its jobs' GPUs may be compared with at the
+    same instant (engine/peers.py: every node given, in `analyze_nodes`), else its own."""
+    corr = NodeCorrelator(node, Timing(estimate_interval(node)), params, peers=peers)
     corr.refresh_units()
     step = corr.step
     for t in corr.timeline():
@@ -49,11 +54,13 @@ def analyze_node(node: NodeSeries, params: WindowParams) -> list[Window]:
     return corr.windows
 
 
-def _analyze_packed(args: tuple[NodeSeries, WindowParams]) -> list[Window]:
+def _analyze_packed(args: tuple[NodeSeries, WindowParams, JobPeers]) -> list[Window]:
     return analyze_node(*args)
 
 
-def _analyze_forked(todo: list[NodeSeries], params: WindowParams, jobs: int) -> list[Window]:
+def _analyze_forked(
+    todo: list[NodeSeries], params: WindowParams, jobs: int, peers: JobPeers
+) -> list[Window]:
     """Nodes analysed in forked workers that inherit `todo` through their closure rather
     than have every node pickled to them; each worker takes node indices from a queue
     (uneven nodes balance out) and sends back each node's windows or its exception."""
@@ -64,7 +71,7 @@ def _analyze_forked(todo: list[NodeSeries], params: WindowParams, jobs: int) -> 
     def work() -> None:
         while (i := tasks.get()) is not None:
             try:
-                results.put((i, analyze_node(todo[i], params)))
+                results.put((i, analyze_node(todo[i], params, peers)))
             except Exception as exc:
                 results.put((i, exc))
 
@@ -103,16 +110,19 @@ def _wait_for_result(results: SimpleQueue[Any], workers: Sequence[BaseProcess]) 
 def analyze_nodes(nodes: Iterable[NodeSeries], params: WindowParams, jobs: int = 1) -> list[Window]:
     """Windows of every node, sorted by instance, GPU and start; nodes in parallel."""
     todo = list(nodes)
+    # a job's GPUs on every node at the same instant: the reference without a healthy past
+    peers = JobPeers({n.instance: n for n in todo})
     out: list[Window] = []
     if jobs > 1 and len(todo) > 1:
         if "fork" in multiprocessing.get_all_start_methods():
-            out = _analyze_forked(todo, params, jobs)
+            out = _analyze_forked(todo, params, jobs, peers)  # the workers inherit them
         else:
             with ProcessPoolExecutor(max_workers=jobs) as pool:
-                for ws in pool.map(_analyze_packed, [(n, params) for n in todo]):
+                args = [(n, params, peers) for n in todo]
+                for ws in pool.map(_analyze_packed, args):
                     out.extend(ws)
     else:
         for n in todo:
-            out.extend(analyze_node(n, params))
+            out.extend(analyze_node(n, params, peers))
     out.sort(key=window_key)
     return out

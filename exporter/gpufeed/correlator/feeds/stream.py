@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from gpufeed.correlator.engine.classify import STARTUP_MAX_SECONDS
 from gpufeed.correlator.engine.engine import NodeCorrelator, WindowParams
 from gpufeed.correlator.engine.node import NodeSeries
+from gpufeed.correlator.engine.peers import JobPeers
 from gpufeed.correlator.engine.view import COLLECTIVE_WAIT, Timing
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.feeds import promql
@@ -91,10 +92,13 @@ def plan(cfg: StreamConfig) -> list[Batch]:
 class NodeRun:
     """One node's engine, carried across chunks (and, in `gpufeed fleet`, across cycles)."""
 
-    __slots__ = ("corr", "done_until", "node", "oldest")
+    __slots__ = ("corr", "done_until", "node", "oldest", "peers")
 
-    def __init__(self, node: NodeSeries) -> None:
+    def __init__(self, node: NodeSeries, peers: JobPeers | None = None) -> None:
         self.node = node
+        # the nodes whose GPUs of the same job this one is compared with (engine/peers.py):
+        # the batch's (whole jobs), else its own
+        self.peers = peers
         self.corr: NodeCorrelator | None = None
         self.done_until = -float("inf")
         # no column holds a point older than this (chunks arrive in time order): until the
@@ -109,7 +113,8 @@ class NodeRun:
         if self.corr is None:
             if not last_chunk and _interval_samples(node) < wait_samples:
                 return  # too few samples yet to know the interval: wait for the next chunk
-            self.corr = NodeCorrelator(node, Timing(estimate_interval(node)), params)
+            timing = Timing(estimate_interval(node))
+            self.corr = NodeCorrelator(node, timing, params, peers=self.peers)
         corr = self.corr
         corr.refresh_units()
         timeline = corr.timeline()
@@ -178,6 +183,7 @@ def analyze_batch(cfg: StreamConfig, batch: Batch, cost: list[int] | None = None
     queries = points = 0
     nodes: dict[str, NodeSeries] = {}
     runs: dict[str, NodeRun] = {}
+    peers = JobPeers(nodes)  # the batch's nodes as they fill: whole jobs
     spans = list(
         promql.chunks(cfg.start_seconds, cfg.end_seconds, cfg.step_seconds, cfg.chunk_points)
     )
@@ -191,7 +197,7 @@ def analyze_batch(cfg: StreamConfig, batch: Batch, cost: list[int] | None = None
             for inst in sorted(nodes):
                 run = runs.get(inst)
                 if run is None:
-                    run = runs[inst] = NodeRun(nodes[inst])
+                    run = runs[inst] = NodeRun(nodes[inst], peers)
                 run.advance(cfg.params, last)
     out = [w for r in runs.values() if r.corr is not None for w in r.corr.windows]
     # the job level: a batch holds the instances of whole jobs (see correlator/job/)

@@ -62,8 +62,9 @@ from gpufeed.correlator.engine.node import NodeSeries, exit_words
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.summary import HEADLINES, NETWORK_REASON_WORDS
 from gpufeed.correlator.engine.window import Culprit, Window
+from gpufeed.correlator.job.frontier import Frontier, RankKey, frontier
 from gpufeed.correlator.job.linkuse import LinkUse, busiest_link
-from gpufeed.vocabulary import DEFAULT_THRESHOLD_RATIO, Cause, NetworkReason
+from gpufeed.vocabulary import DEFAULT_THRESHOLD_RATIO, Cause, NetworkReason, StragglerReason
 
 CLUSTER_GAP_SECONDS = 60.0  # windows of a job this close in time are one stall
 MIN_MEDIAN_WAIT = 0.25  # the ranks' median collective wait during a stall, seconds/second
@@ -102,6 +103,20 @@ CULPRIT_WORDS = {
 
 
 @dataclass(frozen=True, slots=True)
+class Imbalance:
+    """A stall no rank or node is at fault for (see StragglerReason): the job's own
+    partition (`stage_imbalance`: the stage and how much longer it computes than the other
+    stages) or its input (`input_imbalance`: how many data-parallel ranks took turns
+    arriving last, over how many steps)."""
+
+    reason: StragglerReason
+    stage: int = -1  # stage_imbalance: the pipeline stage every replica waits for
+    factor: float = 0.0  # stage_imbalance: its busy time over the other stages'
+    groups: int = 0  # input_imbalance: the data-parallel ranks that gated a step in turn
+    steps: int = 0  # the steps (slices) the frontier attributed
+
+
+@dataclass(frozen=True, slots=True)
 class Found:
     culprit: Culprit
     signal: str  # "rank_lost", "last_to_arrive", "busiest_link", "own_cause", "busiest_gpu"
@@ -112,6 +127,9 @@ class Found:
     # instance -> its ranks' median collective wait over the stall (_node_waits), read
     # once per stall by every step that compares a node's wait with its peers'
     node_waits: Mapping[str, float] = field(default_factory=dict)
+    # last_to_arrive by the per-step frontier: the share of the job's exposed wait over
+    # the stall credited to the culprit's ranks (0.0: not found that way)
+    wait_share: float = 0.0
 
 
 def correlate_jobs(
@@ -157,9 +175,14 @@ def correlate_job(
     """One job's windows (any order) over its instances' columns; same order back."""
     out = list(windows)
     for start, end, members in stalls(windows):
-        found = find_culprit(
+        found = judge_stall(
             job_id, nodes, [windows[i] for i in members], start, end, threshold_ratio
         )
+        if isinstance(found, Imbalance):
+            for i in members:
+                if is_waiting(windows[i]):
+                    out[i] = as_imbalanced(windows[i], found)
+            continue
         if found is None:
             continue
         for i in members:
@@ -210,7 +233,21 @@ def find_culprit(
     end: float,
     threshold_ratio: float = DEFAULT_THRESHOLD_RATIO,
 ) -> Found | None:
-    """The culprit of one stall of `job_id` over [start, end] (see the module's doc)."""
+    """The culprit of one stall of `job_id` over [start, end] (see the module's doc);
+    None also where the stall is the job's own imbalance (`judge_stall` says which)."""
+    found = judge_stall(job_id, nodes, windows, start, end, threshold_ratio)
+    return found if isinstance(found, Found) else None
+
+
+def judge_stall(
+    job_id: str,
+    nodes: Mapping[str, NodeSeries],
+    windows: Sequence[Window],
+    start: float,
+    end: float,
+    threshold_ratio: float = DEFAULT_THRESHOLD_RATIO,
+) -> Found | Imbalance | None:
+    """The culprit of one stall, or the imbalance of the job that explains it."""
     if not any(is_waiting(w) for w in windows):
         return None
     own = _own_causes(windows, start, end)
@@ -221,7 +258,16 @@ def find_culprit(
     shares = {inst: _rank_share(n, job_id, start, end) for inst, n in nodes.items()}
     waits = _node_waits(shares)
     lost = lost_rank(job_id, nodes, start, end)
-    last = _last_to_arrive(job_id, nodes, shares) if lost is None else None
+    last: tuple[str, str, str, str] | None = None
+    wait_share = 0.0
+    if lost is None:
+        fr = frontier(nodes, job_id, start, end)
+        judged = _by_frontier(job_id, nodes, fr) if fr is not None else None
+        if isinstance(judged, Imbalance):
+            return judged
+        if judged is not None and fr is not None:
+            wait_share = fr.share(fr.persistent())
+        last = judged or _last_to_arrive(job_id, nodes, shares)
     if lost is not None:
         inst, rank, how = lost
         uuid = nodes[inst].jobs[job_id].rank_uuid.get(rank, "")
@@ -264,6 +310,7 @@ def find_culprit(
         link[1] if link is not None else None,
         link[2] if link is not None else 0.0,
         waits,
+        wait_share if signal == "last_to_arrive" else 0.0,
     )
 
 
@@ -382,13 +429,92 @@ def _last_to_arrive(
     if mid < MIN_MEDIAN_WAIT or not late or len({i for i, _ in late}) > 1:
         return None  # nobody clearly last, or ranks on several nodes
     inst = late[0][0]
-    if len(late) > 1:
+    return _ranks_culprit(job_id, nodes, inst, [r for _, r in late], set(shares[inst]))
+
+
+def _ranks_culprit(
+    job_id: str,
+    nodes: Mapping[str, NodeSeries],
+    inst: str,
+    late: Sequence[str],
+    active: Iterable[str],
+) -> tuple[str, str, str, str]:
+    """(instance, gpus, uuids, ranks) of the late ranks on one node, each list comma
+    separated in rank order; all "" but the instance where several ranks are late and
+    they are every active rank of the job on that node (the node as a whole holds the
+    job back). One late rank is named with its GPU, as before, whatever else runs there."""
+    ranks = sorted(set(late), key=_rank_order)
+    if len(ranks) > 1 and set(active) <= set(ranks):
         return inst, "", "", ""
-    rank = late[0][1]
     n = nodes[inst]
-    uuid = n.jobs[job_id].rank_uuid.get(rank, "")
-    gpu = next((g for g, c in n.gpus.items() if uuid and c.uuid == uuid), "")
-    return inst, gpu, uuid, rank
+    j = n.jobs[job_id]
+    uuids = [j.rank_uuid.get(r, "") for r in ranks]
+    gpus = [next((g for g, c in n.gpus.items() if u and c.uuid == u), "") for u in uuids]
+    if len(ranks) > 1 and not all(gpus):
+        return inst, "", "", ""  # ranks whose GPUs are not known: only their node is
+    return inst, ",".join(gpus), ",".join(uuids), ",".join(ranks)
+
+
+def _rank_order(rank: str) -> tuple[int, str]:
+    return (int(rank), "") if rank.isdigit() else (1 << 62, rank)
+
+
+def _by_frontier(
+    job_id: str, nodes: Mapping[str, NodeSeries], fr: Frontier
+) -> tuple[str, str, str, str] | Imbalance | None:
+    """What the stall's per-step frontier decides: the ranks on one node that gate most
+    steps (the culprit), a pipeline stage that gates them on every replica, or a gating
+    data-parallel rank that rotates (the job's imbalances); None: undecided."""
+    gating = fr.persistent()
+    coords = _coords(nodes, job_id)
+    if gating:
+        stage = _stage_of(gating, coords, fr)
+        if stage is not None:
+            return stage
+        on = {inst for inst, _ in gating}
+        if len(on) == 1:
+            inst = on.pop()
+            active = [r for i, r in fr.busy_share if i == inst]
+            return _ranks_culprit(job_id, nodes, inst, [r for _, r in gating], active)
+        return None
+    group = {k: c["dp"] for k, c in coords.items() if "dp" in c}
+    if not group:  # no coordinates: every rank its own data-parallel replica
+        group = {k: i for i, k in enumerate(sorted(fr.busy_share))}
+    turns = fr.rotating(group)
+    if turns:
+        return Imbalance(StragglerReason.INPUT_IMBALANCE, groups=turns, steps=fr.attributed)
+    return None
+
+
+def _coords(nodes: Mapping[str, NodeSeries], job_id: str) -> dict[RankKey, dict[str, int]]:
+    out: dict[RankKey, dict[str, int]] = {}
+    for inst, n in nodes.items():
+        j = n.jobs.get(job_id)
+        if j is not None:
+            out.update(((inst, r), c) for r, c in j.rank_coords.items())
+    return out
+
+
+def _stage_of(
+    gating: frozenset[RankKey], coords: Mapping[RankKey, Mapping[str, int]], fr: Frontier
+) -> Imbalance | None:
+    """A stage imbalance: the gating ranks are every reporting rank of one pipeline stage,
+    across two data-parallel replicas or more (one replica's stage alone is a slow worker)."""
+    if not all("pp" in coords.get(k, {}) and "dp" in coords.get(k, {}) for k in gating):
+        return None
+    stages = {coords[k]["pp"] for k in gating}
+    if len(stages) != 1:
+        return None
+    stage = stages.pop()
+    of_stage = {k for k in fr.busy_share if coords.get(k, {}).get("pp") == stage}
+    if not of_stage <= gating or len({coords[k]["dp"] for k in gating}) < 2:
+        return None
+    others = [x for k, x in fr.busy_share.items() if k not in gating]
+    mine = [fr.busy_share[k] for k in gating if k in fr.busy_share]
+    if not others or not mine or median(others) <= 0:
+        return None
+    factor = median(mine) / median(others)
+    return Imbalance(StragglerReason.STAGE_IMBALANCE, stage, factor, steps=fr.attributed)
 
 
 def _node_waits(shares: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
@@ -522,13 +648,45 @@ def _held_anyway(w: Window, found: Found, start: float, end: float) -> bool:
 
 
 def _is_culprit_gpu(w: Window, c: Culprit) -> bool:
-    """The culprit's own window (any on its node when the culprit is the whole node)."""
-    return w.instance == c.instance and (not c.gpu or w.gpu == c.gpu)
+    """The culprit's own window (any on its node when the culprit is the whole node; its
+    node's other GPUs, which wait like every victim, are victims)."""
+    return w.instance == c.instance and (not c.gpu or w.gpu in c.gpu.split(","))
+
+
+def imbalance_words(x: Imbalance) -> str:
+    """The finding for the job's owner, in words."""
+    if x.reason is StragglerReason.STAGE_IMBALANCE:
+        return (
+            f"pipeline stage {x.stage} is the bottleneck on every replica ({x.factor:.1f}x "
+            "the other stages): rebalance its layers"
+        )
+    return (
+        f"the slowest data-parallel rank changes every step ({x.groups} ranks in turn over "
+        f"{x.steps} steps): input imbalance (sequence lengths), bucket or pack the batches"
+    )
+
+
+def as_imbalanced(w: Window, x: Imbalance) -> Window:
+    """A window of a stall the job's own imbalance explains: `straggler` with no culprit
+    (no worker or node is at fault), the finding in evidence and summary."""
+    who = f"GPU {w.gpu}" if w.gpu else "CPU job"
+    summary = f"{who} (job {w.job_id}) {HEADLINES[Cause.STRAGGLER]}: " + imbalance_words(x)
+    drop = ("culprit_signal", "culprit_exit", "straggler_reason", "pipeline_stage")
+    ev = tuple(kv for kv in w.evidence if kv[0] not in drop and kv[0] != "stage_factor")
+    ev = (*ev, ("straggler_reason", x.reason.value), ("culprit_signal", "frontier"))
+    if x.reason is StragglerReason.STAGE_IMBALANCE:
+        ev = (*ev, ("pipeline_stage", x.stage), ("stage_factor", round(x.factor, 2)))
+    return replace(
+        w, cause=Cause.STRAGGLER, evidence=ev, summary=summary, culprit=None, network_reason=""
+    )
 
 
 def culprit_words(c: Culprit, tier: str = "", how: str = "") -> str:
+    many = "s" if "," in c.gpu else ""
     where = (
-        c.instance + (f" GPU {c.gpu}" if c.gpu else "") + (f" (rank {c.rank})" if c.rank else "")
+        c.instance
+        + (f" GPU{many} {c.gpu}" if c.gpu else "")
+        + (f" (rank{many} {c.rank})" if c.rank else "")
     )
     if how:  # a lost rank: how it ended says more than its node's idle GPU
         verb = "was " if how.startswith("killed") else ""
@@ -590,8 +748,11 @@ def as_straggler(w: Window, found: Found) -> Window:
         f"{who} (job {w.job_id}) {HEADLINES[Cause.STRAGGLER]}: job {w.job_id} waits on "
         + culprit_words(c, found.tier, found.exit)
     )
-    ev = tuple(kv for kv in w.evidence if kv[0] not in ("culprit_signal", "culprit_exit"))
+    drop = ("culprit_signal", "culprit_exit", "culprit_wait_share")
+    ev = tuple(kv for kv in w.evidence if kv[0] not in drop)
     said = (("culprit_exit", found.exit),) if found.exit else ()
+    if found.wait_share > 0:  # the frontier's account: how much of the wait is theirs
+        said = (*said, ("culprit_wait_share", round(found.wait_share, 3)))
     if not is_waiting(w):  # its node's own reading, kept beside the culprit
         ev = (*ev, ("node_cause", w.cause.value))
     return replace(

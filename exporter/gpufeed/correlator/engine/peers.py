@@ -1,0 +1,155 @@
+"""The job's other GPUs and ranks at the same instant: a reference that needs no healthy past.
+
+NVML counts a collective kernel that spins while it waits for a late peer as busy, so on
+NCCL every victim of a straggler reads ~100% utilization. The engine's first check of
+"busy is not working" compares SM activity with the GPU's own healthy level, and a job
+that is slow from its first step never had one (issue 24). What a waiting GPU can always be
+compared with is the rest of its job at the same moment:
+
+- **the job's busiest GPUs**: SM activity (GPM) far below the highest of the job's GPUs
+  now is a GPU that waits while another computes;
+- **the job's ranks**: where the SDK or `gpufeed run` reports each rank's collective wait
+  (`gpufeed_job_rank_phase_seconds_total{phase="collective_wait"}`), a rank's wait above
+  the least any rank of the job waits now is exposed wait a late rank caused (the least
+  waiting rank pays only the collective's own cost: it arrives last).
+
+Which GPUs and ranks count depends on the feed: the live agent sees only its own node (a
+job whose culprit is on another node looks alike on every GPU here, and the job-level view,
+correlator/job/, decides), `gpufeed analyze` and `gpufeed fleet` see every node of the job
+(a batch holds whole jobs: feeds/batches.py). `JobPeers` reads whatever nodes it is given,
+live, so a streamed feed that adds instances (or samples) as it goes needs no rebuilding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from gpufeed.correlator.engine.node import GpuColumns, JobColumns, NodeSeries
+from gpufeed.correlator.engine.series import Series
+from gpufeed.correlator.engine.view import COLLECTIVE_WAIT, Timing
+
+# Fewer GPUs (ranks) of the job than this with a current reading: nothing to compare with.
+MIN_PEERS = 2
+# A rank's collective wait is read over its last sample interval (the SDK reports a wait in
+# flight every second), not the 10 s rate window: over that, a wait goes on counting for
+# 10 s after it ended, against the compute that follows it, and on a GPU whose utilization
+# already read idle while it waited (gloo) the same wait counted twice (measured: a healthy
+# job with 46 s steps, 4 s of them in the all-reduce, read 0.78 busy over its steps).
+WAIT_WINDOW_SECONDS = 0.0
+
+
+class JobPeers:
+    """Per job and instant: the busiest SM activity and the least collective wait of the
+    job's GPUs and ranks over `nodes` (instance -> columns; read as it is now)."""
+
+    __slots__ = (
+        "_busiest",
+        "_gpu_index",
+        "_index_size",
+        "_index_t",
+        "_job_index",
+        "_least",
+        "nodes",
+    )
+
+    def __init__(self, nodes: Mapping[str, NodeSeries]) -> None:
+        self.nodes = nodes
+        # job -> [(gpu columns, its job_info series)] and job -> [its columns per node],
+        # rebuilt when series appear (checked once per instant: a fleet holds 1,000 nodes)
+        self._gpu_index: dict[str, list[tuple[GpuColumns, Series]]] = {}
+        self._job_index: dict[str, list[JobColumns]] = {}
+        self._index_size = -1
+        self._index_t = -math.inf
+        # one instant's answers: every GPU of a node asks at the same instant
+        self._busiest: dict[tuple[str, float], float | None] = {}
+        self._least: dict[tuple[str, float], float | None] = {}
+
+    @classmethod
+    def of_node(cls, node: NodeSeries) -> JobPeers:
+        """The peers one node sees: its own GPUs and ranks (the live agent)."""
+        return cls({node.instance: node})
+
+    def _refresh(self, t: float) -> None:
+        if t == self._index_t:
+            return
+        self._index_t = t
+        nodes = self.nodes.values()
+        size = sum(len(n.job_info) + len(n.jobs) for n in nodes)
+        if size == self._index_size:
+            return
+        gpus: dict[str, list[tuple[GpuColumns, Series]]] = {}
+        jobs: dict[str, list[JobColumns]] = {}
+        for n in nodes:
+            for (j, gpu), s in n.job_info.items():
+                g = n.gpus.get(gpu)
+                if g is not None:
+                    gpus.setdefault(j, []).append((g, s))
+            for j, cols in n.jobs.items():
+                jobs.setdefault(j, []).append(cols)
+        self._gpu_index, self._job_index, self._index_size = gpus, jobs, size
+
+    def busiest_sm_active(self, job: str, t: float, timing: Timing) -> float | None:
+        """The highest SM activity of the job's GPUs at t (None: fewer than MIN_PEERS)."""
+        key = (job, t)
+        if key in self._busiest:
+            return self._busiest[key]
+        if len(self._busiest) > 4096:
+            self._busiest.clear()
+        stale = timing.stale_seconds
+        held = 0.5 * timing.interval_seconds  # presence, as Classifier.gpu_jobs reads it
+        seen = []
+        self._refresh(t)
+        for g, info in self._gpu_index.get(job, ()):
+            v = info.value_at(t, max(held, stale))
+            if v is None or v <= 0:
+                continue
+            col = g.fields.get("sm_active")
+            sm = col.value_at(t, stale) if col is not None else None
+            if sm is not None:
+                seen.append(sm)
+        got = max(seen) if len(seen) >= MIN_PEERS else None
+        self._busiest[key] = got
+        return got
+
+    def least_collective_wait(self, job: str, t: float, timing: Timing) -> float | None:
+        """The least collective-wait share (s/s) of any of the job's ranks at t, over its
+        last sample interval (None: fewer than MIN_PEERS ranks report one)."""
+        key = (job, t)
+        if key in self._least:
+            return self._least[key]
+        if len(self._least) > 4096:
+            self._least.clear()
+        self._refresh(t)
+        seen = [r for j in self._job_index.get(job, ()) for r in _rank_waits(j, t, timing)]
+        got = min(seen) if len(seen) >= MIN_PEERS else None
+        self._least[key] = got
+        return got
+
+
+def _rank_waits(j: JobColumns, t: float, timing: Timing) -> list[float]:
+    """The collective-wait share at t of each rank of the job here (WAIT_WINDOW_SECONDS;
+    capped at 1: a wait reported when it ends lands in one interval)."""
+    tm = timing
+    out = []
+    for (_rank, phase), s in j.rank_phases.items():
+        if phase == COLLECTIVE_WAIT:
+            r = s.rate_at(t, WAIT_WINDOW_SECONDS, tm.stale_seconds, tm.gap_seconds)
+            if r is not None:
+                out.append(min(r, 1.0))
+    return out
+
+
+def gpu_collective_wait(j: JobColumns, uuid: str, t: float, timing: Timing) -> float | None:
+    """The collective-wait share at t of the rank on the GPU `uuid` (None: no rank names it)."""
+    if not uuid:
+        return None
+    tm = timing
+    for rank, u in j.rank_uuid.items():
+        if u == uuid:
+            s = j.rank_phases.get((rank, COLLECTIVE_WAIT))
+            if s is None:
+                return None
+            r = s.rate_at(t, WAIT_WINDOW_SECONDS, tm.stale_seconds, tm.gap_seconds)
+            return None if r is None else min(r, 1.0)
+    return None
