@@ -171,7 +171,7 @@ def test_parallel_analysis_matches_serial(tmp_path: Path) -> None:
 def test_a_failing_node_fails_the_parallel_analysis(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(node: object, params: object) -> list[object]:
+    def broken(node: object, *_: object) -> list[object]:
         raise ValueError(f"cannot analyse {getattr(node, 'instance', '?')}")
 
     monkeypatch.setattr(analyze, "analyze_node", broken)  # the forked workers inherit it
@@ -182,7 +182,7 @@ def test_a_failing_node_fails_the_parallel_analysis(
 def test_a_worker_that_dies_is_an_error_not_a_hang(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def dies(node: object, params: object) -> list[object]:
+    def dies(node: object, *_: object) -> list[object]:
         os._exit(9)
 
     monkeypatch.setattr(analyze, "analyze_node", dies)
