@@ -430,6 +430,24 @@ def test_other_tenants_latency_on_a_disk_the_job_does_not_read_is_not_its_data_t
         assert F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT not in dict(w.evidence), w.evidence
 
 
+def test_uncounted_input_workers_behind_a_read_limit_are_storage(tmp_path: object) -> None:
+    """The lab's mn2-tier-throttle: the job's /proc/PID/io counts nothing, in healthy time
+    as in the fault (its DataLoader workers read unseen until they are reaped), while the
+    hot tier, which reads 12 MB/s in healthy time, falls to 0.5 MB/s under a blkio read
+    limit with I/O pressure. The tier slowed with the job: data_loading from the hot tier,
+    never "no storage signal explains the wait" beside the host's I/O pressure."""
+
+    def job(s: float) -> dict[str, float]:
+        if in_fault(s):
+            return {**phases(0.1, 0.9), **job_io(0.0, 1e3)}
+        return {**phases(0.93, 0.07), **job_io(0.0, 1e3)}
+
+    w = only_window(analyze_text(trace_text(node(job, blkio_throttled_hot_tier), 1500), tmp_path))
+    assert w.cause is Cause.DATA_LOADING, w.summary
+    assert dict(w.evidence).get(Ctx.DATA_TIER) == "hot", w.evidence
+    assert "no storage" not in w.summary, w.summary
+
+
 def test_unattributed_reads_name_the_tier_that_carries_them_not_a_busier_one(
     tmp_path: object,
 ) -> None:

@@ -326,13 +326,19 @@ def _tier_candidates(b: Baselines, view: NodeView, job_id: str, jv: JobView | No
     cands = [
         t for t in view.tiers if (b.median((Kind.READ_BYTES, t)) or 0.0) > USUAL_TIER_READ_BYTES
     ]
-    if not cands and all(b.median((Kind.READ_BYTES, t)) is None for t in view.tiers):
-        cands = [
-            t
-            for t, tv in view.tiers.items()
-            if (tv.read_bytes_per_second or 0.0) > MIN_TIER_READ_BYTES
-        ]
+    if not cands and _no_tier_baseline(b, view):
+        cands = _reading_now(view)
     return cands
+
+
+def _no_tier_baseline(b: Baselines, view: NodeView) -> bool:
+    return all(b.median((Kind.READ_BYTES, t)) is None for t in view.tiers)
+
+
+def _reading_now(view: NodeView) -> list[str]:
+    return [
+        t for t, tv in view.tiers.items() if (tv.read_bytes_per_second or 0.0) > MIN_TIER_READ_BYTES
+    ]
 
 
 def _job_read_tiers(b: Baselines, view: NodeView, job_id: str, jv: JobView) -> list[str]:
@@ -350,11 +356,32 @@ def _job_read_tiers(b: Baselines, view: NodeView, job_id: str, jv: JobView) -> l
         return cands
     rate, tier = max((b.median((Kind.JOB_READ, job_id, t)) or 0.0, t) for t in now)
     if rate <= MIN_TIER_READ_BYTES:
-        return []
+        return _slowed_with_job(b, view) if set(now) == {UNATTRIBUTED_TIER} else []
     if tier != UNATTRIBUTED_TIER:
         return [tier] if tier in view.tiers else []
     # it reads nothing now: the tiers that carried its usual reads in healthy time
     return [t for t in view.tiers if (b.median((Kind.READ_BYTES, t)) or 0.0) >= CARRY_SHARE * rate]
+
+
+def _slowed_with_job(b: Baselines, view: NodeView) -> list[str]:
+    """/proc/PID/io sums the processes the agent knows of, and the kernel adds a child's
+    reads to its parent's only when it reaps it: input workers the agent was not told of
+    (DataLoader workers of an older `gpufeed run`) read their batches unseen until they
+    exit (the lab's mn2-tier-throttle fixture: 0 B/s counted while its tier read 3 MB/s,
+    122 MB at the end). So counting nothing there does not show that the job reads no tier:
+    a tier the node's jobs usually read whose reads fell below CARRY_SHARE of its healthy
+    median while the job stalls has slowed with it (a read limit, a slow device), and may
+    feed it. A tier another tenant loads keeps or raises its reads: never a candidate.
+    Before any healthy time (no median to fall from), as for a job without accounting:
+    the tiers reading now."""
+    if _no_tier_baseline(b, view):
+        return _reading_now(view)
+    return [
+        t
+        for t, tv in view.tiers.items()
+        if (m := b.median((Kind.READ_BYTES, t)) or 0.0) > USUAL_TIER_READ_BYTES
+        and (tv.read_bytes_per_second or 0.0) < CARRY_SHARE * m
+    ]
 
 
 def _carrying(b: Baselines, view: NodeView, job_id: str, jv: JobView, rate: float) -> list[str]:

@@ -178,12 +178,15 @@ INHIBITS: tuple[Inhibit, ...] = (
     Inhibit(C.LOW_DEMAND, C.STARTUP, 0.95),
 )
 
+# The host's own storage stall, above its healthy median: the job's input may wait on it.
+HOST_STORAGE_STALL_FEATURES = frozenset({F.IO_PRESSURE_RATIO, F.IOWAIT_RATIO})
+
 # What is left when no node signal explains a stall: the job says it waits for its input
 # most of the time (its SDK / `gpufeed run` data_wait share; strength 0.5 at half the
 # time). Its input pipeline is slow for a reason no node counter shows (a remote fetch, a
 # lock, a single-threaded decode): `data_loading` with DataSource.INPUT_PIPELINE, no tier.
-# Scored only when no primary rule of any cause has any strength (`decide`), so storage,
-# the CPUs, a quota or a start-up, however weak, never lose to it.
+# Scored only when no primary rule of any cause has any strength (`decide`), nor the host's
+# storage stall, so storage, the CPUs, a quota or a start-up, however weak, never lose to it.
 INPUT_PIPELINE_RULE = Rule(C.DATA_LOADING, F.SDK_DATA_WAIT_SHARE, 0.2, 0.8, 1.0)
 
 RULES_BY_CAUSE: dict[Cause, tuple[Rule, ...]] = {
@@ -277,7 +280,9 @@ def _input_pipeline(
 ) -> Decision | None:
     """`data_loading` in the job's own input pipeline, where nothing else decided: the job
     waits for its input most of the time and no primary rule of any cause has any strength
-    (no node signal explains the wait even in part)."""
+    (no node signal explains the wait even in part), nor the host's storage stall signals
+    (HOST_STORAGE_STALL_FEATURES, not primary): a wait they may explain is not told as one
+    that "no storage signal explains"."""
     x = features.get(INPUT_PIPELINE_RULE.feature)
     if x is None:
         return None
@@ -286,7 +291,8 @@ def _input_pipeline(
         return None
     for r in RULES:
         v = features.get(r.feature)
-        if r.primary and v is not None and r.strength(v) > 0.0:
+        counts = r.primary or r.feature in HOST_STORAGE_STALL_FEATURES
+        if counts and v is not None and r.strength(v) > 0.0:
             return None
     second = max((v for c, v in ranked if c is not INPUT_PIPELINE_RULE.cause), default=0.0)
     conf = score * (1.0 - 0.5 * min(second, score) / score)
