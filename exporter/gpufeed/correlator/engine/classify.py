@@ -528,7 +528,7 @@ class Classifier:
             and (steps is None or _increase(steps, t, t - fresh_at) <= 0)
         ):
             return 1.0
-        counted = self._steps_say(steps, t)
+        counted = self._steps_say(job, gpu, steps, t)
         if counted is not None:
             return counted
         if (job, gpu) in self.watch.ever_busy:
@@ -543,23 +543,33 @@ class Classifier:
             return 0.0  # a counter gone stale at t still says the job stepped
         return 1.0
 
-    def _steps_say(self, steps: Series | None, t: float) -> float | None:
+    def _steps_say(self, job: str, gpu: str, steps: Series | None, t: float) -> float | None:
         """Whether the job is starting up by its own step counter (None without one that
         reads at t). The count is the job's since it started, in every feed alike: a job
         that has made a step is not starting up however little of its past a feed holds
         (a Prometheus range or a fleet cycle that begins mid-run, a trace whose first
         phase series appears late: issue 23, where `analyze` of the agent's own trace said
-        `startup` for a job 4,420 steps in); one that has made none is, within the
-        start-up bound of the counter's first sample."""
+        `startup` for a job 4,420 steps in). One that has made none is, within the
+        start-up bound of the counter's first sample, unless it has computed: its compute
+        phase (also counted from its start) has moved or its GPU was seen busy. A first
+        step can be long (46 s steps slowed 2.4x by one rank, issue 24): its victims
+        computed and wait inside it, they are not loading."""
         if steps is None:
             return None
         n = steps.value_at(t, self.timing.stale_seconds)
         if n is None:
             return None
-        if n > 0:
+        if n > 0 or self._has_computed(job, t) or (job, gpu) in self.watch.ever_busy:
             return 0.0
         first_t = steps.first_time()
         return 1.0 if first_t is not None and t - first_t <= STARTUP_MAX_SECONDS else 0.0
+
+    def _has_computed(self, job: str, t: float) -> bool:
+        """Whether the job's own compute phase reads above 0 at t (seconds since its start)."""
+        j = self.node.jobs.get(job)
+        compute = j.phases.get("compute") if j is not None else None
+        v = compute.value_at(t, self.timing.stale_seconds) if compute is not None else None
+        return v is not None and v > 0
 
     def _first_seen(self, job: str, gpu: str) -> float | None:
         """When the job (on `gpu`; "" for a CPU-only job) was first seen: as the live feed
