@@ -393,6 +393,7 @@ def _rank_series(lay: L.Layout, j: int, job_id: str, uuids: list[str]) -> list[S
                              lay.jc(j, lay.j_steps), gate=JOB_PRESENT, gate_index=j,
                              integer=True))  # fmt: skip
         info = {**rl, "local_rank": str(r), "world_size": str(len(uuids)), "uuid": uuid}
+        info.update(_parallel_coordinates(r, len(uuids)))
         fam = "gpufeed_job_rank_info"
         out.append(SeriesDef(fam, "gauge", fam, label_pairs(info), CONST, 0, 1.0,
                              JOB_PRESENT, j))  # fmt: skip
@@ -400,6 +401,18 @@ def _rank_series(lay: L.Layout, j: int, job_id: str, uuids: list[str]) -> list[S
         out.append(SeriesDef(fam, "gauge", fam, label_pairs(rl), CONST, 0, 0.0,
                              JOB_PRESENT, j))  # fmt: skip
     return out
+
+
+def _parallel_coordinates(rank: int, world_size: int) -> dict[str, str]:
+    """The coordinates a simulated job declares (`Job.set_parallel`, `gpufeed run
+    --parallel-sizes`): an even number of ranks is 2 pipeline stages of world/2
+    data-parallel ranks in Megatron's order (data-parallel fastest without tensor
+    parallelism), so the Job dashboard's per-stage panels have a job to show; an odd
+    one declares nothing, as a plain torchrun job does."""
+    if world_size < 2 or world_size % 2:
+        return {}
+    dp = world_size // 2
+    return {"dp_rank": str(rank % dp), "pp_rank": str(rank // dp)}
 
 
 def _by_family(defs: list[SeriesDef]) -> list[SeriesDef]:
