@@ -198,8 +198,9 @@ def _reported(s: Series, edges: Sequence[float], stale: float) -> list[float | N
     samples, then jumps by the wait of the whole step. Read as held, a slice shorter than
     the step sees one rank's jump and not the other's (their nodes sample at other
     instants) and reads a rank that waited all step as one that did not (a false gate,
-    the two ranks gating slices in turn). So between two moves of the counter its wait
-    is spread evenly; outside them (or a gap over `stale`), the held value."""
+    the two ranks gating slices in turn). So a move is spread evenly over the seconds
+    before it that it must have taken (its size, within the hold before it); outside
+    two moves (or a gap over `stale`), the held value."""
     moves_t: list[float] = []
     moves_v: list[float] = []
     for i, (t, v) in enumerate(zip(s.ts, s.vs, strict=True)):
@@ -218,7 +219,10 @@ def _reported(s: Series, edges: Sequence[float], stale: float) -> list[float | N
         if t1 - t0 > stale or v1 < v0:
             out.append(held)
             continue
-        out.append(v0 + (v1 - v0) * (t - t0) / (t1 - t0))
+        # no rank waits faster than 1 s/s: the wait reported at t1 filled the last
+        # (v1 - v0) seconds before it at most, and nothing before that
+        begin = max(t0, t1 - (v1 - v0))
+        out.append(v0 if t <= begin else v0 + (v1 - v0) * (t - begin) / (t1 - begin))
     return out
 
 
