@@ -21,8 +21,9 @@ Over a stall this tells three things apart (`Frontier`):
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from statistics import median
@@ -40,6 +41,11 @@ PERSISTENT_SHARE = 0.6
 # a rotation: the gating group changes from one step to the next at least this often
 MIN_CHANGE_SHARE = 1 / 3
 MIN_ATTRIBUTED_STEPS = 3  # fewer attributed steps decide nothing
+# persistent gates need clear last arrivers in at least this share of the waiting steps:
+# where most of the stall every rank waits alike (a slow link), a few steps' gates are
+# noise, not a culprit (a rotation is judged on its attributed steps: an imbalanced
+# step's slowest rank often stands out from the others' median by less than GATE_RATIO)
+MIN_ATTRIBUTED_SHARE = 0.5
 ACTIVE_LOOKBACK_SECONDS = 300.0  # a rank that reported in this span before the stall
 MAX_SLICES = 360  # the most slices one stall is cut into (each reads every rank twice)
 
@@ -53,9 +59,17 @@ class Frontier:
     credit_seconds: Mapping[RankKey, float]  # the others' exposed wait credited to each
     busy_share: Mapping[RankKey, float]  # 1 - collective wait share over the stall
 
+    def decides(self) -> bool:
+        """Whether enough of the waiting slices have clear last arrivers to name the
+        ranks that gate them."""
+        return (
+            self.attributed >= MIN_ATTRIBUTED_STEPS
+            and self.attributed >= MIN_ATTRIBUTED_SHARE * self.steps
+        )
+
     def persistent(self) -> frozenset[RankKey]:
         """The ranks that gate at least PERSISTENT_SHARE of the attributed slices."""
-        if self.attributed < MIN_ATTRIBUTED_STEPS:
+        if not self.decides():
             return frozenset()
         n = Counter(k for g in self.gates for k in g)
         return frozenset(k for k, c in n.items() if c >= PERSISTENT_SHARE * self.attributed)
@@ -145,7 +159,7 @@ def frontier(
         return None
     edges = _edges(start, end, size)
     stale = max(2 * iv, ACTIVE_LOOKBACK_SECONDS)
-    at = {k: [s.value_at(t, stale) for t in edges] for k, s in waits.items()}
+    at = {k: _reported(s, edges, stale) for k, s in waits.items()}
     gates: list[frozenset[RankKey]] = []
     credit: dict[RankKey, float] = {}
     steps = 0
@@ -176,6 +190,40 @@ def frontier(
         if v[0] is not None and v[-1] is not None
     }
     return Frontier(steps, len(gates), size, tuple(gates), credit, busy)
+
+
+def _reported(s: Series, edges: Sequence[float], stale: float) -> list[float | None]:
+    """The rank's cumulative wait at each edge, read between its reports. A rank reports
+    its wait as its steps end: under slow steps the counter holds still for several
+    samples, then jumps by the wait of the whole step. Read as held, a slice shorter than
+    the step sees one rank's jump and not the other's (their nodes sample at other
+    instants) and reads a rank that waited all step as one that did not (a false gate,
+    the two ranks gating slices in turn). So a move is spread evenly over the seconds
+    before it that it must have taken (its size, within the hold before it); outside
+    two moves (or a gap over `stale`), the held value."""
+    moves_t: list[float] = []
+    moves_v: list[float] = []
+    for i, (t, v) in enumerate(zip(s.ts, s.vs, strict=True)):
+        if i == 0 or v != s.vs[i - 1]:
+            moves_t.append(t)
+            moves_v.append(v)
+    out: list[float | None] = []
+    for t in edges:
+        held = s.value_at(t, stale)
+        j = bisect_right(moves_t, t)
+        if held is None or j == 0 or j == len(moves_t):
+            out.append(held)
+            continue
+        t0, t1 = moves_t[j - 1], moves_t[j]
+        v0, v1 = moves_v[j - 1], moves_v[j]
+        if t1 - t0 > stale or v1 < v0:
+            out.append(held)
+            continue
+        # no rank waits faster than 1 s/s: the wait reported at t1 filled the last
+        # (v1 - v0) seconds before it at most, and nothing before that
+        begin = max(t0, t1 - (v1 - v0))
+        out.append(v0 if t <= begin else v0 + (v1 - v0) * (t - begin) / (t1 - begin))
+    return out
 
 
 def _edges(start: float, end: float, size: float) -> list[float]:
