@@ -93,6 +93,12 @@ class Baselines:
         m = self._cache[key] = median(h)
         return m
 
+    def early(self, key: Hashable) -> float | None:
+        """The median of what healthy time has shown so far, before `median` would answer
+        (None while no bucket was seen): enough to say whether a signal was there at all."""
+        h = self._hist.get(key)
+        return median(h) if h else None
+
     def peak(self, key: Hashable, value: float | None) -> float | None:
         """Updates and returns the all-time peak of `key` (None while nothing was seen)."""
         p = self._peak.get(key)

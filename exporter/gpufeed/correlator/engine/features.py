@@ -372,10 +372,16 @@ def _slowed_with_job(b: Baselines, view: NodeView) -> list[str]:
     a tier the node's jobs usually read whose reads fell below CARRY_SHARE of its healthy
     median while the job stalls has slowed with it (a read limit, a slow device), and may
     feed it. A tier another tenant loads keeps or raises its reads: never a candidate.
-    Before any healthy time (no median to fall from), as for a job without accounting:
-    the tiers reading now."""
+    Before a median (no level to fall from): the tiers reading now that read in the
+    healthy time seen so far too, or, with none seen at all, any tier reading now (as for
+    a job without accounting): a tier another tenant began to read at the stall read
+    nothing in the job's healthy seconds, and is not the job's (tests/test_data_tier_real.py)."""
     if _no_tier_baseline(b, view):
-        return _reading_now(view)
+        now = _reading_now(view)
+        seen = {t: b.early((Kind.READ_BYTES, t)) for t in now}
+        if all(v is None for v in seen.values()):
+            return now
+        return [t for t in now if (seen[t] or 0.0) > MIN_TIER_READ_BYTES]
     return [
         t
         for t, tv in view.tiers.items()
