@@ -7,6 +7,7 @@ import pytest
 
 from gpufeed.collectors.base import CollectorContext, TickData
 from gpufeed.collectors.job_io import JobIoCollector
+from gpufeed.collectors.sdk import SdkCollector
 from gpufeed.hostpaths import HostPaths
 from gpufeed.jobs.io_accounting import (
     DeviceBytes,
@@ -15,6 +16,7 @@ from gpufeed.jobs.io_accounting import (
     parse_io_stat,
     parse_proc_io,
 )
+from gpufeed.jobs.process_tree import ProcessTree
 from gpufeed.model import iter_samples
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -145,6 +147,35 @@ def test_proc_io_fallback_counts_a_reaped_child_once(tmp_path: Path) -> None:
     assert series(c)[("read_bytes_total", "j", "unattributed")] == 4096 + 1000
     io.write_text(io.read_text().replace("read_bytes: 5096", "read_bytes: 5196"))
     assert series(c)[("read_bytes_total", "j", "unattributed")] == 4096 + 1000 + 100
+
+
+def test_a_dataloader_workers_reads_count_before_it_is_reaped(tmp_path: Path) -> None:
+    """Only the main process speaks to the SDK; its worker (300, 200's child) reads the
+    samples. The SDK collector's pids hold the worker, so its bytes count while it lives,
+    and once when it is reaped into its parent's reading."""
+    procfs = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "procfs_jobs", procfs)
+    (procfs / "200" / "task" / "200").mkdir(parents=True)  # no children file: a stat scan
+    tree = ProcessTree(procfs, rescan_seconds=0.0)
+    c = JobIoCollector(
+        CollectorContext(paths=HostPaths(procfs=procfs, sysfs=tmp_path / "nosys")),
+        sdk_job_pids=lambda: tree.expand({"j": [200]}),
+    )
+    assert series(c)[("read_bytes_total", "j", "unattributed")] == 4096 + 1000
+    shutil.rmtree(procfs / "300")
+    io = procfs / "200" / "io"
+    io.write_text(io.read_text().replace("read_bytes: 4096", "read_bytes: 5096"))  # reaped
+    assert series(c)[("read_bytes_total", "j", "unattributed")] == 4096 + 1000
+
+
+def test_the_sdk_collectors_job_pids_hold_their_descendants(tmp_path: Path) -> None:
+    procfs = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "procfs_jobs", procfs)
+    (procfs / "200" / "task" / "200").mkdir(parents=True)
+    ctx = CollectorContext(paths=HostPaths(procfs=procfs, sysfs=tmp_path / "nosys"))
+    sdk = SdkCollector(ctx, socket_path=str(tmp_path / "sdk.sock"))  # never started
+    sdk.server.pids_by_job = lambda: {"j": [200]}  # type: ignore[method-assign]
+    assert sorted(sdk.pids_by_job()["j"]) == [200, 300]
 
 
 def final_io_collector(

@@ -16,6 +16,7 @@ from functools import partial
 
 from gpufeed.collectors.base import CollectorContext, TickData
 from gpufeed.jobs.io_accounting import DeviceBytes
+from gpufeed.jobs.process_tree import ProcessTree
 from gpufeed.jobs.sdk_server import SdkServer
 from gpufeed.model import Family
 from gpufeed.serving.endpoints import DeclaredServing
@@ -36,6 +37,7 @@ class SdkCollector:
             procfs=context.paths.procfs,
             object_tier=partial(resolve_location, entries=context.config.object_tiers),
         )
+        self._tree = ProcessTree(context.paths.procfs)
 
     def start(self) -> None:
         self.server.start()
@@ -60,7 +62,9 @@ class SdkCollector:
         return self.server.job_for_pid(pid)
 
     def pids_by_job(self) -> dict[str, list[int]]:
-        return self.server.pids_by_job()
+        """The processes that speak for each SDK job and their descendants: the job's I/O,
+        CPU and page cache include its DataLoader workers' before the workers are reaped."""
+        return self._tree.expand(self.server.pids_by_job())
 
     def final_io_by_job(self) -> dict[str, dict[int, tuple[int, DeviceBytes]]]:
         return self.server.final_io_by_job()
