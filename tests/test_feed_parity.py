@@ -120,6 +120,23 @@ def _loader_stall_verdicts(trace: Path, feeds: dict[str, list[dict[str, object]]
     assert all(ws and "startup" not in ws for ws in causes.values()), causes
     if trace.parent.name == "cpu-loader":
         assert all(ws == ["preprocessing"] for ws in causes.values()), causes
+    if trace.parent.name.startswith("sleep-loader"):
+        _sleep_is_the_input_pipeline(feeds)
+
+
+def _sleep_is_the_input_pipeline(feeds: dict[str, list[dict[str, object]]]) -> None:
+    """A sleep in `__getitem__` is the job's own input pipeline in every feed (issue 23):
+    `data_loading` with no tier, whatever the host's other work did to its CPUs (the
+    busy-cpus run: load 8 on 2 cores, CPUs 99.6% busy, the main thread's few wakeups
+    waiting 60% of their runnable time, called `preprocessing` in all four feeds of the
+    run itself) or disks (the plain run: "unassigned tier" latency, `data_loading` from
+    storage in all four)."""
+    for feed, ws in feeds.items():
+        for w in ws:
+            ev = w["evidence"]
+            assert isinstance(ev, dict)
+            got = (w["cause"], ev.get("data_source"), ev.get("data_tier"))
+            assert got == ("data_loading", vocabulary.DataSource.INPUT_PIPELINE, None), (feed, w)
 
 
 @pytest.mark.parametrize("trace", _all_recordings(), ids=_name)

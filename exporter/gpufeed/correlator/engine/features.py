@@ -36,6 +36,9 @@ WRITE_FLOOR_BYTES = 2e7
 # A job whose threads want less CPU than this (seconds per second, run + wait) has no
 # wait share worth reading.
 MIN_RUNNABLE_CPU = 0.05
+# What one thread that is runnable all the time wants (seconds per second): the least CPU
+# time a wait share is taken over. A starved input pipeline has at least one such thread.
+ONE_THREAD_CPU = 1.0
 FOREIGN_READ_RISE = 0.3  # others' share of a tier's reads counts this far above usual
 DATA_WAIT_SHARE = 0.3  # the job's input wait share from which it counts as waiting for data
 COLLECTIVE_WAIT_RISE = 0.15  # collective wait counts this far above its healthy median
@@ -177,12 +180,14 @@ def job_features(b: Baselines, view: NodeView, job_id: str, ev: Evidence) -> Non
 def job_cpu_wait_ratio(b: Baselines, job_id: str, jv: JobView) -> float | None:
     """The share of the time the job's threads waited for a CPU: on cgroup v2 its cgroup's
     CPU pressure (wall time with one of its tasks waiting); else their run-queue wait over
-    the CPU time they want, taken as at least their healthy median. Threads that sleep on
-    I/O and wake briefly wait for a CPU at most wakeups on a loaded host: over their own
-    runnable time alone a tier read limit looked like CPU starvation (the lab's short
-    throttle scenario came out preprocessing); over the CPU time the job usually wants, a
-    short wait on a short wakeup is small, and starved workers, runnable all the time,
-    are not."""
+    the CPU time they want, taken as at least their healthy median and at least one thread's
+    worth (ONE_THREAD_CPU), as the cgroup's pressure is a share of wall time. Threads that
+    sleep on I/O or in their loader and wake briefly wait for a CPU at most wakeups on a
+    loaded host: over their own runnable time alone a tier read limit looked like CPU
+    starvation (the lab's short throttle scenario came out preprocessing), and so did a
+    sleep in `__getitem__` before any healthy median (0.1 s/s runnable, 60% of it waiting, at
+    load 8). Starved workers are runnable all the time: at least one thread's worth, most
+    of it waiting; no healthy past is needed to tell them."""
     if jv.cpu_pressure_ratio is not None:
         return jv.cpu_pressure_ratio
     waiting, runnable = jv.cpu_waiting_per_second, jv.cpu_runnable_per_second
@@ -191,7 +196,7 @@ def job_cpu_wait_ratio(b: Baselines, job_id: str, jv: JobView) -> float | None:
     wants = max(runnable, b.median((Kind.JOB_CPU_RUNNABLE, job_id)) or 0.0)
     if wants < MIN_RUNNABLE_CPU:
         return None  # a few context switches would swing the share
-    return min(max(waiting / wants, 0.0), 1.0)
+    return min(max(waiting / max(wants, ONE_THREAD_CPU), 0.0), 1.0)
 
 
 def _cpu_wait_features(b: Baselines, job_id: str, jv: JobView, ev: Evidence) -> None:
@@ -218,12 +223,16 @@ def _threads_asleep(b: Baselines, job_id: str, jv: JobView, ev: Evidence) -> Non
     host's CPU busy and pressure are other work's and count as not raised (issue 23: a
     loader asleep in __getitem__ on a host other test suites kept 100% busy was called
     preprocessing, "the CPUs are saturated"). Starved workers stay runnable, CPU-bound
-    ones run: neither falls this low."""
-    want, usual = jv.cpu_runnable_per_second, b.median((Kind.JOB_CPU_RUNNABLE, job_id))
+    ones run: neither falls this low. Before two minutes of healthy time the healthy
+    buckets seen so far are the usual want (`Baselines.early`): a job stalled 75 s after it
+    began, its one training thread's 1.0 s/s down to 0.1, sleeps (issue 23's sleep loader,
+    called preprocessing on a busy host for want of a median)."""
+    key = (Kind.JOB_CPU_RUNNABLE, job_id)
+    want, usual = jv.cpu_runnable_per_second, b.median(key) or b.early(key)
     if want is None:
         return
-    # under MIN_RUNNABLE_CPU they sleep whatever they usually want: before two minutes of
-    # healthy history (no median yet) too, as in a live run that stalled 45 s after it began
+    # under MIN_RUNNABLE_CPU they sleep whatever they usually want: before any healthy
+    # bucket too, as in a live run that stalled 45 s after it began
     asleep = want < MIN_RUNNABLE_CPU or (
         usual is not None and usual >= MIN_RUNNABLE_CPU and want < THREADS_ASLEEP_SHARE * usual
     )
