@@ -56,6 +56,9 @@ Instants = dict[str, "array[float]"]
 # (its last instant, parsed answers, instants); the cluster's series are under ""
 Chunk = tuple[float, list[tuple[str, list[Parsed]]], Instants]
 NO_INSTANTS = array("d")
+# one answer parsed: (its series, the points it held, the instance of each series whose
+# labels were decoded, per instance the snapshot clock: only SNAPSHOT_METRIC's has one)
+Asked = tuple[list[Parsed], int, dict[LabelKey, str], dict[str, Clock]]
 
 CHUNK_STEPS = 10  # instants per query: bounds an answer (the whole fleet) in a cold start
 # A node's engine starts once it has this many utilization samples: its sampling interval
@@ -342,33 +345,33 @@ class FleetEngines:
         # series' labels decoded, chunk after chunk (90 MB a chunk at 256 nodes)
         epochs = [ep for ep in self.epochs.values() if ep.done_seconds < e]
 
-        def ask(metric: str) -> tuple[list[Parsed], int]:
+        def ask(metric: str) -> Asked:
             # parsed where it arrives: the answer's JSON is freed at once. The epochs'
             # caches are only read here: the cycle's thread waits for every answer
             answer = promql.query_every_instance(base, metric, match, (s, e), step, retry, decode)
             if metric == SNAPSHOT_METRIC:
-                return [], len(answer), _clocks(answer)
+                return [], sum(len(vs) for _, _, vs in answer), {}, _clocks(answer)
             if metric in CLUSTER_METRICS:
-                return (*_parse(answer, nodes=False), {})
+                return (*_parse(answer, nodes=False), {}, {})
             known = [ep.columns.get(metric, {}) for ep in epochs]
             seen: dict[LabelKey, str] = {}
-            return (*_parse(answer, known=known, owners=seen), seen)
+            return (*_parse(answer, known=known, owners=seen), seen, {})
 
         # every answer first: a failure routes nothing, and the epochs stay at their last chunk
         metrics = (SNAPSHOT_METRIC, *USED_METRICS, *CLUSTER_METRICS)
         answers = list(pool.map(ask, metrics))
-        clocks = answers[0][2]
+        clocks = answers[0][3]
         # a series every epoch has routed is in each one's owners; any other was decoded
         new: dict[LabelKey, str] = {}
-        for _, _, seen in answers[1:]:
+        for _, _, seen, _ in answers[1:]:
             new.update(seen)
         owners = _Owners(new, epochs[0].owners if epochs else {})
         parsed = [
             (m, items if m in CLUSTER_METRICS else _restamped(items, owners, clocks))
-            for m, (items, _, _) in zip(metrics[1:], answers[1:], strict=True)
+            for m, (items, _, _, _) in zip(metrics[1:], answers[1:], strict=True)
         ]
         instants = _instants(parsed, owners)
-        return len(metrics), sum(n for _, n, _ in answers), (e, parsed, instants)
+        return len(metrics), sum(a[1] for a in answers), (e, parsed, instants)
 
 
 class _Owners(Mapping[LabelKey, str]):
