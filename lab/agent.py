@@ -90,6 +90,10 @@ class Agent:
             time.sleep(0.1)
         raise RuntimeError(f"the agent did not listen within {timeout_s:g} s")
 
+    def under_run(self, argv: list[str]) -> list[str]:
+        """`argv` unmodified under `gpufeed run`, reporting to this agent's SDK socket."""
+        return [sys.executable, "-m", "gpufeed", "run", "--socket", str(self.socket), "--", *argv]
+
     def windows(self) -> dict[str, Any]:
         """/api/windows: {"windows": [closed...], "open": [...]}."""
         with urllib.request.urlopen(self.url + "/api/windows?limit=1000", timeout=5) as r:

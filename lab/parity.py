@@ -157,27 +157,22 @@ def run_one(name: str, stall: Stall, out: Path, scrape: float, keep: Path | None
             prom, url = _prometheus(run_dir, agent.url.removeprefix("http://"), scrape)
             time.sleep(2 * scrape)  # a few scrapes before the job starts, as in a real fleet
             seconds = stall.healthy_seconds + stall.stall_seconds + TAIL_SECONDS
-            argv = [
-                sys.executable,
-                "-m",
-                "gpufeed",
-                "run",
-                "--socket",
-                str(agent.socket),
-                "--",
-                sys.executable,
-                str(LOADER),
-                "--kind",
-                stall.kind,
-                "--stall-at",
-                f"{stall.healthy_seconds:g}",
-                "--stall-seconds",
-                f"{stall.stall_seconds:g}",
-                "--seconds",
-                f"{seconds:g}",
-                "--steps-log",
-                str(steps),
-            ]
+            argv = agent.under_run(
+                [
+                    sys.executable,
+                    str(LOADER),
+                    "--kind",
+                    stall.kind,
+                    "--stall-at",
+                    f"{stall.healthy_seconds:g}",
+                    "--stall-seconds",
+                    f"{stall.stall_seconds:g}",
+                    "--seconds",
+                    f"{seconds:g}",
+                    "--steps-log",
+                    str(steps),
+                ]
+            )
             t_start = time.time()
             subprocess.run(dies_with_runner(argv), check=True, timeout=seconds + 120)
             time.sleep(2 * scrape + 2)  # the last scrapes land

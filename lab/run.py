@@ -268,16 +268,7 @@ def run_one(
         if weights:
             argv += ["--weights", weights]
         if launcher == "run":  # unmodified, under gpufeed run
-            argv = [
-                sys.executable,
-                "-m",
-                "gpufeed",
-                "run",
-                "--socket",
-                str(agent.socket),
-                "--",
-                *argv,
-            ]
+            argv = agent.under_run(argv)
         env = dict(os.environ, SLURM_JOB_ID=job_id, GPUFEED_SOCKET=str(agent.socket))
         if store is not None:
             env.update(S3_CLIENT_ENV)

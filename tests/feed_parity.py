@@ -74,6 +74,23 @@ def thinned(text: str, scrape: float) -> str:
     return "\n".join(out) + "\n"
 
 
+def on_grid(text: str, step: float, start: float) -> str:
+    """The trace's snapshots a query grid (start + k * step, each point holding the last
+    sample in the step before it: feeds/promql.py) holds: where two fall in one step, the
+    earlier is never on the grid, whatever the TSDB feed does with the points it gets."""
+    instants = sorted({float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x[:1] not in "#"})
+    last: dict[int, float] = {}
+    for t in instants:
+        last[math.ceil(round((t - start) / step, 6))] = t  # in (g - step, g]
+    held = {f"{t:.3f}" for t in last.values()}
+    out = [
+        x
+        for x in text.splitlines()
+        if x and (x[0] == "#" or f"{float(x.rsplit(' ', 1)[1]):.3f}" in held)
+    ]
+    return "\n".join(out) + "\n"
+
+
 def live_windows(text: str, workdir: Path, windows: Windowing) -> list[dict[str, Any]]:
     log = workdir / "live-windows.jsonl"
     cfg = CorrelatorConfig(

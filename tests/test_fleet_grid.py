@@ -1,4 +1,4 @@
-"""The fleet's shared timestamp column (fleet/carry.py, `Epoch.grid`): a series with a point
+"""The fleet's shared timestamp column (fleet/carry.py, `Epoch.grids`: one per node): a series with a point
 at every instant holds the epoch's one timestamp array; one that misses an instant, starts
 late, or gets two answers in a chunk leaves it with a copy of its own; every column ends up
 holding exactly the points that `Series.extend_sorted` of its answers would have given."""
@@ -46,16 +46,17 @@ def test_series_share_the_grid_until_they_miss_an_instant() -> None:
     want: dict[str, Series] = {}
     for items in chunks:
         all_ts = sorted({t for _, _, ts, _ in items for t in ts})
-        _apply(epoch, (max(all_ts), [(UTIL, items)], array("d", all_ts)), WindowParams())
+        chunk = (max(all_ts), [(UTIL, items)], {"n1:9400": array("d", all_ts)})
+        _apply(epoch, chunk, WindowParams())
         for _, labels, ts, vs in items:
             assert labels is not None
             want.setdefault(matrix.labels(labels)["gpu"], Series()).extend_sorted(ts, vs)
-        grid = epoch.grid
+        grid = epoch.grids["n1:9400"]
         gpus = epoch.nodes["n1:9400"].gpus
         for gpu, ref in want.items():
             got = gpus[gpu].fields["util"]
             assert (list(got.ts), list(got.vs)) == (list(ref.ts), list(ref.vs)), gpu
-    assert list(epoch.grid) == _grid(0, 12)
+    assert list(epoch.grids["n1:9400"]) == _grid(0, 12)
     sharing = {gpu for gpu, g in gpus.items() if g.fields["util"].ts is grid}
     assert sharing == {"0"}  # 1 missed an instant, 2 started late, 3 had two answers, 4 none
 

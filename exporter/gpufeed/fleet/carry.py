@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +37,12 @@ from gpufeed.correlator.engine.peers import JobPeers
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.feeds import matrix, promql
+from gpufeed.correlator.feeds.clock import (
+    SNAPSHOT_METRIC,
+    Clock,
+    clock_of,
+    restamped_instants,
+)
 from gpufeed.correlator.feeds.matrix import Matrix
 from gpufeed.correlator.feeds.stream import NodeRun
 from gpufeed.fleet.timing import CycleTiming
@@ -45,8 +51,14 @@ LabelKey = int
 # (label key, the label set's text as answered or None where every epoch the chunk goes to
 # has routed it, timestamps, values)
 Parsed = tuple[LabelKey, matrix.Labels | None, "array[float]", "array[float]"]
-# (its last instant, parsed answers, every instant any answer holds, ascending)
-Chunk = tuple[float, list[tuple[str, list[Parsed]]], "array[float]"]
+# per instance, every instant any answer of its series holds, ascending
+Instants = dict[str, "array[float]"]
+# (its last instant, parsed answers, instants); the cluster's series are under ""
+Chunk = tuple[float, list[tuple[str, list[Parsed]]], Instants]
+NO_INSTANTS = array("d")
+# one answer parsed: (its series, the points it held, the instance of each series whose
+# labels were decoded, per instance the snapshot clock: only SNAPSHOT_METRIC's has one)
+Asked = tuple[list[Parsed], int, dict[LabelKey, str], dict[str, Clock]]
 
 CHUNK_STEPS = 10  # instants per query: bounds an answer (the whole fleet) in a cold start
 # A node's engine starts once it has this many utilization samples: its sampling interval
@@ -70,27 +82,34 @@ class Epoch:
     # the cluster scheduler's series (CLUSTER_METRICS), shared by every node, as the
     # offline PromQL feed shares them (feeds/promql.py)
     cluster: dict[str, Series] = field(default_factory=dict)
-    # One timestamp column for every series that has a point at every instant routed so
-    # far (on a query grid, nearly all): `Series.ts is grid`, so the timestamps are held
-    # once, not once per series (they were half the columns' memory). Such a series gets
-    # only its values in `route`; `commit` then extends the grid, after giving every
-    # series that missed one of the chunk's instants a copy of its own.
-    grid: array[float] = field(default_factory=lambda: array("d"))
-    sharing: list[Series] = field(default_factory=list)
+    # Per node, one timestamp column for every series of it that has a point at every
+    # instant of the node routed so far (nearly all): `Series.ts is grids[instance]`, so
+    # the timestamps are held once, not once per series (they were half the columns'
+    # memory). The instants are the node's own: its agent's snapshot instants where it
+    # serves them (feeds/clock.py), else the query grid's. Such a series gets only its
+    # values in `route`; `commit` then extends the node's grid, after giving every series
+    # that missed one of the chunk's instants a copy of its own.
+    grids: dict[str, array[float]] = field(default_factory=dict)
+    sharing: dict[str, list[Series]] = field(default_factory=dict)
+    # label key -> the instance of its series, for a series whose labels are not decoded
+    # again (`_parse`): its instants are its node's
+    owners: dict[LabelKey, str] = field(default_factory=dict)
     # every node's GPUs of a job at the same instant, for each node's engine (engine/peers.py)
     peers: JobPeers = field(init=False)
 
     def __post_init__(self) -> None:
         self.peers = JobPeers(self.nodes)
 
-    def route(self, metric: str, items: list[Parsed], instants: array[float]) -> None:
+    def route(self, metric: str, items: list[Parsed], instants: Instants) -> None:
         """Appends an answer's points after `done_seconds` to their columns; `instants`,
-        the chunk's instants after it, are what a series sharing the grid must have."""
+        each node's instants of the chunk after it, are what a series sharing its node's
+        grid must have."""
         done = self.done_seconds
         cols = self.columns.setdefault(metric, {})
         shared = metric in CLUSTER_METRICS
-        grid, n = self.grid, len(self.grid)
-        full: dict[tuple[int, int], bool] = {}  # (answer timestamps, from) -> all instants?
+        owners, grids = self.owners, self.grids
+        # (answer timestamps, from, instance) -> all of the node's instants?
+        full: dict[tuple[int, int, str], bool] = {}
         for key, labels, ts, vs in items:
             i = bisect_right(ts, done)
             if i >= len(ts):
@@ -114,38 +133,47 @@ class Epoch:
                     self.runs[inst] = NodeRun(node, self.peers)
                 rest = {k: v for k, v in named.items() if k not in ("instance", "__name__")}
                 series = cols[key] = node.route(metric, rest)
+                owners[key] = node.instance
             if series is None:
                 continue
-            if not series.ts and not n:  # the epoch's first points: it starts on the grid
+            inst = owners[key]
+            grid = grids.get(inst)
+            if grid is None:
+                grid = grids[inst] = array("d")
+            n = len(grid)
+            if not series.ts and not n:  # the node's first points: it starts on the grid
                 series.ts = grid
-                self.sharing.append(series)
+                self.sharing.setdefault(inst, []).append(series)
             if series.ts is grid:
-                same = full.get((id(ts), i))  # answers share their timestamp arrays
+                node_instants = instants.get(inst, NO_INSTANTS)
+                same = full.get((id(ts), i, inst))  # answers share their timestamp arrays
                 if same is None:
-                    same = full[id(ts), i] = (ts[i:] if i else ts) == instants
+                    same = full[id(ts), i, inst] = (ts[i:] if i else ts) == node_instants
                 if same and len(series.vs) == n:
                     series.vs.extend(vs[i:] if i else vs)
                     continue
                 # off the grid from now on: its own copy of the timestamps it has
                 series.ts = array("d", grid)
                 if len(series.vs) > n:  # a second answer for this column in the chunk
-                    series.ts.extend(instants)
+                    series.ts.extend(node_instants)
             series.extend_sorted(ts[i:] if i else ts, vs[i:] if i else vs)
 
-    def commit(self, instants: array[float]) -> None:
-        """Extends the grid by the chunk's instants, once every answer is routed: a series
-        on it that did not get all of them gets its own timestamps first."""
-        grid, n = self.grid, len(self.grid)
-        keep = []
-        for series in self.sharing:
-            if series.ts is not grid:
-                continue  # left the grid (in route, or a trim)
-            if len(series.vs) == n:  # no points in this chunk
-                series.ts = array("d", grid)
-            else:
-                keep.append(series)
-        self.sharing = keep
-        grid.extend(instants)
+    def commit(self, instants: Instants) -> None:
+        """Extends each node's grid by its instants of the chunk, once every answer is
+        routed: a series on it that did not get all of them gets its own timestamps first."""
+        for inst, sharing in self.sharing.items():
+            grid = self.grids[inst]
+            n = len(grid)
+            keep = []
+            for series in sharing:
+                if series.ts is not grid:
+                    continue  # left the grid (in route, or a trim)
+                if len(series.vs) == n:  # no points in this chunk
+                    series.ts = array("d", grid)
+                else:
+                    keep.append(series)
+            sharing[:] = keep
+            grid.extend(instants.get(inst, NO_INSTANTS))
 
     def advance(self, until: float, params: WindowParams) -> None:
         for inst in sorted(self.runs):
@@ -171,6 +199,7 @@ def _parse(
     result: Matrix,
     nodes: bool = True,
     known: Sequence[Mapping[LabelKey, Series | None]] = (),
+    owners: dict[LabelKey, str] | None = None,
 ) -> tuple[list[Parsed], int]:
     """An answer's series as (label key, label text as answered, timestamps, values), parsed
     once for every epoch; series without an instance are not a node's (`nodes`: the
@@ -185,7 +214,9 @@ def _parse(
     left out. A series an epoch has not routed keeps its labels as the answer's text, and
     `Epoch.route` decodes them as it routes it: a chunk's 80,000 label dictionaries at 256
     nodes, held until it was routed, were 1 KiB a series (a cold cycle's peak heap, which
-    pymalloc's arenas keep: the checked dictionary here is freed at once)."""
+    pymalloc's arenas keep: the checked dictionary here is freed at once).
+
+    `owners`, when given, receives the instance of each series whose labels are decoded."""
     out: list[Parsed] = []
     points = 0
     distinct: dict[bytes, array[float]] = {}
@@ -201,8 +232,12 @@ def _parse(
                 break
             reads = reads or col is not None
         if not routed:
-            if nodes and not matrix.labels(text).get("instance"):
-                continue
+            if nodes:
+                inst = matrix.labels(text).get("instance")
+                if not inst:
+                    continue
+                if owners is not None:
+                    owners[key] = inst
             labels = text
         points += len(vs)  # what the TSDB sent, read or not
         if routed and not reads:
@@ -310,21 +345,106 @@ class FleetEngines:
         # series' labels decoded, chunk after chunk (90 MB a chunk at 256 nodes)
         epochs = [ep for ep in self.epochs.values() if ep.done_seconds < e]
 
-        def ask(metric: str) -> tuple[list[Parsed], int]:
+        def ask(metric: str) -> Asked:
             # parsed where it arrives: the answer's JSON is freed at once. The epochs'
             # caches are only read here: the cycle's thread waits for every answer
             answer = promql.query_every_instance(base, metric, match, (s, e), step, retry, decode)
+            if metric == SNAPSHOT_METRIC:
+                return [], sum(len(vs) for _, _, vs in answer), {}, _clocks(answer)
             if metric in CLUSTER_METRICS:
-                return _parse(answer, nodes=False)
-            return _parse(answer, known=[ep.columns.get(metric, {}) for ep in epochs])
+                return (*_parse(answer, nodes=False), {}, {})
+            known = [ep.columns.get(metric, {}) for ep in epochs]
+            seen: dict[LabelKey, str] = {}
+            return (*_parse(answer, known=known, owners=seen), seen, {})
 
         # every answer first: a failure routes nothing, and the epochs stay at their last chunk
-        metrics = (*USED_METRICS, *CLUSTER_METRICS)
+        metrics = (SNAPSHOT_METRIC, *USED_METRICS, *CLUSTER_METRICS)
         answers = list(pool.map(ask, metrics))
-        parsed = [(m, items) for m, (items, _) in zip(metrics, answers, strict=True)]
-        distinct = {id(ts): ts for _, items in parsed for _, _, ts, _ in items}
-        instants = array("d", sorted(set().union(*distinct.values())))
-        return len(metrics), sum(n for _, n in answers), (e, parsed, instants)
+        clocks = answers[0][3]
+        # a series every epoch has routed is in each one's owners; any other was decoded
+        new: dict[LabelKey, str] = {}
+        for _, _, seen, _ in answers[1:]:
+            new.update(seen)
+        owners = _Owners(new, epochs[0].owners if epochs else {})
+        parsed = [
+            (m, items if m in CLUSTER_METRICS else _restamped(items, owners, clocks))
+            for m, (items, _, _, _) in zip(metrics[1:], answers[1:], strict=True)
+        ]
+        instants = _instants(parsed, owners)
+        return len(metrics), sum(a[1] for a in answers), (e, parsed, instants)
+
+
+class _Owners(Mapping[LabelKey, str]):
+    """The instance of a chunk's series: a new one's, else the epoch's that routed it."""
+
+    __slots__ = ("new", "routed")
+
+    def __init__(self, new: Mapping[LabelKey, str], routed: Mapping[LabelKey, str]) -> None:
+        self.new, self.routed = new, routed
+
+    def __getitem__(self, key: LabelKey) -> str:
+        got = self.new.get(key)
+        return self.routed[key] if got is None else got
+
+    def __iter__(self) -> Iterator[LabelKey]:
+        return iter({**self.routed, **self.new})
+
+    def __len__(self) -> int:
+        return len({**self.routed, **self.new})
+
+
+def _clocks(answer: Matrix) -> dict[str, Clock]:
+    """Per instance, the snapshot each grid point holds (feeds/clock.py): one series per
+    node, its labels decoded every chunk (a node's instants are the node's own)."""
+    out: dict[str, Clock] = {}
+    for text, ts, vs in answer:
+        inst = matrix.labels(text).get("instance")
+        if inst:
+            out.setdefault(inst, {}).update(clock_of(ts, vs))
+    return out
+
+
+def _restamped(
+    items: list[Parsed], owners: Mapping[LabelKey, str], clocks: Mapping[str, Clock]
+) -> list[Parsed]:
+    """Each node's series at its agent's snapshot instants, where it serves them: a
+    repeated snapshot left out. The series of one node that shared grid timestamps share
+    the new ones (one restamping per node and distinct timestamp array)."""
+    if not clocks:
+        return items
+    done: dict[tuple[int, str], tuple[array[float], list[int]]] = {}
+    out: list[Parsed] = []
+    for key, labels, ts, vs in items:
+        inst = owners.get(key, "")
+        clock = clocks.get(inst)
+        if not clock:
+            out.append((key, labels, ts, vs))
+            continue
+        plan = done.get((id(ts), inst))
+        if plan is None:
+            plan = done[id(ts), inst] = restamped_instants(ts, clock)
+        new_ts, keep = plan
+        out.append((key, labels, new_ts, array("d", (vs[k] for k in keep))))
+    return out
+
+
+def _instants(parsed: list[tuple[str, list[Parsed]]], owners: Mapping[LabelKey, str]) -> Instants:
+    """Per node, every instant an answer of one of its series holds, ascending."""
+    arrays: dict[str, dict[int, array[float]]] = {}
+    for metric, items in parsed:
+        if metric in CLUSTER_METRICS:
+            continue
+        for key, _, ts, _ in items:
+            arrays.setdefault(owners.get(key, ""), {})[id(ts)] = ts
+    unions: dict[tuple[int, ...], array[float]] = {}  # nodes on one grid share its union
+    out: Instants = {}
+    for inst, distinct in arrays.items():
+        ids = tuple(sorted(distinct))
+        union = unions.get(ids)
+        if union is None:
+            union = unions[ids] = array("d", sorted(set().union(*distinct.values())))
+        out[inst] = union
+    return out
 
 
 def _apply(epoch: Epoch, chunk: Chunk, params: WindowParams) -> None:
@@ -333,7 +453,7 @@ def _apply(epoch: Epoch, chunk: Chunk, params: WindowParams) -> None:
     done = epoch.done_seconds
     if done >= end:
         return
-    new = instants[bisect_right(instants, done) :]
+    new = {inst: ts[bisect_right(ts, done) :] for inst, ts in instants.items()}
     for metric, items in parsed:
         epoch.route(metric, items, new)
     epoch.commit(new)

@@ -34,6 +34,7 @@ from gpufeed.correlator.engine.node import (
     put_in_order,
 )
 from gpufeed.correlator.engine.series import Series
+from gpufeed.correlator.feeds.clock import SNAPSHOT_METRIC, Clocks, clock_of, restamp
 from gpufeed.correlator.feeds.matrix import Decoder, Matrix
 
 MAX_POINTS = 10_000
@@ -267,9 +268,28 @@ def query_every_instance(
     return data or []
 
 
-def route_result(nodes: dict[str, NodeSeries], metric: str, result: list[dict[str, Any]]) -> int:
-    """Appends one query's series to their nodes' columns (created on first sight); returns
-    how many points the answer held."""
+def clocks_of(results: Sequence[list[dict[str, Any]]]) -> dict[str, dict[float, float]]:
+    """Per instance, the snapshot each grid point holds (feeds/clock.py), from the answers
+    of SNAPSHOT_METRIC."""
+    out: dict[str, dict[float, float]] = {}
+    for result in results:
+        for item in result:
+            inst = str(item.get("metric", {}).get("instance", ""))
+            values = item.get("values", [])
+            ts = (float(t) for t, _ in values)
+            out.setdefault(inst, {}).update(clock_of(ts, (float(v) for _, v in values)))
+    return out
+
+
+def route_result(
+    nodes: dict[str, NodeSeries],
+    metric: str,
+    result: list[dict[str, Any]],
+    clocks: Clocks | None = None,
+) -> int:
+    """Appends one query's series to their nodes' columns (created on first sight), each
+    point at the instant of the snapshot it holds where `clocks` know it (feeds/clock.py);
+    returns how many points the answer held."""
     points = 0
     for item in result:
         labels = {k: str(v) for k, v in item.get("metric", {}).items()}
@@ -285,7 +305,7 @@ def route_result(nodes: dict[str, NodeSeries], metric: str, result: list[dict[st
         points += len(values)
         ts = array("d", (float(t) for t, _ in values))
         vs = array("d", (float(v) for _, v in values))
-        series.extend_sorted(ts, vs)
+        series.extend_sorted(*restamp(ts, vs, (clocks or {}).get(inst)))
     return points
 
 
@@ -328,16 +348,17 @@ def fetch_chunk(
         for i in range(0, len(insts), INSTANCE_BATCH)
     ]
     s, e = span
-    tasks = [(m, sel) for m in USED_METRICS for sel in sels]
+    tasks = [(m, sel) for m in (SNAPSHOT_METRIC, *USED_METRICS) for sel in sels]
     tasks += [(m, inner) for m in CLUSTER_METRICS]  # the cluster's, not any node's
-    answers = pool.map(lambda t: (t[0], _query(base, t[0], t[1], s, e, step, retry)), tasks)
+    answers = list(pool.map(lambda t: (t[0], _query(base, t[0], t[1], s, e, step, retry)), tasks))
+    clocks = clocks_of([r for m, r in answers if m == SNAPSHOT_METRIC])
     points = 0
     cluster: list[tuple[str, list[dict[str, Any]]]] = []
     for metric, result in answers:
         if metric in CLUSTER_METRICS:
             cluster.append((metric, result))
-        else:
-            points += route_result(nodes, metric, result)
+        elif metric != SNAPSHOT_METRIC:
+            points += route_result(nodes, metric, result, clocks)
     points += share_cluster(nodes, cluster)
     return len(tasks), points
 
@@ -361,7 +382,7 @@ def load_range(
     tasks: list[tuple[str, str, float, float]] = []
     for i in range(0, len(insts), INSTANCE_BATCH):
         sel = _instance_selector(insts[i : i + INSTANCE_BATCH], inner)
-        for metric in USED_METRICS:
+        for metric in (SNAPSHOT_METRIC, *USED_METRICS):
             for s, e in chunks(start, end, step):
                 tasks.append((metric, sel, s, e))
 
@@ -372,6 +393,8 @@ def load_range(
     nodes: dict[str, NodeSeries] = {}
     with ThreadPoolExecutor(max_workers=THREADS) as pool:
         results = list(pool.map(run, tasks))  # in task order: chunks stay in time order
+    clocks = clocks_of([r for m, r in results if m == SNAPSHOT_METRIC])
     for metric, result in results:
-        route_result(nodes, metric, result)
+        if metric != SNAPSHOT_METRIC:
+            route_result(nodes, metric, result, clocks)
     return nodes
