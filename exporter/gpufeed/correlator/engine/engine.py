@@ -5,7 +5,8 @@ order. Per unit, a run starts at the first sample below the threshold (or a lost
 judged over the job's last step where a step spans several samples: _over_step);
 high stretches shorter than the merge gap stay inside it; it becomes an open window once
 it has lasted `min_window_seconds` with at least 3/4 of that time low, and closes at the
-first high sample that stays high for the merge gap. Every low sample is classified by
+first high sample that stays high for the merge gap (or for the span it was judged over,
+if longer: one high step of a long-step job does not end its window). Every low sample is classified by
 the rules; a window splits when another (cause, job) holds for `split_seconds` (twice
 that for `unknown`). Baselines learn from healthy buckets only.
 """
@@ -51,8 +52,9 @@ RUN_TRIM_SLACK_SECONDS = 60.0
 # not working: it counts as underutilized at that share (what it really does).
 SM_WAITING_RATIO = 0.6
 MIN_SM_ACTIVE_BASELINE = 0.02  # below this, the healthy level itself is noise
-# Where no healthy level says a busy GPU waits, the rest of its job at the same instant may
-# (_peer_working); the window's evidence names which (Context.BUSY_REFERENCE).
+# Where no healthy level says a busy GPU waits, the rest of its job at the same instant or
+# its rank's own collective wait may (_peer_working); the window's evidence names which
+# (Context.BUSY_REFERENCE).
 JOB_GPUS_REFERENCE = "job_gpus"  # SM activity against the job's busiest GPU now
 RANK_WAIT_REFERENCE = "rank_wait"  # the share of its time the rank waits in collectives
 
