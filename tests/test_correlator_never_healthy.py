@@ -59,11 +59,11 @@ def test_victims_of_a_job_slow_from_its_first_step_are_inside_straggler_windows(
 
 def test_the_evidence_names_the_reference_that_said_it_waits() -> None:
     """With 5 s steps no stretch of the job was ever healthy: nothing but the job's other
-    GPUs and ranks said its victims wait."""
+    GPUs and the ranks' own collective waits said its victims wait."""
     tr = _trace(5.0, "spin")
     windows = acc.analyse(tr, PARAMS)
     refs = {dict(w.evidence).get(Context.BUSY_REFERENCE) for w in windows}
-    assert refs <= {"job_gpus", "job_ranks"} and refs, refs
+    assert refs <= {"job_gpus", "rank_wait"} and refs, refs
 
 
 def _node_alone(tr: nh.Trace, instance: str, tmp: str) -> list[Window]:
@@ -73,16 +73,23 @@ def _node_alone(tr: nh.Trace, instance: str, tmp: str) -> list[Window]:
     return analyze_node(read_trace(path).nodes[instance], PARAMS)
 
 
-def test_a_node_alone_cannot_see_a_culprit_elsewhere_the_job_view_does(tmp_path: object) -> None:
+def test_a_node_alone_sees_its_ranks_wait_the_job_view_names_whom_for(tmp_path: object) -> None:
     """The live agent's view (its own node): every GPU of the job here waits alike for a
-    culprit on another node and reads busy (NCCL spins; no GPM here), so nothing here
-    tells waiting from working (the job-level view decides); with every node of the
-    job, the ranks here wait far longer than the culprit's and the GPUs are in windows."""
+    culprit on another node and reads busy (NCCL spins; no GPM here). Its ranks' own
+    collective waits say they wait, with no other node to compare with, so the node alone
+    opens the same windows over the same time as the view of every node; only the
+    job-level view names whom they wait for. Before, a node alone opened nothing here (its
+    reference was the least any rank of the job waited, and every rank here waited)."""
     tr = _trace(46.0, "spin", gpm=False)
     victim = next(i for i in tr.instances if i != tr.culprit_instance)
-    assert _node_alone(tr, victim, str(tmp_path)) == []
-    joined = acc.analyse(tr, PARAMS)
-    assert {w.gpu for w in joined if w.instance == victim} == {"0", "1", "2", "3"}
+    alone = _node_alone(tr, victim, str(tmp_path))
+    assert {w.gpu for w in alone} == {"0", "1", "2", "3"}
+    assert all(w.culprit is None for w in alone)
+    joined = [w for w in acc.analyse(tr, PARAMS) if w.instance == victim]
+    assert sorted((w.gpu, w.start_seconds, w.end_seconds) for w in alone) == sorted(
+        (w.gpu, w.start_seconds, w.end_seconds) for w in joined
+    )
+    assert all(w.culprit is not None for w in joined)
 
 
 def test_spinning_victims_without_gpm_are_found_by_their_ranks_waits(tmp_path: object) -> None:

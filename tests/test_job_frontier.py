@@ -240,3 +240,37 @@ def test_the_frontiers_step_is_the_jobs_step_not_its_counters(tmp_path: Path) ->
     nodes = read_trace(str(path)).nodes
     got = step_seconds(nodes, tr.job_id, tr.start + 100.0, tr.end - 100.0)
     assert 35.0 <= got <= 60.0, got  # 2.4 x 0.9 x 20 s of the slow worker plus the rest
+
+
+def _rotating_in_windows(tmp_path: Path, guise: str, step: float, dp: int) -> float:
+    from bench.parallel_culprit import score
+
+    tr = mn.build_parallel(
+        "rotating_imbalance", seed=2, dp=dp, pp=1, tp=1, gpus=2, step_seconds=step,
+        duration=max(900.0, 40 * step), guise=guise,
+    )  # fmt: skip
+    windows = analyze_text(tr.text, tmp_path)
+    nodes = read_trace(os.path.join(str(tmp_path), "trace.om")).nodes
+    s = score(tr, correlate_jobs(nodes.values(), windows))
+    assert s.truth_s > 0 and s.of_windowed >= 0.9 and s.blamed_s == 0, s
+    return s.windowed_s / s.truth_s
+
+
+def test_spinning_ranks_that_all_wait_alike_are_inside_windows(tmp_path: Path) -> None:
+    """A rotating imbalance at 1 s steps sampled every 5 s, NCCL spinning: every sample
+    holds five steps, each replica gated some of them, so every rank waits alike over the
+    sample and the least any rank waited (the old reference) hid it: nothing opened. A
+    rank's exposed wait is work it does not do, whatever the other ranks do: its waiting
+    time is inside windows naming the input imbalance, as in the compute-only guise."""
+    spin = _rotating_in_windows(tmp_path, "spin", 1.0, dp=4)
+    assert spin >= 0.95, spin
+
+
+def test_one_high_step_does_not_end_a_long_step_window(tmp_path: Path) -> None:
+    """46 s steps, the slowest of 8 replicas drawn each step: a rank works flat out in the
+    steps it gates and waits in the others. Judged over its trailing step, one gating step
+    read high for longer than the merge gap and closed its window, and the lone waiting
+    step after it was too short to open one (0.93 of the waiting time in windows); a
+    recovery no longer than the step it was judged over is one step high now."""
+    got = _rotating_in_windows(tmp_path, "compute_only", 46.0, dp=8)
+    assert got >= 0.95, got

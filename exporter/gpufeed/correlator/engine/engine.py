@@ -5,7 +5,8 @@ order. Per unit, a run starts at the first sample below the threshold (or a lost
 judged over the job's last step where a step spans several samples: _over_step);
 high stretches shorter than the merge gap stay inside it; it becomes an open window once
 it has lasted `min_window_seconds` with at least 3/4 of that time low, and closes at the
-first high sample that stays high for the merge gap. Every low sample is classified by
+first high sample that stays high for the merge gap (or for the span it was judged over,
+if longer: one high step of a long-step job does not end its window). Every low sample is classified by
 the rules; a window splits when another (cause, job) holds for `split_seconds` (twice
 that for `unknown`). Baselines learn from healthy buckets only.
 """
@@ -51,10 +52,11 @@ RUN_TRIM_SLACK_SECONDS = 60.0
 # not working: it counts as underutilized at that share (what it really does).
 SM_WAITING_RATIO = 0.6
 MIN_SM_ACTIVE_BASELINE = 0.02  # below this, the healthy level itself is noise
-# Where no healthy level says a busy GPU waits, the rest of its job at the same instant may
-# (_peer_working); the window's evidence names which (Context.BUSY_REFERENCE).
+# Where no healthy level says a busy GPU waits, the rest of its job at the same instant or
+# its rank's own collective wait may (_peer_working); the window's evidence names which
+# (Context.BUSY_REFERENCE).
 JOB_GPUS_REFERENCE = "job_gpus"  # SM activity against the job's busiest GPU now
-JOB_RANKS_REFERENCE = "job_ranks"  # the rank's collective wait against the job's least
+RANK_WAIT_REFERENCE = "rank_wait"  # the share of its time the rank waits in collectives
 
 
 # A GPU is judged over its job's steps where a step is longer than a sample: over the
@@ -271,6 +273,10 @@ class NodeCorrelator:
                     u.waiting = True  # busy while the rest of its job works: it waits
                     u.busy_reference = peer[1]
                     return peer[0], False
+                if peer is not None:
+                    # what it works at, below the threshold or not: judged over its
+                    # step (_over_step), a busy-reading sample counts what it works
+                    return min(v, peer[0]), False
             return v, False
         return self._cpu_share(u, t), False
 
@@ -415,6 +421,7 @@ class NodeCorrelator:
         begins: a step below the threshold is a low step, for 1 s steps and 60 s alike.
         Samples from before a gap are not averaged in."""
         recent = u.recent
+        u.judged_seconds = 0.0
         job = self._classifier.gpu_jobs(t).get(u.gpu, "")
         j = self.node.jobs.get(job) if job else None
         if j is None or j.steps is None:  # no step counter: judged sample by sample
@@ -440,7 +447,8 @@ class NodeCorrelator:
         # 58% of each 8.5 s step read 0.4-1.0 from one 5 s sample to the next, above the
         # threshold in a third of them, and never opened a window)
         span = period * math.ceil(STEP_SAMPLES * iv / period)
-        since = t - min(span, longest)
+        u.judged_seconds = min(span, longest)
+        since = t - u.judged_seconds
         got = [x for ts, x in recent if ts > since]
         return sum(got) / len(got)
 
@@ -454,24 +462,29 @@ class NodeCorrelator:
         return self._steps[job]
 
     def _peer_working(self, u: Unit, t: float, busy_before: bool) -> tuple[float, str] | None:
-        """How much a GPU that reads busy works, against the rest of its job at the same
-        instant (engine/peers.py): a reference that needs no healthy past, so a job slow
-        from its first step is judged like one that slowed down (issue 24). Two readings,
-        the lower one decides, each with the reference it came from:
+        """How much a GPU that reads busy works, by what needs no healthy past, so a job
+        slow from its first step is judged like one that slowed down (issue 24). Two
+        readings, the lower one decides, each with the reference it came from:
 
-        - its SM activity over the job's busiest GPU's now (`job_gpus`), a share below
-          SM_WAITING_RATIO counting as the share it works at (as against its own level);
-        - one minus its rank's collective-wait share above the least any rank of the job
-          waits now (`job_ranks`): the least waiting rank pays only the collective's own
-          cost, what every rank pays in a healthy step; the rest is exposed wait that a
-          late rank made, time a compute-only utilization would have shown idle. Where
-          the job had a healthy stretch here, its usual wait then (Kind.COLLECTIVE_WAIT)
-          is the allowance if lower: a job-wide stall (congestion on every link) slows
-          every rank alike, and only its own past tells that wait from the usual.
+        - its SM activity over the job's busiest GPU's now (`job_gpus`, engine/peers.py),
+          a share below SM_WAITING_RATIO counting as the share it works at (as against
+          its own level);
+        - one minus its rank's collective-wait share (`rank_wait`): time the rank spends
+          blocked in a collective is time it does no work, whatever NVML's utilization
+          says (NCCL's kernel spins) and whatever the job's other ranks do, as a
+          compute-only utilization would read it. No allowance is taken off for the
+          collective's own cost: what the product calls underutilized is work below the
+          threshold, so a healthy job whose exposed communication stays under
+          1 - threshold (the all-reduce left after overlap) is not low, and one above it
+          is low on NCCL as it already was on gloo. Before, the allowance was the least
+          any rank of the job waited at the same instant; in a rotating imbalance every
+          rank gates some of a sample's steps, every rank waits alike over the sample,
+          and nothing was seen (0.000 of the waiting time in windows at 1 s steps).
 
-        Only the job's own GPUs and ranks that this engine is given count: the live agent
-        sees its node (a culprit on another node leaves every GPU here alike, and the
-        job-level view decides), `gpufeed analyze` and `gpufeed fleet` every node of the job."""
+        The SM reference counts only the job's own GPUs that this engine is given: the
+        live agent sees its node (a culprit on another node leaves every GPU here alike),
+        `gpufeed analyze` and `gpufeed fleet` every node of the job. The rank's own wait is
+        the same in every feed; the job-level view names whom it waits for."""
         assert u.cols is not None
         job = self._classifier.gpu_jobs(t).get(u.gpu, "")
         if not job:
@@ -490,14 +503,10 @@ class NodeCorrelator:
         # counting it again held a window one sample past the recovery
         j = self.node.jobs.get(job) if busy_before else None
         mine = gpu_collective_wait(j, u.uuid, t, tm) if j is not None else None
-        least = self.peers.least_collective_wait(job, t, tm) if mine is not None else None
-        usual = self.baselines.median((Kind.COLLECTIVE_WAIT, job))
-        if usual is not None:  # the job's own healthy wait here, where it had a healthy past
-            least = usual if least is None else min(least, usual)
-        if mine is not None and least is not None:
-            working = 1.0 - max(mine - least, 0.0)
+        if mine is not None:
+            working = 1.0 - mine
             if best is None or working < best[0]:
-                best = (working, JOB_RANKS_REFERENCE)
+                best = (working, RANK_WAIT_REFERENCE)
         return best
 
     # ---- the main step -------------------------------------------------------------------
@@ -631,7 +640,7 @@ class NodeCorrelator:
         # high sample inside a run
         if u.high_since is None:
             u.high_since = t
-        if t - u.high_since >= p.merge_gap_seconds:
+        if t - u.high_since >= max(p.merge_gap_seconds, u.judged_seconds):
             self._close(u, self._edge(u, u.high_since, recovered=True))
             self.watch.busy_at[u.gpu or u.key] = t
             if u.cols is not None:

@@ -134,7 +134,7 @@ class Context:
     # serving endpoints of the GPU down or stale: its demand is unknown, never low demand
     SERVING_DOWN: Final = "serving_down"
     # what said a GPU that reads busy waits, where its own healthy level could not: the
-    # job's busiest GPU now (`job_gpus`) or its ranks' collective waits (`job_ranks`)
+    # job's busiest GPU now (`job_gpus`) or its rank's own collective wait (`rank_wait`)
     # (engine._peer_working); the job-level view names whom it waits for
     BUSY_REFERENCE: Final = "busy_reference"
 

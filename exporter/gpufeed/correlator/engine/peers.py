@@ -1,17 +1,17 @@
-"""The job's other GPUs and ranks at the same instant: a reference that needs no healthy past.
+"""The job's other GPUs at the same instant, and a rank's own wait: no healthy past needed.
 
 NVML counts a collective kernel that spins while it waits for a late peer as busy, so on
 NCCL every victim of a straggler reads ~100% utilization. The engine's first check of
 "busy is not working" compares SM activity with the GPU's own healthy level, and a job
 that is slow from its first step never had one (issue 24). What a waiting GPU can always be
-compared with is the rest of its job at the same moment:
+compared with is the rest of its job at the same moment: SM activity (GPM) far below the
+highest of the job's GPUs now is a GPU that waits while another computes.
 
-- **the job's busiest GPUs**: SM activity (GPM) far below the highest of the job's GPUs
-  now is a GPU that waits while another computes;
-- **the job's ranks**: where the SDK or `gpufeed run` reports each rank's collective wait
-  (`gpufeed_job_rank_phase_seconds_total{phase="collective_wait"}`), a rank's wait above
-  the least any rank of the job waits now is exposed wait a late rank caused (the least
-  waiting rank pays only the collective's own cost: it arrives last).
+A rank's own collective wait (`gpufeed_job_rank_phase_seconds_total{phase="collective_wait"}`)
+needs no peers: `gpu_collective_wait` reads it, and the engine counts it as work not done
+(engine._peer_working, `rank_wait`). It once was counted only above the least any rank
+of the job waited at the same instant; in a rotating imbalance every rank gates some of
+a sample's steps, every rank waits alike over a sample, and that reference hid it.
 
 Which GPUs and ranks count depends on the feed: the live agent sees only its own node (a
 job whose culprit is on another node looks alike on every GPU here, and the job-level view,
@@ -40,34 +40,29 @@ WAIT_WINDOW_SECONDS = 0.0
 
 
 class JobPeers:
-    """Per job and instant: the busiest SM activity and the least collective wait of the
-    job's GPUs and ranks over `nodes` (instance -> columns; read as it is now)."""
+    """Per job and instant: the busiest SM activity of the job's GPUs over `nodes`
+    (instance -> columns; read as it is now)."""
 
     __slots__ = (
         "_busiest",
         "_gpu_index",
         "_index_size",
         "_index_t",
-        "_job_index",
-        "_least",
         "nodes",
     )
 
     def __init__(self, nodes: Mapping[str, NodeSeries]) -> None:
         self.nodes = nodes
-        # job -> [(gpu columns, its job_info series)] and job -> [its columns per node],
-        # rebuilt when series appear (checked once per instant: a fleet holds 1,000 nodes)
+        # job -> [(gpu columns, its job_info series)], rebuilt when series appear (checked once per instant: a fleet holds 1,000 nodes)
         self._gpu_index: dict[str, list[tuple[GpuColumns, Series]]] = {}
-        self._job_index: dict[str, list[JobColumns]] = {}
         self._index_size = -1
         self._index_t = -math.inf
         # one instant's answers: every GPU of a node asks at the same instant
         self._busiest: dict[tuple[str, float], float | None] = {}
-        self._least: dict[tuple[str, float], float | None] = {}
 
     @classmethod
     def of_node(cls, node: NodeSeries) -> JobPeers:
-        """The peers one node sees: its own GPUs and ranks (the live agent)."""
+        """The peers one node sees: its own GPUs (the live agent)."""
         return cls({node.instance: node})
 
     def _refresh(self, t: float) -> None:
@@ -75,19 +70,16 @@ class JobPeers:
             return
         self._index_t = t
         nodes = self.nodes.values()
-        size = sum(len(n.job_info) + len(n.jobs) for n in nodes)
+        size = sum(len(n.job_info) for n in nodes)
         if size == self._index_size:
             return
         gpus: dict[str, list[tuple[GpuColumns, Series]]] = {}
-        jobs: dict[str, list[JobColumns]] = {}
         for n in nodes:
             for (j, gpu), s in n.job_info.items():
                 g = n.gpus.get(gpu)
                 if g is not None:
                     gpus.setdefault(j, []).append((g, s))
-            for j, cols in n.jobs.items():
-                jobs.setdefault(j, []).append(cols)
-        self._gpu_index, self._job_index, self._index_size = gpus, jobs, size
+        self._gpu_index, self._index_size = gpus, size
 
     def busiest_sm_active(self, job: str, t: float, timing: Timing) -> float | None:
         """The highest SM activity of the job's GPUs at t (None: fewer than MIN_PEERS)."""
@@ -111,33 +103,6 @@ class JobPeers:
         got = max(seen) if len(seen) >= MIN_PEERS else None
         self._busiest[key] = got
         return got
-
-    def least_collective_wait(self, job: str, t: float, timing: Timing) -> float | None:
-        """The least collective-wait share (s/s) of any of the job's ranks at t, over its
-        last sample interval (None: fewer than MIN_PEERS ranks report one)."""
-        key = (job, t)
-        if key in self._least:
-            return self._least[key]
-        if len(self._least) > 4096:
-            self._least.clear()
-        self._refresh(t)
-        seen = [r for j in self._job_index.get(job, ()) for r in _rank_waits(j, t, timing)]
-        got = min(seen) if len(seen) >= MIN_PEERS else None
-        self._least[key] = got
-        return got
-
-
-def _rank_waits(j: JobColumns, t: float, timing: Timing) -> list[float]:
-    """The collective-wait share at t of each rank of the job here (WAIT_WINDOW_SECONDS;
-    capped at 1: a wait reported when it ends lands in one interval)."""
-    tm = timing
-    out = []
-    for (_rank, phase), s in j.rank_phases.items():
-        if phase == COLLECTIVE_WAIT:
-            r = s.rate_at(t, WAIT_WINDOW_SECONDS, tm.stale_seconds, tm.gap_seconds)
-            if r is not None:
-                out.append(min(r, 1.0))
-    return out
 
 
 def gpu_collective_wait(j: JobColumns, uuid: str, t: float, timing: Timing) -> float | None:

@@ -128,6 +128,9 @@ class Unit:
     # (t, utilization) over the job's last step, where a step spans several samples
     # (engine: _over_step)
     recent: deque[tuple[float, float]] = field(default_factory=deque)
+    # the seconds its current sample was judged over (0: the sample alone): a recovery
+    # shorter than that is one judged step high and does not end its window
+    judged_seconds: float = 0.0
 
 
 def segment_window(
