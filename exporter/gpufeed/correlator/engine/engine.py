@@ -25,7 +25,13 @@ from gpufeed.correlator.engine.classify import Classifier
 from gpufeed.correlator.engine.features import observe_healthy
 from gpufeed.correlator.engine.names import Feature
 from gpufeed.correlator.engine.node import JobColumns, NodeSeries
-from gpufeed.correlator.engine.peers import JobPeers, gpu_collective_wait
+from gpufeed.correlator.engine.peers import (
+    STARTUP,
+    JobPeers,
+    cpu_shares,
+    cpu_wait_share,
+    gpu_collective_wait,
+)
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.state import (
     Mark,
@@ -35,11 +41,10 @@ from gpufeed.correlator.engine.state import (
     data_source,
     segment_window,
 )
-from gpufeed.correlator.engine.view import COLLECTIVE_WAIT, Timing
+from gpufeed.correlator.engine.view import Timing
 from gpufeed.correlator.engine.window import Window
 
 CLASSIFY_EVERY_SECONDS = 5.0
-STARTUP = "startup"  # the SDK's start-up phase (see _cpu_share)
 JOB_STOPPED_SECONDS = Feature.JOB_STOPPED_SECONDS
 LOW_FRACTION_TO_OPEN = 0.75
 # A run that has not opened a window keeps its samples (they become the window's evidence
@@ -309,32 +314,38 @@ class NodeCorrelator:
         `window` seconds before t (one sample interval when `window` is shorter)."""
         j = self.node.jobs[u.cpu_job]
         tm = self.timing
-        stale, gap = tm.stale_seconds, tm.gap_seconds
+        stale = tm.stale_seconds
         alive = j.processes.value_at(t, stale) if j.processes is not None else None
         if alive is not None and alive <= 0 and j.failed_at(t, stale):
             return 0.0, None  # brought down: at once, not as its rates run out
-        rates = [s.rate_at(t, window, stale, gap) for p, s in j.phases.items() if p != STARTUP]
-        compute = j.phases.get("compute")
-        comp = compute.rate_at(t, window, stale, gap) if compute is not None else None
-        total = sum(r for r in rates if r is not None)
-        waits = [
-            r
-            for (_, p), s in j.rank_phases.items()
-            if p == COLLECTIVE_WAIT and (r := s.rate_at(t, window, stale, gap)) is not None
-        ]
+        shares = cpu_shares(j, t, window, tm)
+        comp, total = shares.compute_per_second, shares.phases_per_second
         if comp is None or total <= 1e-9:
-            if sum(waits) > 1e-9:
+            if sum(shares.collective_wait_per_second) > 1e-9:
                 # blocked in a collective for a peer that does not arrive (its wait is
                 # reported as it grows): its phases stand still, it works not at all
                 return 0.0, 1.0
             return self._not_stepping(u, t), None
-        wait_share = None
-        if waits:
-            wait_share = min(sum(waits) / total, 1.0)
-            base = self.baselines.median((Kind.CPU_JOB_WAIT, u.cpu_job))
+        wait_share = cpu_wait_share(shares)
+        if wait_share is not None:
+            base = self._usual_cpu_wait(u.cpu_job, t, window)
             if base is not None and wait_share > base:
                 comp = max(comp - (wait_share - base) * total, 0.0)
         return comp / total, wait_share
+
+    def _usual_cpu_wait(self, job: str, t: float, window: float) -> float | None:
+        """The collective-wait share a CPU-only job pays in a healthy step: its healthy
+        median here, else (a job slow from its first step has none: issue 24) the least
+        any node of the job waits at the same instant, where this engine sees several
+        (`gpufeed analyze` and `gpufeed fleet`; the live agent sees its own node, and the
+        job-level view decides). The lower of the two where both are known: a job-wide
+        stall slows every node alike, and only its own past tells that wait from the
+        usual."""
+        usual = self.baselines.median((Kind.CPU_JOB_WAIT, job))
+        least = self.peers.least_cpu_wait_share(job, t, window, self.timing)
+        if usual is None or least is None:
+            return usual if least is None else least
+        return min(usual, least)
 
     def _not_stepping(self, u: Unit, t: float) -> float | None:
         """The stand-in of a CPU-only job whose phases do not move: 0 while its processes

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from gpufeed.correlator.engine.node import GpuColumns, JobColumns, NodeSeries
 from gpufeed.correlator.engine.series import Series
@@ -39,15 +40,54 @@ MIN_PEERS = 2
 WAIT_WINDOW_SECONDS = 0.0
 
 
+STARTUP = "startup"  # the SDK's start-up phase: reported in one piece, not phase time
+
+
+@dataclass(frozen=True, slots=True)
+class CpuShares:
+    """A CPU-only job's phase time on one node over a window: its compute and its ranks'
+    collective wait, seconds per second, and all its phases' (start-up left out)."""
+
+    compute_per_second: float | None
+    collective_wait_per_second: list[float]
+    phases_per_second: float
+
+
+def cpu_shares(j: JobColumns, t: float, window: float, timing: Timing) -> CpuShares:
+    stale, gap = timing.stale_seconds, timing.gap_seconds
+    rates = [s.rate_at(t, window, stale, gap) for p, s in j.phases.items() if p != STARTUP]
+    compute = j.phases.get("compute")
+    waits = [
+        r
+        for (_, p), s in j.rank_phases.items()
+        if p == COLLECTIVE_WAIT and (r := s.rate_at(t, window, stale, gap)) is not None
+    ]
+    return CpuShares(
+        compute.rate_at(t, window, stale, gap) if compute is not None else None,
+        waits,
+        sum(r for r in rates if r is not None),
+    )
+
+
+def cpu_wait_share(shares: CpuShares) -> float | None:
+    """The share of a CPU-only job's phase time its ranks here waited in collectives."""
+    if not shares.collective_wait_per_second or shares.phases_per_second <= 1e-9:
+        return None
+    return min(sum(shares.collective_wait_per_second) / shares.phases_per_second, 1.0)
+
+
 class JobPeers:
-    """Per job and instant: the busiest SM activity of the job's GPUs over `nodes`
-    (instance -> columns; read as it is now)."""
+    """Per job and instant: the busiest SM activity of the job's GPUs, and the least
+    collective-wait share of a CPU-only job's nodes, over `nodes` (instance -> columns;
+    read as it is now)."""
 
     __slots__ = (
         "_busiest",
         "_gpu_index",
         "_index_size",
         "_index_t",
+        "_job_index",
+        "_least",
         "nodes",
     )
 
@@ -55,10 +95,12 @@ class JobPeers:
         self.nodes = nodes
         # job -> [(gpu columns, its job_info series)], rebuilt when series appear (checked once per instant: a fleet holds 1,000 nodes)
         self._gpu_index: dict[str, list[tuple[GpuColumns, Series]]] = {}
+        self._job_index: dict[str, list[JobColumns]] = {}  # job -> its columns per node
         self._index_size = -1
         self._index_t = -math.inf
         # one instant's answers: every GPU of a node asks at the same instant
         self._busiest: dict[tuple[str, float], float | None] = {}
+        self._least: dict[tuple[str, float, float], float | None] = {}
 
     @classmethod
     def of_node(cls, node: NodeSeries) -> JobPeers:
@@ -70,16 +112,41 @@ class JobPeers:
             return
         self._index_t = t
         nodes = self.nodes.values()
-        size = sum(len(n.job_info) for n in nodes)
+        size = sum(len(n.job_info) + len(n.jobs) for n in nodes)
         if size == self._index_size:
             return
         gpus: dict[str, list[tuple[GpuColumns, Series]]] = {}
+        jobs: dict[str, list[JobColumns]] = {}
         for n in nodes:
             for (j, gpu), s in n.job_info.items():
                 g = n.gpus.get(gpu)
                 if g is not None:
                     gpus.setdefault(j, []).append((g, s))
-        self._gpu_index, self._index_size = gpus, size
+            for j, cols in n.jobs.items():
+                jobs.setdefault(j, []).append(cols)
+        self._gpu_index, self._job_index, self._index_size = gpus, jobs, size
+
+    def least_cpu_wait_share(
+        self, job: str, t: float, window: float, timing: Timing
+    ) -> float | None:
+        """The least collective-wait share of a CPU-only job's nodes at t over `window`
+        (None: fewer than MIN_PEERS nodes report one). The node whose ranks wait least
+        arrives last: it pays only the collective's own cost, what every rank pays in a
+        healthy step; more than that on another node is exposed wait a late rank made."""
+        key = (job, t, window)
+        if key in self._least:
+            return self._least[key]
+        if len(self._least) > 4096:
+            self._least.clear()
+        self._refresh(t)
+        seen = [
+            w
+            for cols in self._job_index.get(job, ())
+            if (w := cpu_wait_share(cpu_shares(cols, t, window, timing))) is not None
+        ]
+        got = min(seen) if len(seen) >= MIN_PEERS else None
+        self._least[key] = got
+        return got
 
     def busiest_sm_active(self, job: str, t: float, timing: Timing) -> float | None:
         """The highest SM activity of the job's GPUs at t (None: fewer than MIN_PEERS)."""
