@@ -13,6 +13,9 @@ Labels say, per GPU, when it was underutilized and why; everything else is healt
 sample at time t reports the interval before t (as NVML utilization does), so a label runs
 from the first sample that shows an episode to the first sample after it.
 Confounders change metrics without underutilizing a GPU and must open no window.
+A node's GPUs that wait in collectives (a slow fabric, a throttled peer) read as NCCL
+shows them by default (`NodeSim.collectives`, bench/nvml_reading.py): busy, with SM
+activity at their compute share; `compute_only` reads the compute share (gloo).
 """
 
 from __future__ import annotations
