@@ -1,10 +1,11 @@
-"""Who holds a multi-node job back: the culprit of each stall, and its victims.
+"""Who holds a multi-rank job back: the culprit of each stall, and its victims.
 
 A data-parallel job moves at the pace of its slowest rank: when one node's tier stalls or
 one GPU slows down, every other rank waits in its collectives, and their own nodes look
 healthy (`unknown`, or `straggler` where the ranks report their collective wait). This
 joins every node (instance) of a job: the windows the node engines found, per stall (the
-job's windows that overlap in time), and the nodes' columns.
+job's windows that overlap in time), and the nodes' columns. A job whose ranks all run on
+one node is joined too (`multi_rank`): its reference is its other ranks, not another node.
 
 The culprit, in order of what decides it:
 0. **A lost rank** (`gpufeed_job_rank_lost`: a rank whose processes exited without closing
