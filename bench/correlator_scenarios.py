@@ -13,6 +13,9 @@ Labels say, per GPU, when it was underutilized and why; everything else is healt
 sample at time t reports the interval before t (as NVML utilization does), so a label runs
 from the first sample that shows an episode to the first sample after it.
 Confounders change metrics without underutilizing a GPU and must open no window.
+A node's GPUs that wait in collectives (a slow fabric, a throttled peer) read as NCCL
+shows them by default (`NodeSim.collectives`, bench/nvml_reading.py): busy, with SM
+activity at their compute share; `compute_only` reads the compute share (gloo).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from __future__ import annotations
 import math
 import random
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from bench import nvml_reading as nvml
 from gpufeed.vocabulary import Cause
 
 CAUSES = tuple(c.value for c in Cause)
@@ -132,6 +137,11 @@ class NodeSim:
     link_counters: bool = False
     roce: bool = False
     errors_trickle: float = 0.0  # healthy symbol errors per second (a marginal cable)
+    # How its GPUs read while their ranks wait in a collective (bench/nvml_reading.py): a
+    # node's job runs a rank per GPU, so on NCCL (`spin`, the default) a GPU that waits for
+    # the fabric or a slower peer reads busy and SM activity (GPM, reported then) shows
+    # its compute; `compute_only` reads the compute share and reports no SM activity.
+    collectives: str = nvml.SPIN
 
     def __post_init__(self) -> None:
         r = self.rng
@@ -370,6 +380,11 @@ def simulate(
         for e in active:
             if e.kind in ("data_loading", "preprocessing", "network", "unknown"):
                 affected.update(e.gpus)
+        # the GPUs whose ranks wait in collectives: for the fabric, or for a throttled peer
+        in_collective = {g for e in active if e.kind == "network" for g in e.gpus}
+        if th is not None:
+            in_collective.update(g for g in th.gpus if g not in hot)
+        coll_wait: list[float] = []
         for g in range(sim.n_gpus):
             u = util_job if g in affected else 1.0
             in_job = g in jobs
@@ -428,6 +443,7 @@ def simulate(
             else:
                 u = min(max(u + r.gauss(0, 0.03), 0.0), 0.78)
             gpu_util.append(None if up == 0.0 else max(0.0, min(1.0, u)))
+            coll_wait.append(1.0 - max(0.0, min(1.0, u)) if g in in_collective else 0.0)
             ups.append(up)
             clocks.append(clock if up else 0.0)
         # --- storage counters -------------------------------------------------------------
@@ -598,7 +614,7 @@ def simulate(
             L(f"gpufeed_gpu_up{{{gl}}} {ups[g]:g} {ts}")
             u = gpu_util[g]
             if u is not None:
-                L(f"gpufeed_gpu_utilization_ratio{{{gl}}} {u:.3f} {ts}")
+                _utilization(L, gl, ts, sim, u, coll_wait[g])
                 L(f"gpufeed_gpu_memory_used_bytes{{{gl}}} {(7e10 if g in jobs else 5e8):.0f} {ts}")
                 L(f"gpufeed_gpu_memory_total_bytes{{{gl}}} 85899345920 {ts}")
                 L(f"gpufeed_gpu_sm_clock_hertz{{{gl}}} {clocks[g]:.0f} {ts}")
@@ -694,6 +710,20 @@ def simulate(
     return out, labels
 
 
+def _utilization(
+    L: Callable[[str], None], gl: str, ts: str, sim: NodeSim, u: float, waiting: float
+) -> None:
+    """A GPU's utilization as NVML reads it (`sim.collectives`: a kernel spinning in a
+    collective counts busy), and its SM activity where the node spins (GPM); `u` is the
+    share it computed, `waiting` the share its rank waited in a collective."""
+    if sim.collectives != nvml.SPIN:  # as before the guise existed: no draw, no GPM
+        L(f"gpufeed_gpu_utilization_ratio{{{gl}}} {u:.3f} {ts}")
+        return
+    r = sim.rng
+    L(f"gpufeed_gpu_utilization_ratio{{{gl}}} {nvml.utilization(u, waiting, True, r):.3f} {ts}")
+    L(f"gpufeed_gpu_sm_active_ratio{{{gl}}} {nvml.sm_active(u, waiting, r):.3f} {ts}")
+
+
 def _link_counters(
     sim: NodeSim, r: random.Random, fault: str, ecn_rate: float, eps: list[Episode], t: float
 ) -> None:
@@ -737,9 +767,14 @@ def _link_counters(
 
 
 def build(
-    seed: int, nodes: int = 6, hours: float = 4.0, interval: float = 5.0
+    seed: int,
+    nodes: int = 6,
+    hours: float = 4.0,
+    interval: float = 5.0,
+    collectives: str = nvml.SPIN,
 ) -> tuple[str, list[Label]]:
-    """A multi-node trace covering every cause in every guise, plus confounders."""
+    """A multi-node trace covering every cause in every guise, plus confounders;
+    `collectives`: how a GPU waiting in a collective reads (NodeSim.collectives)."""
     r = random.Random(seed)
     t0 = 1_760_000_000.0 + r.randrange(0, 86400)
     # straggler is a job-level cause: bench/multinode_scenarios.py generates it
@@ -756,6 +791,7 @@ def build(
             job_io=(n % 3 == 1),
             two_jobs=(n % 4 == 3),
             interval=interval,
+            collectives=collectives,
         )
         kinds = list(kinds_all)
         sim.rng.shuffle(kinds)
@@ -780,6 +816,7 @@ def single(
     minutes: float = 40.0,
     link_counters: bool = False,
     roce: bool = False,
+    collectives: str = nvml.SPIN,
 ) -> tuple[str, list[Label]]:
     """One node, one episode (a cause in one guise, or a confounder): for tests."""
     sim = NodeSim(
@@ -789,6 +826,7 @@ def single(
         job_io=job_io,
         link_counters=link_counters,
         roce=roce,
+        collectives=collectives,
     )
     t0 = 1_760_000_000.0
     eps = schedule(sim, t0, minutes / 60, [(cause, guise)])
@@ -848,7 +886,11 @@ NETWORK_BENCH_OTHERS: tuple[tuple[str, str], ...] = (
 
 
 def build_network(
-    seed: int, nodes: int = 6, hours: float = 4.0, interval: float = 5.0
+    seed: int,
+    nodes: int = 6,
+    hours: float = 4.0,
+    interval: float = 5.0,
+    collectives: str = nvml.SPIN,
 ) -> tuple[str, list[Label]]:
     """Traces for the network sub-cause benchmark: every network guise on every node (twice
     on long traces), InfiniBand and RoCE nodes, with and without SDK (and per-rank) signals."""
@@ -866,6 +908,7 @@ def build_network(
             link_counters=True,
             roce=(n % 2 == 1),
             errors_trickle=0.05 if n % 4 == 0 else 0.0,
+            collectives=collectives,
         )
         # a peer is seen only through the job's own account of its waits (SDK, per rank):
         # without it such a stall is indistinguishable from slow user code

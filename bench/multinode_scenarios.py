@@ -36,6 +36,8 @@ import random
 import zlib
 from dataclasses import dataclass, field
 
+from bench import nvml_reading as nvml
+
 SCENARIOS = (
     "clock_limited",
     "slow_gpu",
@@ -50,20 +52,25 @@ SCENARIOS = (
 )
 HEALTHY = "healthy"  # the same job without a stall: no culprit may be named
 # How a GPU waiting in a collective reads (module docstring); the first is the default.
-GUISES = ("spin", "compute_only", "mixed")
+GUISES = (*nvml.GUISES, "mixed")
 WARMUP_SECONDS = 900.0  # healthy time first: the baselines need it
 STALL_SECONDS = 420.0
 
 
 @dataclass(frozen=True, slots=True)
 class Label:
+    """Truth for one GPU: its cause over [start, end], the culprit (instance and its GPUs,
+    comma separated; "" for the node as a whole) or the job's imbalance that explains the
+    wait (`reason`, the parallel jobs')."""
+
     instance: str
     gpu: str
     start: float
     end: float
     cause: str
     culprit_instance: str = ""
-    culprit_gpu: str = ""  # "" when the culprit is the node as a whole
+    culprit_gpu: str = ""
+    reason: str = ""  # "stage_imbalance", "input_imbalance"; "" for a named culprit
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +126,7 @@ def build(
     GPU that waits in a collective reads (`GUISES`)."""
     if kind not in (*SCENARIOS, HEALTHY):
         raise ValueError(f"unknown scenario {kind!r}; known: {', '.join(SCENARIOS)}")
-    if guise not in GUISES:
-        raise ValueError(f"unknown guise {guise!r}; known: {', '.join(GUISES)}")
+    nvml.check_guise(guise, GUISES)
     r = random.Random(zlib.crc32(f"{kind}/{seed}".encode()))
     t0 = 1_760_000_000.0 + r.randrange(0, 86400)
     job = f"{40000 + r.randrange(10000)}"
@@ -207,7 +213,7 @@ def _labels(
 
 def _spins(guise: str, gpm: bool) -> bool:
     """Whether a node's GPUs read busy while they wait in a collective (`GUISES`)."""
-    return guise == "spin" or (guise == "mixed" and gpm)
+    return guise == nvml.SPIN or (guise == "mixed" and gpm)
 
 
 def _sample(
@@ -300,9 +306,8 @@ def _sample(
                     wait = max(0.0, step - own[k][g]) / step
                 util = work
             # waiting in NCCL: the GPU reads busy, its SMs idle (seen only with GPM)
-            spin = _spins(guise, n.gpm) and wait > 0.25
-            nv_util = min(1.0, (0.97 + 0.02 * r.random()) if spin else util * _n(r, 0.01))
-            sm = (0.72 * util + 0.05 * wait) * _n(r, 0.03)
+            nv_util = nvml.utilization(util, wait, _spins(guise, n.gpm), r)
+            sm = nvml.sm_active(util, wait, r)
             L(f"gpufeed_gpu_up{{{gl}}} {0 if gone else 1} {ts}")
             if not gone:
                 L(f"gpufeed_gpu_utilization_ratio{{{gl}}} {nv_util:.3f} {ts}")
@@ -428,19 +433,8 @@ def _sample(
 PARALLEL_SCENARIOS = ("slow_worker", "slow_stage", "rotating_imbalance")
 
 
-@dataclass(frozen=True, slots=True)
-class ParallelLabel:
-    """Truth for one GPU of a parallel job: its cause over [start, end], the culprit
-    (instance and its GPUs, comma separated) or the imbalance that explains the wait."""
-
-    instance: str
-    gpu: str
-    start: float
-    end: float
-    cause: str
-    culprit_instance: str = ""
-    culprit_gpu: str = ""
-    reason: str = ""  # "stage_imbalance", "input_imbalance"; "" for a named culprit
+# the parallel jobs' truth is the same record (kept under its name for their callers)
+ParallelLabel = Label
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,8 +477,7 @@ def build_parallel(
     parallelism coordinates (gpufeed_job_rank_info's dp_rank, pp_rank, tp_rank)."""
     if kind not in PARALLEL_SCENARIOS:
         raise ValueError(f"unknown scenario {kind!r}; known: {', '.join(PARALLEL_SCENARIOS)}")
-    if guise not in GUISES:
-        raise ValueError(f"unknown guise {guise!r}; known: {', '.join(GUISES)}")
+    nvml.check_guise(guise, GUISES)
     world = dp * pp * tp
     if world % gpus or gpus % tp:
         raise ValueError(f"{world} ranks do not fill nodes of {gpus} GPUs by whole tp groups")
@@ -633,8 +626,8 @@ def _parallel_sample(
             util = max(0.0, min(1.0, (done[i] - prev[i]) / iv))
             wait = 1.0 - util
             gl = f'gpu="{g}",uuid="{uuid[k][g]}",{il}'
-            nv = (0.97 + 0.02 * r.random()) if spinning and wait > 0.25 else util * _n(r, 0.01)
-            sm = (0.72 * util + 0.05 * wait) * _n(r, 0.03)
+            nv = nvml.utilization(util, wait, spinning, r)
+            sm = nvml.sm_active(util, wait, r)
             L(f"gpufeed_gpu_up{{{gl}}} 1 {ts}")
             L(f"gpufeed_gpu_utilization_ratio{{{gl}}} {min(nv, 1.0):.3f} {ts}")
             L(f"gpufeed_gpu_sm_active_ratio{{{gl}}} {min(sm, 1.0):.3f} {ts}")

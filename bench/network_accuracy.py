@@ -8,7 +8,9 @@ and the windows' `network_reason` is scored against the labels, time-weighted pe
 `straggler` window counts as `peer`: the cause the victims of a late peer get where the
 ranks report their collective waits):
 precision and recall per reason, their macro-F1 (goal >= 0.90), and the cause-level
-macro-F1 on the same traces (the reason must not cost the cause anything).
+macro-F1 on the same traces (the reason must not cost the cause anything). Reported for
+both guises of a GPU whose rank waits in a collective (bench/nvml_reading.py: NCCL's
+spinning kernel reads busy, the default; the compute-only reading); `--guise` picks one.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import tempfile
 
 from bench import correlator_scenarios as cs
+from bench import nvml_reading as nvml
 from bench.correlator_accuracy import score
 from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.correlator.feeds.analyze import analyze_nodes
@@ -79,13 +82,17 @@ def score_reasons(
     }
 
 
-def run(seeds: list[int], nodes: int, hours: float, interval: float) -> dict[str, object]:
+def run(
+    seeds: list[int], nodes: int, hours: float, interval: float, guise: str = nvml.SPIN
+) -> dict[str, object]:
     labels: list[cs.Label] = []
     windows: list[tuple[str, str, float, float, str, str]] = []
     span: dict[str, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory() as d:
         for seed in seeds:
-            text, labs = cs.build_network(seed, nodes=nodes, hours=hours, interval=interval)
+            text, labs = cs.build_network(
+                seed, nodes=nodes, hours=hours, interval=interval, collectives=guise
+            )
             path = os.path.join(d, f"net-{seed}.om")
             with open(path, "w") as f:
                 f.write(text)
@@ -130,12 +137,21 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--hours", type=float, default=4.0)
     ap.add_argument("--interval", type=float, default=5.0)
+    ap.add_argument("--guise", choices=nvml.GUISES, help="only this guise (default: both)")
     a = ap.parse_args()
-    res = run(a.seeds, a.nodes, a.hours, a.interval)
-    print(
-        f"network sub-cause accuracy: seeds {a.seeds}, {a.nodes} nodes x {a.hours} h"
-        f" at {a.interval} s"
-    )
+    ok = True
+    for guise in (a.guise,) if a.guise else nvml.GUISES:
+        res = run(a.seeds, a.nodes, a.hours, a.interval, guise)
+        print(
+            f"network sub-cause accuracy, collectives {guise}: seeds {a.seeds}, {a.nodes}"
+            f" nodes x {a.hours} h at {a.interval} s"
+        )
+        ok = _report(res) and ok
+    return 0 if ok else 1
+
+
+def _report(res: dict[str, object]) -> bool:
+    """Prints one run's figures; whether they meet the goal."""
     print(f"{'reason':<13}{'precision':>10}{'recall':>10}{'F1':>8}{'truth s':>10}")
     per = res["per_reason"]
     assert isinstance(per, dict)
@@ -154,7 +170,7 @@ def main() -> int:
         f" healthy GPU time in a window {float(res['healthy_in_window_ratio']) * 100:.2f}%"  # type: ignore[arg-type]
     )
     print(f"cause confusions (truth->window, GPU-seconds): {res['cause_confusion']}")
-    return 0 if macro >= GOAL_MACRO_F1 else 1
+    return macro >= GOAL_MACRO_F1
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ import random
 import zlib
 from dataclasses import dataclass
 
-GUISES = ("spin", "compute_only")
+from bench import nvml_reading as nvml
+
+GUISES = nvml.GUISES
 COMPUTE_SHARE = 0.85  # a rank's own compute, of a healthy step
 COMM_SHARE = 0.08  # the collective's own transfer, every rank alike
 
@@ -72,8 +74,7 @@ def build(
 ) -> Trace:
     """One job, slow from its first step when `slow` > 1 (its culprit on a random node);
     without `gpm`, no SM activity (GPUs older than Hopper)."""
-    if guise not in GUISES:
-        raise ValueError(f"unknown guise {guise!r}; known: {', '.join(GUISES)}")
+    nvml.check_guise(guise)
     if step_seconds <= 0 or nodes < 1 or gpus < 1 or not 1 <= culprit_gpus <= gpus:
         raise ValueError("need a step > 0, a node, a GPU and 1..gpus culprit GPUs")
     r = random.Random(zlib.crc32(f"{step_seconds}/{nodes}/{gpus}/{guise}/{seed}".encode()))
@@ -174,11 +175,8 @@ def _sample(
         for g in range(gpus):
             fc, fw = _shares(t, iv, plan, i0, k, g)
             gl = f'gpu="{g}",uuid="{uuid[k][g]}",{il}'
-            if guise == "spin":  # a kernel runs all the time: compute, or NCCL spinning
-                util = min(1.0, (fc + fw) * (0.985 + 0.015 * r.random()))
-            else:
-                util = min(1.0, fc * math.exp(r.gauss(0, 0.01)))
-            sm = min(1.0, (0.75 * fc + 0.06 * fw) * math.exp(r.gauss(0, 0.03)))
+            util = nvml.utilization(fc, fw, guise == nvml.SPIN, r)
+            sm = nvml.sm_active(fc, fw, r)
             L(f"gpufeed_gpu_up{{{gl}}} 1 {ts}")
             L(f"gpufeed_gpu_utilization_ratio{{{gl}}} {util:.3f} {ts}")
             if gpm:

@@ -9,6 +9,22 @@ from pathlib import Path
 
 from gpufeed.model import Family
 
+# The phases in which a job's ranks wait in collectives: on NCCL (a job's `collectives:
+# spin`, the default) its GPUs read busy then, and only SM activity shows what they work.
+SPINNING_PHASES = frozenset(("network", "straggler"))
+# The least SM activity per unit of utilization a computing simulated GPU shows (the
+# engine's 0.62-0.82): SM activity over it bounds the share a spinning GPU works.
+SM_PER_BUSY = 0.62
+
+
+def working_share(utilization: float, sm_active: float | None, phase: str) -> float:
+    """The share a simulated GPU works: its utilization, or where its ranks wait in a
+    spinning collective, what its SM activity allows at most."""
+    if phase in SPINNING_PHASES and sm_active is not None:
+        return min(utilization, sm_active / SM_PER_BUSY)
+    return utilization
+
+
 _SAMPLE = re.compile(
     r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? '
     r"(\S+) (\d+(?:\.\d+)?)$"

@@ -20,7 +20,11 @@ def prometheus(tmp_path: Path):  # type: ignore[no-untyped-def]
     # two nodes, different causes, one of them without SDK signals
     a, _ = scenarios.single("data_loading", "contended", seed=2, minutes=40)
     b, _ = scenarios.single("network", "congested", seed=3, sdk=False, minutes=40)
+    # and two jobs: renamed alone, both nodes ran job node-t-a0, one job whose GPUs on
+    # either node were each other's peers (SM activity against the job's busiest GPU), so
+    # the windows of node-u alone (--match) differed from node-u's beside node-t
     b = b.replace('instance="node-t:9400"', 'instance="node-u:9400"')
+    b = b.replace('job_id="node-t-', 'job_id="node-u-')
     body = [x for x in (a + b).splitlines() if x != "# EOF"]
     trace = tmp_path / "trace.om"
     trace.write_text("\n".join([*body, "# EOF"]) + "\n")

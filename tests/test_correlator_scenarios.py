@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench import nvml_reading as nvml
 from correlator_helpers import analyze_text, scenarios
 
 CASES = [
@@ -38,12 +39,31 @@ def _check(text: str, labels: list[scenarios.Label], tmp_path: object) -> None:
     assert not stray, [(w.gpu, w.cause.value, w.summary) for w in stray]
 
 
+# Under NCCL's spinning reading a throttled peer's victims (computing 50-62% of the time,
+# spinning the rest) keep SM activity at about 0.6 of their healthy level, which the engine
+# reads as working (engine.SM_WAITING_RATIO): they open no window. Open (issue 24), and
+# measured in docs/benchmarks.md (throttling recall under `spin`); not tested as passing.
+SPIN_GAPS = frozenset({"throttling"})
+GUISED = [
+    (cause, guise, collectives)
+    for cause, guise in CASES
+    for collectives in nvml.GUISES
+    if collectives != nvml.SPIN or cause not in SPIN_GAPS
+]
+
+
 @pytest.mark.parametrize("sdk", [True, False], ids=["sdk", "no-sdk"])
-@pytest.mark.parametrize(("cause", "guise"), CASES, ids=[f"{c}-{g}" for c, g in CASES])
+@pytest.mark.parametrize(
+    ("cause", "guise", "collectives"), GUISED, ids=[f"{c}-{g}-{n}" for c, g, n in GUISED]
+)
 def test_cause_opens_windows_with_that_cause(
-    cause: str, guise: str, sdk: bool, tmp_path: object
+    cause: str, guise: str, sdk: bool, collectives: str, tmp_path: object
 ) -> None:
-    text, labels = scenarios.single(cause, guise, seed=7, sdk=sdk, minutes=35)
+    """In both readings of a GPU that waits in a collective (a network stall, a throttled
+    peer's): NCCL's spinning kernel, busy with SM activity low, and compute only."""
+    text, labels = scenarios.single(
+        cause, guise, seed=7, sdk=sdk, minutes=35, collectives=collectives
+    )
     assert labels
     _check(text, labels, tmp_path)
 

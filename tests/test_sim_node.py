@@ -15,7 +15,7 @@ from gpufeed.simulate import build_simulated_node
 from gpufeed.simulate.gpu_backend import SimulatedGpuBackend
 from gpufeed.simulate.node import SimulatedNode
 from gpufeed.simulate.scenario import default_scenario, load_scenario, parse_scenario
-from sim_helpers import rate, sample_value
+from sim_helpers import rate, sample_value, working_share
 
 SCENARIOS = Path(__file__).parent / "fixtures" / "scenarios"
 # the node's own families: not the correlator's (the agent adds them) nor the fleet service's
@@ -192,8 +192,15 @@ def test_checkpointing_signature(read: Reader) -> None:
 
 
 def test_network_saturated_signature(read: Reader) -> None:
+    """The job's 2 GPUs wait in collectives that spin (NCCL, `collectives: spin`): NVML
+    reads them busy, and SM activity is that of the compute share (0.3-0.6 of the time)."""
     t = 320.0
-    assert max(util(read, t, g) for g in (4, 5)) < 0.7
+    assert min(util(read, t, g) for g in (4, 5)) >= 0.9
+    for g in (4, 5):
+        sm = sample_value(read(t), "gpufeed_gpu_sm_active_ratio", gpu=str(g))
+        assert sm is not None and sm < 0.5, sm
+        before = sample_value(read(250.0), "gpufeed_gpu_sm_active_ratio", gpu=str(g))
+        assert before is not None and before > 0.55, before  # computing, before the stall
     # GPUs 4 and 5 sit on the third rail
     assert rate(read, t, "gpufeed_network_transmit_bytes_total", device="mlx5_2") > 0.9 * 50e9
     assert rate(read, t, "gpufeed_gpu_nvlink_transmit_bytes_total", gpu="4") > 0.8 * 450e9
@@ -262,13 +269,15 @@ def test_serving_gpu_has_a_queue_then_none(node: SimulatedNode, read: Reader) ->
 
 
 def test_ground_truth_matches_utilization_over_a_cycle(node: SimulatedNode) -> None:
-    """A GPU labelled with a cause is below 0.8; a healthy one is above, except in dips."""
+    """A GPU labelled with a cause works below 0.8 (utilization; where it spins in a
+    collective, as its SM activity shows); a healthy one is above, except in dips."""
     for t in range(0, 480, 5):
         truth = node.ground_truth(t)
         for s in node.gpu_samples(t):
             tr = truth[s.identity.index]
             u = s.utilization_ratio if s.up else 0.0
             assert u is not None
+            u = working_share(u, s.sm_active_ratio, tr.phase)
             if tr.cause is not None:
                 assert u < 0.8, (t, s.identity.index, tr)
             elif tr.confounder != "short_dip":
@@ -328,3 +337,31 @@ def test_gpu_collector_renders_the_backend_as_the_trace_generator_does(t: float)
         return {(s.name, s.labels, s.value) for f in fams for s in f.samples}
 
     assert flat(rendered) == flat(node.gpu_families(t))
+
+
+@pytest.mark.parametrize("collectives", ["spin", "compute_only"])
+def test_a_network_phase_reads_as_its_collectives_do(collectives: str) -> None:
+    """NCCL's spinning collective reads busy with SM activity at the compute share;
+    `collectives: compute_only` (gloo) reads the compute share. Truth is `network` either
+    way, and the steps are the compute share's."""
+    import dataclasses
+
+    s = load_scenario(SCENARIOS / "every-key.yaml")
+    job = dataclasses.replace(s.jobs[0], collectives=collectives)
+    s = dataclasses.replace(s, jobs=(job,), node=dataclasses.replace(s.node, sm_active=True))
+    at = 0.0
+    for p in job.phases:
+        if p.phase == "network":
+            break
+        at += p.seconds
+    t = at + 0.5 * next(p.seconds for p in job.phases if p.phase == "network")
+    node = SimulatedNode(s, seed=1, clock=lambda: 0.0)
+    assert {node.ground_truth(t)[g].cause for g in job.gpus} == {"network"}
+    for g in node.gpu_samples(t):
+        if g.identity.index not in job.gpus:
+            continue
+        assert g.utilization_ratio is not None and g.sm_active_ratio is not None
+        if collectives == "spin":
+            assert g.utilization_ratio >= 0.9 and g.sm_active_ratio < 0.5, g
+        else:
+            assert g.utilization_ratio < 0.7, g

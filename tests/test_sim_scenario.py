@@ -50,6 +50,7 @@ def test_every_key_is_read() -> None:
     assert s.ports[1].port == "1" and s.ports[1].counts_transmit_wait
     (job,) = s.jobs
     assert job.sdk is False and job.gpus == (0, 1, 2) and job.steps_per_epoch == 1000
+    assert job.collectives == "compute_only" and not job.spins
     assert [(p.phase, p.guise, p.tier, p.gpu, p.reason) for p in job.phases] == [
         ("startup", "", "hot", -1, ""),
         ("data_loading", "contended", "lustre", -1, ""),

@@ -15,7 +15,7 @@ import pytest
 from gpufeed.simulate.generator import random_scenario
 from gpufeed.simulate.scenario import load_scenario
 from gpufeed.simulate.tracegen import TraceStats, generate_trace
-from sim_helpers import TraceSummary, check_trace
+from sim_helpers import TraceSummary, check_trace, working_share
 from test_record import promtool_samples
 
 SCENARIOS = Path(__file__).parent / "fixtures" / "scenarios"
@@ -54,11 +54,14 @@ def test_labels_cover_every_gpu_and_match_utilization(trace: Generated) -> None:
     labels = read_labels(trace.labels)
     summary = trace.summary
     util: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    sm: dict[tuple[str, str], dict[float, float]] = {}
     up: dict[tuple[str, str], dict[float, float]] = {}
     for key, points in summary.series.items():
         inst = key.split('instance="')[1].split('"')[0]
         if key.startswith("gpufeed_gpu_utilization_ratio{"):
             util[(inst, key.split('gpu="')[1].split('"')[0])] = points
+        if key.startswith("gpufeed_gpu_sm_active_ratio{"):
+            sm[(inst, key.split('gpu="')[1].split('"')[0])] = dict(points)
         if key.startswith("gpufeed_gpu_up{"):
             up[(inst, key.split('gpu="')[1].split('"')[0])] = dict(points)
     spans: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
@@ -67,7 +70,12 @@ def test_labels_cover_every_gpu_and_match_utilization(trace: Generated) -> None:
         spans[(str(rec["instance"]), str(rec["gpu"]))].append((rec["start"], rec["end"]))  # type: ignore[arg-type]
         causes.add(rec["cause"])
         key = (str(rec["instance"]), str(rec["gpu"]))
-        inside = [u for ts, u in util[key] if rec["start"] <= ts < rec["end"]]  # type: ignore[operator]
+        # what it works: a GPU spinning in a collective reads busy, its SM activity shows it
+        inside = [
+            working_share(u, sm.get(key, {}).get(ts), str(rec["phase"]))
+            for ts, u in util[key]
+            if rec["start"] <= ts < rec["end"]  # type: ignore[operator]
+        ]
         lost = [ts for ts, v in up[key].items() if v == 0 and rec["start"] <= ts < rec["end"]]  # type: ignore[operator]
         if rec["cause"] is None and rec["confounder"] != "short_dip":
             assert inside and min(inside) >= 0.8, rec

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from gpufeed.simulate.engine import mix
 from gpufeed.simulate.scenario import (
+    COLLECTIVE_GUISES,
     PHASES,
     THROTTLE_REASONS,
     EventSpec,
@@ -51,12 +52,14 @@ def random_scenario(
     duration_seconds: float,
     *,
     sdk: bool | None = None,
+    collectives: str = COLLECTIVE_GUISES[0],
     gpus: int = 8,
     stall_seconds: tuple[float, float] = (120.0, 540.0),
     healthy_seconds: tuple[float, float] = (150.0, 900.0),
     confounder_probability: float = 0.5,
 ) -> Scenario:
-    """A node's scenario covering `duration_seconds`; `sdk` None draws it per job."""
+    """A node's scenario covering `duration_seconds`; `sdk` None draws it per job;
+    `collectives`: how its jobs' GPUs read in a collective wait (COLLECTIVE_GUISES)."""
     rng = random.Random(mix(seed, 101))
     layout = _gpu_layout(rng, gpus)
     plans: list[_JobPlan] = []
@@ -115,6 +118,7 @@ def random_scenario(
             steps_per_second=rng.uniform(0.5, 3.0),
             steps_per_epoch=rng.randrange(200, 2000),
             phases=tuple(p.phases),
+            collectives=collectives,
         )
         for p in plans
     )

@@ -116,7 +116,8 @@ def job_load(c: JobContext) -> JobLoad:
     if c.job.serving:
         _serving(c, load)
     elif c.phase.phase in STEPPING_PHASES:
-        load.step_fraction = load.util / 0.95
+        # the steps the compute share makes: a spinning GPU's busy reading is not work
+        load.step_fraction = load.util * load.sm_fraction / 0.95
     return load
 
 
@@ -224,6 +225,7 @@ def _network(c: JobContext, a: JobLoad) -> None:
             0.93 + 0.055 * p[2], 0.02 + 0.06 * p[3], 0.85 + 0.1 * p[4])  # fmt: skip
     a.reads.append((c.data_tier, c.healthy_read * a.util / 0.95))
     a.cpu_user, a.cpu_system, a.cpu_softirq = 1.0 * c.gpus, 0.4 * c.gpus, 0.3 * c.gpus
+    _spin(c, a)
 
 
 def _throttling(c: JobContext, a: JobLoad) -> None:
@@ -251,13 +253,27 @@ def _straggler(c: JobContext, a: JobLoad) -> None:
     kernel spins meanwhile, so NVML reads the GPUs busy while few SMs work (GPM); this
     node's storage, CPUs and fabric are quiet."""
     p = c.params
-    a.util, a.util_sd, a.util_max = 0.95 + 0.04 * p[0], 0.01, 1.0
-    a.sm_fraction = 0.08 + 0.12 * p[1]
     wait = 0.6 + 0.25 * p[2]
+    a.util, a.util_sd = 1 - wait, 0.03
+    _spin(c, a, sm_fraction=0.08 + 0.12 * p[1])
     a.sdk.update(communication=wait, compute=1 - wait)
     a.step_fraction = 1 - wait
     a.rail_fraction, a.nvlink_fraction = 0.03 + 0.04 * p[3], 0.02
     a.reads.append((c.data_tier, c.healthy_read * (1 - wait)))
+
+
+def _spin(c: JobContext, a: JobLoad, sm_fraction: float = -1.0) -> None:
+    """A job whose ranks wait in collectives on NCCL (JobSpec.spins): the collective's
+    kernel spins while it waits, so NVML counts the GPU busy (utilization 0.95-0.99) while
+    its SMs do only the work it computes: SM activity per unit of utilization
+    `sm_fraction`, by default the compute share the phase set (`a.util`) over the busy
+    reading, so that SM activity reads as in the compute-only reading. The SDK and the
+    fabric are the phase's; a job that does not spin keeps the compute share."""
+    if not c.job.spins:
+        return
+    spin = 0.95 + 0.04 * c.params[0]
+    a.sm_fraction = a.util / spin if sm_fraction < 0 else sm_fraction
+    a.util, a.util_sd, a.util_max = spin, 0.01, 1.0
 
 
 def _low_demand(c: JobContext, a: JobLoad) -> None:

@@ -55,6 +55,11 @@ CLOCK_EVENT_REASONS = vocabulary.SIMULATED_CLOCK_EVENT_REASONS
 EVENT_KINDS = ("busy_tier", "dip", "thermal")
 FABRICS = ("ethernet", "infiniband", "roce")
 SCHEDULERS = ("slurm", "kubernetes", "process")
+# How a job's GPUs read while its ranks wait in a collective (`collectives:` of a job): NCCL's
+# kernel spins, so NVML counts the GPU busy and only SM activity (GPM) shows the compute
+# (the default), or the GPU reads the compute share alone (gloo, or collectives that do not
+# spin). A job of one GPU has no peer to wait for: it reads the compute share either way.
+COLLECTIVE_GUISES = ("spin", "compute_only")
 # An inference server's stack (`serving:` of a job): its queue is exported as the serving
 # collector's families; only a serving job can have a low_demand phase.
 SERVING_STACKS = ("vllm", "triton", "tgi")
@@ -137,6 +142,13 @@ class JobSpec:
     steps_per_epoch: int
     phases: tuple[PhaseSpec, ...]
     serving: str = ""  # an inference server's stack (SERVING_STACKS); "" = not serving
+    collectives: str = COLLECTIVE_GUISES[0]  # how its GPUs read in a collective wait
+
+    @property
+    def spins(self) -> bool:
+        """Whether its GPUs read busy while its ranks wait in a collective (a job of
+        several GPUs on NCCL, COLLECTIVE_GUISES)."""
+        return len(self.gpus) > 1 and self.collectives == "spin"
 
     @property
     def period_seconds(self) -> float:
@@ -399,7 +411,7 @@ class _ScenarioReader(_Reader):
             p = key + "."
             known = {"id", "name", "scheduler", "gpus", "data_tier", "checkpoint_tier", "sdk",
                      "data_read_bytes_per_second", "steps_per_second", "steps_per_epoch", "phases",
-                     "serving"}  # fmt: skip
+                     "serving", "collectives"}  # fmt: skip
             self.no_unknown(m, known, p)
             for required in ("id", "gpus", "phases"):
                 if required not in m:
@@ -454,6 +466,7 @@ class _ScenarioReader(_Reader):
                     steps_per_epoch=self.integer(m, "steps_per_epoch", 300, minimum=1, maximum=10**9, prefix=p),
                     phases=phases,
                     serving=serving,
+                    collectives=self.choice(m, "collectives", COLLECTIVE_GUISES[0], COLLECTIVE_GUISES, prefix=p),
                 )
             )  # fmt: skip
         return tuple(out)

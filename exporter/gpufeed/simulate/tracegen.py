@@ -29,7 +29,7 @@ from gpufeed.catalogue import spec
 from gpufeed.gpu.backend import GpuIdentity
 from gpufeed.simulate.engine import Engine, mix
 from gpufeed.simulate.generator import random_scenario
-from gpufeed.simulate.scenario import Scenario, load_scenario
+from gpufeed.simulate.scenario import COLLECTIVE_GUISES, Scenario, load_scenario
 from gpufeed.simulate.series import (
     COUNTER,
     GAUGE,
@@ -114,6 +114,16 @@ def generate_trace(
         bytes=size,
         seconds=time.perf_counter() - began,
     )
+
+
+def random_scenarios(sdk: bool | None, collectives: str) -> ScenarioSource:
+    """generate_trace's random scenarios, their jobs' collectives read as `collectives`
+    (COLLECTIVE_GUISES) rather than the default."""
+
+    def draw(_node: int, node_seed: int, duration_s: float) -> Scenario:
+        return random_scenario(node_seed, duration_s, sdk=sdk, collectives=collectives)
+
+    return draw
 
 
 def simulate_node(
@@ -273,9 +283,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--scenario", help="run this scenario file on every node (default: random)")
     p.add_argument("--sdk", choices=["yes", "no", "random"], default="random")
+    p.add_argument(
+        "--collectives",
+        choices=COLLECTIVE_GUISES,
+        default=COLLECTIVE_GUISES[0],
+        help="how a random scenario's GPUs read while their ranks wait in a collective",
+    )
     args = p.parse_args(argv)
-    sc = load_scenario(args.scenario) if args.scenario else None
     sdk = {"yes": True, "no": False, "random": None}[args.sdk]
+    sc: ScenarioSource = load_scenario(args.scenario) if args.scenario else None
+    if sc is None and args.collectives != COLLECTIVE_GUISES[0]:
+        sc = random_scenarios(sdk, args.collectives)
     stats = generate_trace(
         args.trace,
         args.labels,

@@ -199,6 +199,8 @@ class JobColumns:
     # rank -> its parallelism coordinates where it reported them (PARALLEL_DIMENSIONS ->
     # its index in that dimension: {"dp": 1, "pp": 3, "tp": 0})
     rank_coords: dict[str, dict[str, int]] = field(default_factory=dict)
+    # the largest world size a rank here reported (gpufeed_job_rank_info); 0: none did
+    world_size: int = 0
     # rank -> 1 once it exited without closing the job (killed, crashed); its exit status
     # where `gpufeed run` reported it (137: SIGKILL)
     rank_lost: dict[str, Series] = field(default_factory=dict)
@@ -257,6 +259,8 @@ def exit_words(status: float | None) -> str:
 
 # the largest coordinate a rank's label may carry: beyond it the label is not a coordinate
 MAX_PARALLEL_COORDINATE = 1 << 16
+# and the largest world size: beyond it the label is not one
+MAX_WORLD_SIZE = 1 << 24
 
 
 def rank_coords(labels: Mapping[str, str]) -> dict[str, int]:
@@ -390,6 +394,9 @@ class NodeSeries:
         if name == "gpufeed_job_rank_info":
             if get("uuid"):
                 put_in_order(j.rank_uuid, get("rank", ""), get("uuid", ""))
+            world = get("world_size", "")
+            if world.isdigit() and int(world) < MAX_WORLD_SIZE:
+                j.world_size = max(j.world_size, int(world))
             coords = rank_coords(labels)
             if coords:
                 j.rank_coords[get("rank", "")] = coords

@@ -19,6 +19,7 @@ from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.view import Timing
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.feeds.pacing import ScenarioClock
+from gpufeed.correlator.job.culprit import correlate_job, is_waiting, multi_rank
 from gpufeed.correlator.outputs import openwindows
 from gpufeed.correlator.outputs.loghealth import add_log_health
 from gpufeed.correlator.outputs.windowlog import MAX_PENDING, LogHealth, WindowLog, WindowLogInUse
@@ -318,6 +319,7 @@ class CorrelatorProcessor:
 
     # ---- windows -------------------------------------------------------------------------
     def _closed(self, w: Window) -> None:
+        w = self._joined(w)
         if self._clock is not None:
             w = self._clock.window(w)
         key = (w.gpu, w.uuid, w.job_id, w.cause.value)
@@ -328,6 +330,33 @@ class CorrelatorProcessor:
             self._log_error(self._log.append(w))
         elif self._cfg.windows_log:
             self._unopened.append(w)  # written once the log can be opened
+
+    def _joined(self, w: Window) -> Window:
+        """A closed window through the job-level join with its job's windows open now
+        (`_whole_jobs`)."""
+        if not is_waiting(w):
+            return w
+        stall = [o for o in self._corr.open_windows() if o.job_id == w.job_id]
+        return self._whole_jobs([w, *stall])[0]
+
+    def _whole_jobs(self, windows: list[Window]) -> list[Window]:
+        """`windows` (same order), those of a job whose every rank runs here (its ranks
+        report the world size, and all of them are on this node) through the job-level
+        join over this node's columns: the agent sees the whole job, so it names the rank
+        that gates the steps as `gpufeed analyze` does. Any other window as the node
+        engine found it: the agent sees only some of the job's ranks, and the job-level
+        view (`gpufeed analyze`, `gpufeed fleet`) decides."""
+        out = list(windows)
+        of_job: dict[str, list[int]] = {}
+        for i, w in enumerate(out):
+            if multi_rank(self.node, w.job_id, known=True):
+                of_job.setdefault(w.job_id, []).append(i)
+        nodes = {self.node.instance: self.node}
+        for job, idx in of_job.items():
+            joined = correlate_job(job, nodes, [out[i] for i in idx], self.params.threshold_ratio)
+            for i, w in zip(idx, joined, strict=True):
+                out[i] = w
+        return out
 
     def _log_error(self, error: OSError | None) -> None:
         """Logs a write failure once per run of failures, and the recovery."""
@@ -352,7 +381,7 @@ class CorrelatorProcessor:
 
     def _open_windows(self) -> list[Window]:
         clock = self._clock
-        windows = self._corr.open_windows()
+        windows = self._whole_jobs(self._corr.open_windows())
         return windows if clock is None else [clock.window(w) for w in windows]
 
     def _families(self) -> list[Family]:

@@ -1,10 +1,11 @@
-"""Who holds a multi-node job back: the culprit of each stall, and its victims.
+"""Who holds a multi-rank job back: the culprit of each stall, and its victims.
 
 A data-parallel job moves at the pace of its slowest rank: when one node's tier stalls or
 one GPU slows down, every other rank waits in its collectives, and their own nodes look
 healthy (`unknown`, or `straggler` where the ranks report their collective wait). This
 joins every node (instance) of a job: the windows the node engines found, per stall (the
-job's windows that overlap in time), and the nodes' columns.
+job's windows that overlap in time), and the nodes' columns. A job whose ranks all run on
+one node is joined too (`multi_rank`): its reference is its other ranks, not another node.
 
 The culprit, in order of what decides it:
 0. **A lost rank** (`gpufeed_job_rank_lost`: a rank whose processes exited without closing
@@ -137,8 +138,10 @@ def correlate_jobs(
     windows: Sequence[Window],
     threshold_ratio: float = DEFAULT_THRESHOLD_RATIO,
 ) -> list[Window]:
-    """`windows` with the victims of every multi-node job's stalls turned into
-    `straggler` (same order); single-node jobs' windows are returned as they are."""
+    """`windows` with the victims of every multi-rank job's stalls turned into
+    `straggler` (same order): a job on several nodes, or one whose ranks (two or more)
+    all run on one node (the per-step frontier needs no other node: the reference is the
+    job's other ranks). A single-process job's windows are returned as they are."""
     by_inst = {n.instance: n for n in nodes}
     spans: dict[str, list[str]] = {}
     for inst, n in sorted(by_inst.items()):
@@ -152,7 +155,7 @@ def correlate_jobs(
     for i, w in enumerate(out):
         of_job.setdefault(w.job_id, []).append(i)
     for job, insts in spans.items():
-        if len(insts) < 2 or not job:
+        if not job or (len(insts) < 2 and not multi_rank(by_inst[insts[0]], job)):
             continue
         mine = set(insts)
         idx = [i for i in of_job.get(job, ()) if out[i].instance in mine]
@@ -164,6 +167,22 @@ def correlate_jobs(
         for i, w in zip(idx, joined, strict=True):
             out[i] = w
     return out
+
+
+def multi_rank(node: NodeSeries, job_id: str, known: bool = False) -> bool:
+    """Whether the job runs two ranks or more on this node (the SDK or `gpufeed run`
+    reports them) and none elsewhere: a single-node job that the job-level join judges
+    like a multi-node one. A job whose ranks report a larger world size runs on other
+    nodes too, which this node's view cannot judge. `known`: the ranks must report their
+    world size (the live agent, which cannot know otherwise that it sees the whole job;
+    an analysis holds every node it was given)."""
+    j = node.jobs.get(job_id)
+    if j is None:
+        return False
+    here = len(set(j.rank_info) | {rank for rank, _phase in j.rank_phases})
+    if known and not j.world_size:
+        return False
+    return here >= 2 and j.world_size <= here
 
 
 def correlate_job(
