@@ -67,6 +67,18 @@ def _bounds(scrape: float, snapshot_instants: bool) -> dict[str, float]:
 # through every feed"). There the TSDB feeds give the windows the agent gives on the
 # snapshots the grid holds, and the same windows and causes as the agent.
 GRID_MISSES = {"loaded/mn2-link-tbf/node-0"}
+# A node that alone holds no window: mn2-slow-from-start's victim, whose gloo rank waits in
+# its `compute` phase from the first step, with no healthy past and no other node to
+# compare that wait with (the job-level view, tests/test_lab_multinode_culprit.py, names
+# it). Every feed must agree on that too: no window.
+QUIET_ALONE = {"mn2-slow-from-start/node-0"}
+
+
+def _holds_a_stall(trace: Path, windows: Iterable[object]) -> None:
+    if _name(trace) in QUIET_ALONE:
+        assert not any(windows), "a node alone that sees nothing says nothing"
+    else:
+        assert any(windows), "every recording holds a stall"
 
 
 def _all_recordings() -> list[Path]:
@@ -101,7 +113,7 @@ def test_every_feed_gives_the_windows_of_the_live_agent(trace: Path, tmp_path: P
     feeds = all_feeds(trace, tmp_path, scrape, windowing)
     for f, ws in feeds.items():
         print(f, [(w["cause"], w["start"], w["end"]) for w in ws])
-    assert any(feeds.values()), "every recording holds a stall"
+    _holds_a_stall(trace, feeds.values())
     bounds = _bounds(scrape, SNAPSHOT_METRIC in read_text(trace))
     if _name(trace) in GRID_MISSES:
         # the same windows and causes; the edges are those of the snapshots on the grid
@@ -168,7 +180,7 @@ def test_the_agent_and_its_trace_give_the_same_windows(trace: Path, tmp_path: Pa
     out = tmp_path / "file.jsonl"
     assert run_analyze(str(plain), "--output", str(out), *windowing.flags()) == 0
     file = [json.loads(x) for x in out.read_text().splitlines()]
-    assert live, "every recording holds a stall"
+    _holds_a_stall(trace, live)
     assert not pair_differences(live, file, 1e-3), pair_differences(live, file, 1e-3)
     # and the same verdict in full: confidence, mean utilization, evidence (the agent's
     # window cut short by its stop says so; its confidence had left out the disagreement

@@ -187,3 +187,31 @@ def test_live_naming_counts_only_windows_that_name_a_culprit(tmp_path: Path) -> 
     assert live.naming_times(tmp_path, "node-1:1", onset, onset + 25.0)["other_culprits_named"] == [
         "node-0:1"
     ]
+
+
+def test_a_rank_slow_from_the_first_step_is_named_without_a_healthy_past(
+    tmp_path: Path,
+) -> None:
+    """mn2-slow-from-start (issue 24): node 1's rank capped at 0.05 CPU from the job's
+    first step for 40 s, so the job had no healthy stretch while it lasted; recorded on
+    2026-12-02 on a quiet host. Node 0's gloo rank waits in its all-reduce ~90% of the
+    time inside its `compute` phase, which alone never drops. Its node alone (the live
+    agent) has nothing to compare that wait with; joined with node 1, whose rank waits
+    least at the same instants, node 0 is `straggler` naming node 1's rank. On main
+    before this, no window on node 0 and no culprit (coverage 0)."""
+    run, windows, scored = _scored("mn2-slow-from-start", tmp_path)
+    print(json.dumps(scored, indent=1))
+    (fault,) = scored["faults"]
+    assert fault["bit"] and fault["top1"], fault["named_s_by_culprit"]
+    assert (fault["cause"], fault["cause_right"], fault["ranks_named"]) == (
+        "preprocessing",
+        1.0,
+        ["1"],
+    )
+    # the first steps are the job's start-up, on both nodes alike (missed): the rest named
+    assert fault["coverage"] >= 0.6, fault
+    # within 3 steps or 60 s of the victim's window opening, whichever is longer
+    assert fault["named_after_s"] is not None and fault["named_after_s"] <= 60.0, fault
+    assert scored["precision_time"] >= 0.95 and scored["healthy_named_ratio"] <= 0.01, scored
+    victim = [w for w in windows if w["instance"] == run["nodes"][0]["instance"]]
+    assert any(w["cause"] == "straggler" for w in victim), victim

@@ -22,7 +22,7 @@ from gpufeed import vocabulary
 from gpufeed.correlator.engine.baseline import BUCKET_SECONDS, Baselines, Kind
 from gpufeed.correlator.engine.causes import Cause
 from gpufeed.correlator.engine.classify import Classifier
-from gpufeed.correlator.engine.features import observe_healthy
+from gpufeed.correlator.engine.features import COLLECTIVE_WAIT_RISE, observe_healthy
 from gpufeed.correlator.engine.names import Feature
 from gpufeed.correlator.engine.node import JobColumns, NodeSeries
 from gpufeed.correlator.engine.peers import (
@@ -334,18 +334,24 @@ class NodeCorrelator:
         return comp / total, wait_share
 
     def _usual_cpu_wait(self, job: str, t: float, window: float) -> float | None:
-        """The collective-wait share a CPU-only job pays in a healthy step: its healthy
-        median here, else (a job slow from its first step has none: issue 24) the least
-        any node of the job waits at the same instant, where this engine sees several
+        """The collective-wait share a CPU-only job pays in a healthy step: the lower of
+        its healthy median here and, where this engine sees several nodes of the job
         (`gpufeed analyze` and `gpufeed fleet`; the live agent sees its own node, and the
-        job-level view decides). The lower of the two where both are known: a job-wide
-        stall slows every node alike, and only its own past tells that wait from the
-        usual."""
+        job-level view decides), the least any of them waits at the same instant plus
+        COLLECTIVE_WAIT_RISE. A job slow from its first step (issue 24) has no healthy past:
+        its first samples look healthy (nothing is taken off yet), and the victim's own
+        wait became its median (0.76 on the lab's mn2-slow-from-start). The node that
+        waits least arrives last and pays the collective's own cost; the rise is the
+        turns healthy nodes take arriving last (their waits 0.13-0.34 on the lab's two
+        nodes: taking the difference off opened windows in healthy time). Where the job
+        does have a healthy past and a job-wide stall slows every node alike, its median
+        is the lower one."""
         usual = self.baselines.median((Kind.CPU_JOB_WAIT, job))
         least = self.peers.least_cpu_wait_share(job, t, window, self.timing)
-        if usual is None or least is None:
-            return usual if least is None else least
-        return min(usual, least)
+        if least is None:
+            return usual
+        peers = least + COLLECTIVE_WAIT_RISE
+        return peers if usual is None else min(usual, peers)
 
     def _not_stepping(self, u: Unit, t: float) -> float | None:
         """The stand-in of a CPU-only job whose phases do not move: 0 while its processes
