@@ -28,7 +28,16 @@ from gpufeed.correlator.outputs.windowlog import read_log
 from gpufeed.trace.replay import snapshots_from_trace
 from lab.parity import FLEET_INTERVAL, fleet_args
 
-__all__ = ["FLEET_INTERVAL", "Windowing", "all_feeds", "fleet_backfill", "live_windows"]
+__all__ = [
+    "FLEET_INTERVAL",
+    "Windowing",
+    "all_feeds",
+    "fleet_backfill",
+    "fleet_once",
+    "joined",
+    "live_windows",
+    "scraped",
+]
 from prometheus_trace import prometheus_serving, run_analyze
 
 
@@ -72,6 +81,50 @@ def thinned(text: str, scrape: float) -> str:
             continue
         out.append(line)
     return "\n".join(out) + "\n"
+
+
+def scraped(text: str, scrape: float) -> str:
+    """The trace as a real Prometheus scraping the agent every `scrape` seconds holds it:
+    each scrape, half a scrape after a query grid instant (k * scrape), holds the agent's
+    last snapshot taken before it, stamped at the scrape's instant, not the snapshot's
+    (`thinned` keeps the snapshot's). The page's `gpufeed_snapshot_timestamp_seconds` still
+    says when the snapshot was taken: a snapshot taken just before a grid instant is on the
+    grid point after it, as in the lab's real scrapes (0.8 s after their snapshots)."""
+    instants = sorted({float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x[:1] not in "#"})
+    held: dict[float, list[float]] = {}
+    tau = (math.floor(instants[0] / scrape) + 0.5) * scrape
+    k = 0
+    while tau <= instants[-1] + scrape:
+        while k + 1 < len(instants) and instants[k + 1] < tau:
+            k += 1
+        if instants[k] < tau:
+            held.setdefault(instants[k], []).append(tau)
+        tau += scrape
+    out = []
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            out.append(line)
+            continue
+        sample, t = line.rsplit(" ", 1)
+        out.extend(f"{sample} {s:.3f}" for s in held.get(float(t), []))
+    return "\n".join(out) + "\n"
+
+
+def joined(texts: list[str]) -> str:
+    """Several nodes' traces as one OpenMetrics text (one TSDB holding every node): each
+    metric family once, with every node's samples of it."""
+    families: dict[str, list[str]] = {}
+    for text in texts:
+        name = ""
+        for line in text.splitlines():
+            if not line or line == "# EOF":
+                continue
+            if line[0] == "#":  # HELP, TYPE or UNIT: once per family
+                name = line.split(" ", 3)[2]
+                if line in families.setdefault(name, []):
+                    continue
+            families.setdefault(name, []).append(line)
+    return "\n".join([*(x for lines in families.values() for x in lines), "# EOF"]) + "\n"
 
 
 def on_grid(text: str, step: float, start: float) -> str:
@@ -159,7 +212,12 @@ def all_feeds(
 
 
 def fleet_backfill(
-    url: str, span: tuple[float, float], step: float, lookback: float, workdir: Path
+    url: str,
+    span: tuple[float, float],
+    step: float,
+    lookback: float,
+    workdir: Path,
+    windows: Windowing | None = None,
 ) -> tuple[int, str, list[dict[str, Any]]]:
     """`gpufeed fleet` cycles over `span` as the service runs them (--fleet.start/until, a
     10 s interval): (exit status, stderr, the windows log)."""
@@ -171,6 +229,7 @@ def fleet_backfill(
         *("--fleet.settle", "0", "--fleet.start", f"{span[0]:.0f}"),
         *("--fleet.until", f"{until:.0f}", "--fleet.windows-log", str(log)),
         *("--web.listen-address", "127.0.0.1:0"),
+        *(windows.flags() if windows else ()),
     ]
     r = subprocess.run(
         [sys.executable, "-m", "gpufeed", "fleet", *argv],

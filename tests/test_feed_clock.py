@@ -12,7 +12,15 @@ from gpufeed.correlator.engine.engine import WindowParams
 from gpufeed.correlator.engine.node import NodeSeries
 from gpufeed.correlator.feeds import promql
 from gpufeed.correlator.feeds.clock import SNAPSHOT_METRIC, clock_of, restamp
-from gpufeed.fleet.carry import Epoch, _apply, _clocks, _instants, _Owners, _restamped
+from gpufeed.fleet.carry import (
+    Epoch,
+    _apply,
+    _clocks,
+    _held,
+    _instants,
+    _Owners,
+    _restamped,
+)
 
 UTIL = "gpufeed_gpu_utilization_ratio"
 T0 = 1_700_000_000.0
@@ -76,7 +84,8 @@ def test_the_fleet_keeps_one_timestamp_column_per_node_at_its_instants() -> None
             {k: json.loads(t)["instance"] for k, t, _, _ in items if t}, {}
         )  # fmt: skip
         parsed = [(UTIL, _restamped(items, owners, clocks))]  # type: ignore[arg-type]
-        _apply(epoch, (g[-1], parsed, _instants(parsed, owners)), WindowParams())
+        held = {inst: _held(clock) for inst, clock in clocks.items()}
+        _apply(epoch, (g[-1], parsed, _instants(parsed, owners), owners, held), WindowParams())
     new = epoch.nodes["new:9400"].gpus["0"].fields["util"]
     old = epoch.nodes["old:9400"].gpus["0"].fields["util"]
     want = [round(s, 3) for s in snaps]

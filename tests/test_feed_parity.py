@@ -30,17 +30,25 @@ from feed_parity import (
     Windowing,
     all_feeds,
     fleet_backfill,
+    fleet_once,
+    joined,
     live_windows,
     on_grid,
     read_text,
+    scraped,
     span_of,
     thinned,
 )
 from gpufeed import vocabulary
 from gpufeed.config import CorrelatorConfig
+from gpufeed.correlator.engine.engine import WindowParams
+from gpufeed.correlator.feeds import promql
 from gpufeed.correlator.feeds.clock import SNAPSHOT_METRIC
 from gpufeed.correlator.feeds.live import CorrelatorProcessor
 from gpufeed.correlator.outputs.windowlog import read_log
+from gpufeed.fleet.carry import FleetEngines
+from gpufeed.fleet.cycle import QUERY_RETRY
+from gpufeed.fleet.timing import CycleTiming
 from lab.parity_check import agreement, differences, pair_differences
 from prometheus_trace import prometheus_serving, run_analyze
 from test_correlator_evidence import Counters, healthy_host
@@ -275,6 +283,70 @@ def test_a_fleet_lookback_that_would_lose_a_window_is_refused(tmp_path: Path) ->
         assert run_analyze("--prometheus", url, *rng, "--step", f"{SCRAPE:g}", "-o", str(out)) == 0
         want = [json.loads(x) for x in out.read_text().splitlines()]
     assert want and not pair_differences(want, got, 1e-6), (want, got)
+
+
+@pytest.mark.slow
+def test_the_fleet_gives_the_windows_of_promql_on_a_real_two_node_scrape(tmp_path: Path) -> None:
+    """One datum, one answer (issues 23/24): both nodes of the two-node run in one
+    Prometheus as a real scrape holds them (`scraped`: each sample at its scrape's instant,
+    up to a second after the agent's snapshot), read at the agents' snapshot instants
+    (feeds/clock.py). A snapshot taken just before a grid instant is on the grid point
+    after it, re-stamped before that instant; the fleet cut each chunk at its last grid
+    instant on the re-stamped ones and lost such a snapshot at every chunk edge (the
+    lab's real scrape: node 1 kept 43 of its 85 samples, and its `preprocessing` window,
+    which `analyze --prometheus` gives, was missing). One cycle over the run and cycles
+    as the service runs them give `analyze --prometheus`'s windows, on every node."""
+    traces = sorted((FIXTURES / "mn2-slow-from-start").glob("node-*/trace.om.gz"))
+    _, windowing = _settings(traces[0])
+    texts = [read_text(t) for t in traces]
+    scrape = tmp_path / "scraped.om"
+    scrape.write_text(joined([scraped(t, LAB_SCRAPE) for t in texts]))
+    t0 = min(span_of(t)[0] for t in texts)
+    t1 = max(span_of(t)[1] for t in texts) + LAB_SCRAPE  # the last snapshot's scrape
+    start = math.floor(t0 / LAB_SCRAPE) * LAB_SCRAPE
+    (tmp_path / "tsdb").mkdir()
+    with prometheus_serving(scrape, tmp_path / "tsdb") as url:
+        out = tmp_path / "promql.jsonl"
+        rng = ["--start", f"{start:.0f}", "--end", f"{math.ceil(t1):.0f}", "--step", "1"]
+        assert run_analyze("--prometheus", url, *rng, *windowing.flags(), "-o", str(out)) == 0
+        want = [json.loads(x) for x in out.read_text().splitlines()]
+        once = fleet_once(url, (math.floor(t0), math.ceil(t1)), LAB_SCRAPE, windowing)
+        # a lookback whose every anchor lies before the run: the whole run, as --start
+        lookback = 30 * FLEET_INTERVAL
+        code, err, cycles = fleet_backfill(
+            url, (start, t1), LAB_SCRAPE, lookback, tmp_path, windowing
+        )
+        # every 1 s cycle (a chunk of one instant) holds the columns `analyze` reads
+        _every_cycle_reads_the_columns_of_promql(url, (start, math.ceil(t1)), windowing)
+    assert code == 0, err
+    assert len({w["instance"] for w in want}) == len(traces), want  # a window on each node
+    assert not pair_differences(want, once, 1e-6), pair_differences(want, once, 1e-6)
+    assert not pair_differences(want, cycles, 1e-6), pair_differences(want, cycles, 1e-6)
+
+
+def _every_cycle_reads_the_columns_of_promql(
+    url: str, span: tuple[float, float], windowing: Windowing
+) -> None:
+    """The fleet's carried columns, cycle after cycle at a 1 s interval, hold every node's
+    points `load_range` gives for the same range, at the same instants."""
+    timing = CycleTiming(LAB_SCRAPE, 120.0, LAB_SCRAPE, 0.0, windowing.merge_gap_seconds)
+    params = WindowParams(
+        min_window_seconds=windowing.min_window_seconds,
+        merge_gap_seconds=windowing.merge_gap_seconds,
+    )
+    engines = FleetEngines(url, timing, params, "", QUERY_RETRY)
+    first = timing.first_after(span[0])
+    for k in range(round((span[1] + timing.lookback_seconds - first) / LAB_SCRAPE) + 1):
+        boundary = first + k * LAB_SCRAPE
+        epoch, _, _ = engines.advance(boundary)
+        engines.warm_up()
+        if k % 15:
+            continue
+        want = promql.load_range(url, epoch.anchor_seconds, boundary, LAB_SCRAPE)
+        assert sorted(want) == sorted(epoch.nodes), boundary
+        for inst, node in want.items():
+            got = [(list(s.ts), list(s.vs)) for s in epoch.nodes[inst].all_series()]
+            assert got == [(list(s.ts), list(s.vs)) for s in node.all_series()], (boundary, inst)
 
 
 def test_the_agent_decides_at_the_instants_its_trace_keeps(tmp_path: Path) -> None:

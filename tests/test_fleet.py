@@ -374,7 +374,7 @@ def test_a_chunk_the_warm_up_epoch_does_not_get_brings_no_labels_already_routed(
     with ThreadPoolExecutor(max_workers=2) as pool:
         _, _, chunk = engines._fetch(pool, a, a + 9 * STEP)
         _apply(engines.epochs[a], chunk, WindowParams())
-        _, _, (_, parsed, _) = engines._fetch(pool, a + 10 * STEP, a + 19 * STEP)
+        _, _, (_, parsed, *_) = engines._fetch(pool, a + 10 * STEP, a + 19 * STEP)
     routed = engines.epochs[a].columns
     items = [(m, k, text) for m, its in parsed if m not in CLUSTER_METRICS for k, text, _, _ in its]
     seen = [(m, text) for m, k, text in items if k in routed.get(m, {})]

@@ -46,7 +46,8 @@ def test_series_share_the_grid_until_they_miss_an_instant() -> None:
     want: dict[str, Series] = {}
     for items in chunks:
         all_ts = sorted({t for _, _, ts, _ in items for t in ts})
-        chunk = (max(all_ts), [(UTIL, items)], {"n1:9400": array("d", all_ts)})
+        owners = {key: "n1:9400" for key, *_ in items}
+        chunk = (max(all_ts), [(UTIL, items)], {"n1:9400": array("d", all_ts)}, owners, {})
         _apply(epoch, chunk, WindowParams())
         for _, labels, ts, vs in items:
             assert labels is not None

@@ -23,6 +23,7 @@ windows still open at `T` left open (tested against VictoriaMetrics and Promethe
 
 from __future__ import annotations
 
+import math
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterator, Mapping, Sequence
@@ -53,8 +54,12 @@ LabelKey = int
 Parsed = tuple[LabelKey, matrix.Labels | None, "array[float]", "array[float]"]
 # per instance, every instant any answer of its series holds, ascending
 Instants = dict[str, "array[float]"]
-# (its last instant, parsed answers, instants); the cluster's series are under ""
-Chunk = tuple[float, list[tuple[str, list[Parsed]]], Instants]
+# per instance with a snapshot clock (feeds/clock.py): the grid instants of the chunk that
+# hold a snapshot, and that snapshot's instant
+Held = dict[str, tuple["array[float]", "array[float]"]]
+# (its last instant, parsed answers, instants, the instance of each node series, the
+# snapshots its grid held); the cluster's series are under ""
+Chunk = tuple[float, list[tuple[str, list[Parsed]]], Instants, Mapping[LabelKey, str], Held]
 NO_INSTANTS = array("d")
 # one answer parsed: (its series, the points it held, the instance of each series whose
 # labels were decoded, per instance the snapshot clock: only SNAPSHOT_METRIC's has one)
@@ -94,16 +99,45 @@ class Epoch:
     # label key -> the instance of its series, for a series whose labels are not decoded
     # again (`_parse`): its instants are its node's
     owners: dict[LabelKey, str] = field(default_factory=dict)
+    # per node, its last instant routed (a snapshot's, where the node serves them)
+    last_instant: dict[str, float] = field(default_factory=dict)
     # every node's GPUs of a job at the same instant, for each node's engine (engine/peers.py)
     peers: JobPeers = field(init=False)
 
     def __post_init__(self) -> None:
         self.peers = JobPeers(self.nodes)
 
-    def route(self, metric: str, items: list[Parsed], instants: Instants) -> None:
-        """Appends an answer's points after `done_seconds` to their columns; `instants`,
-        each node's instants of the chunk after it, are what a series sharing its node's
-        grid must have."""
+    def cuts(self, held: Held) -> dict[str, float]:
+        """Per node read at its snapshots' instants, the instant after which a chunk's
+        points are new to the epoch (the others are cut at `done_seconds`).
+
+        The chunk is cut on the query grid: the epoch has had every grid point up to
+        `done_seconds`. A point re-stamped at the snapshot it holds may lie before that
+        (a snapshot taken before a grid instant and scraped after it is on the next grid
+        point), so its own instant says nothing of which grid point held it. New are
+        the snapshots held by the grid points after `done_seconds` (from the first one's
+        on) that the epoch does not have yet (after its last instant of the node)."""
+        done = self.done_seconds
+        out: dict[str, float] = {}
+        for inst, (grid, snaps) in held.items():
+            j = bisect_right(grid, done)
+            first = snaps[j] if j < len(snaps) else math.inf
+            seen = self.last_instant.get(inst, -math.inf)
+            out[inst] = max(math.nextafter(first, -math.inf), seen)
+        return out
+
+    def route(
+        self,
+        metric: str,
+        items: list[Parsed],
+        instants: Instants,
+        owner_of: Mapping[LabelKey, str],
+        cuts: Mapping[str, float],
+    ) -> None:
+        """Appends an answer's points that are new to the epoch (after `cuts` of their
+        node, else after `done_seconds`) to their columns; `instants`, each node's new
+        instants of the chunk, are what a series sharing its node's grid must have;
+        `owner_of`, the instance of each of the chunk's node series."""
         done = self.done_seconds
         cols = self.columns.setdefault(metric, {})
         shared = metric in CLUSTER_METRICS
@@ -111,13 +145,16 @@ class Epoch:
         # (answer timestamps, from, instance) -> all of the node's instants?
         full: dict[tuple[int, int, str], bool] = {}
         for key, labels, ts, vs in items:
-            i = bisect_right(ts, done)
-            if i >= len(ts):
-                continue
             if shared:
+                i = bisect_right(ts, done)
+                if i >= len(ts):
+                    continue
                 assert labels is not None  # the cluster's answers keep their labels
                 ckey = cluster_key(metric, matrix.labels(labels))
                 self.cluster.setdefault(ckey, Series()).extend_sorted(ts[i:], vs[i:])
+                continue
+            i = bisect_right(ts, cuts.get(owner_of[key], done))
+            if i >= len(ts):
                 continue
             if key in cols:
                 series = cols[key]
@@ -174,6 +211,9 @@ class Epoch:
                     keep.append(series)
             sharing[:] = keep
             grid.extend(instants.get(inst, NO_INSTANTS))
+        for inst, ts in instants.items():
+            if ts:
+                self.last_instant[inst] = ts[-1]
 
     def advance(self, until: float, params: WindowParams) -> None:
         for inst in sorted(self.runs):
@@ -371,7 +411,8 @@ class FleetEngines:
             for m, (items, _, _, _) in zip(metrics[1:], answers[1:], strict=True)
         ]
         instants = _instants(parsed, owners)
-        return len(metrics), sum(a[1] for a in answers), (e, parsed, instants)
+        held = {inst: _held(clock) for inst, clock in clocks.items()}
+        return len(metrics), sum(a[1] for a in answers), (e, parsed, instants, owners, held)
 
 
 class _Owners(Mapping[LabelKey, str]):
@@ -402,6 +443,12 @@ def _clocks(answer: Matrix) -> dict[str, Clock]:
         if inst:
             out.setdefault(inst, {}).update(clock_of(ts, vs))
     return out
+
+
+def _held(clock: Clock) -> tuple[array[float], array[float]]:
+    """A clock as (grid instants, the instants of the snapshots they hold), ascending."""
+    grid = sorted(clock)
+    return array("d", grid), array("d", (clock[t] for t in grid))
 
 
 def _restamped(
@@ -449,12 +496,13 @@ def _instants(parsed: list[tuple[str, list[Parsed]]], owners: Mapping[LabelKey, 
 
 def _apply(epoch: Epoch, chunk: Chunk, params: WindowParams) -> None:
     """Routes a chunk into an epoch that has not had it, and steps its engines through it."""
-    end, parsed, instants = chunk
+    end, parsed, instants, owners, held = chunk
     done = epoch.done_seconds
     if done >= end:
         return
-    new = {inst: ts[bisect_right(ts, done) :] for inst, ts in instants.items()}
+    cuts = epoch.cuts(held)
+    new = {inst: ts[bisect_right(ts, cuts.get(inst, done)) :] for inst, ts in instants.items()}
     for metric, items in parsed:
-        epoch.route(metric, items, new)
+        epoch.route(metric, items, new, owners, cuts)
     epoch.commit(new)
     epoch.advance(end, params)
