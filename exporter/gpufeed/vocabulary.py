@@ -205,6 +205,9 @@ ALERTING_THROTTLE_REASONS: Final[tuple[str, ...]] = tuple(
 # The `tier` of a job's bytes that no device names: /proc/PID/io (an SDK job under no
 # scheduler, or a job whose cgroup has no io accounting) counts bytes, not devices.
 UNATTRIBUTED_TIER: Final = "unattributed"
+# The `tier` of mounts in no configured tier: the host's own disks and every other
+# tenant's mounts in one bag, no evidence of which device a job's data is on.
+UNASSIGNED_TIER: Final = "unassigned"
 
 # ## Correlator window defaults
 #

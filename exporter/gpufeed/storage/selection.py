@@ -13,8 +13,9 @@ from gpufeed.config import TierConfig
 from gpufeed.procfs.mountinfo import MountInfo
 from gpufeed.storage.fstypes import is_excluded_by_default, is_network
 from gpufeed.sysfs.block import BlockDevice
+from gpufeed.vocabulary import UNASSIGNED_TIER
 
-UNASSIGNED = "unassigned"
+UNASSIGNED = UNASSIGNED_TIER
 
 DeviceOf = Callable[[MountInfo], BlockDevice | None]
 

@@ -16,7 +16,7 @@ from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.names import Feature as F
 from gpufeed.correlator.engine.rules import DATA_STALL_RULES, DATA_TIER_RULES, JOB_CPU_RULES
 from gpufeed.correlator.engine.view import JobView, NodeView
-from gpufeed.vocabulary import UNATTRIBUTED_TIER
+from gpufeed.vocabulary import UNASSIGNED_TIER, UNATTRIBUTED_TIER
 
 # Clock event reasons that slow a GPU down (sync_boost, idle and clock settings do not).
 THROTTLE_REASONS = frozenset(vocabulary.SLOWDOWN_REASONS)
@@ -384,7 +384,16 @@ def _slowed_with_job(b: Baselines, view: NodeView) -> list[str]:
     Before a median (no level to fall from): the tiers reading now that read in the
     healthy time seen so far too, or, with none seen at all, any tier reading now (as for
     a job without accounting): a tier another tenant began to read at the stall read
-    nothing in the job's healthy seconds, and is not the job's (tests/test_data_tier_real.py)."""
+    nothing in the job's healthy seconds, and is not the job's (tests/test_data_tier_real.py).
+    Never the `unassigned` bag (the host's own disks and other tenants' mounts): its
+    reads rise and fall with whatever else runs, and a job counted reading nothing is
+    not shown to read there (a loader asleep in `__getitem__` beside a test suite was
+    called "waits for data from the unassigned tier", issue 23); a job whose counted
+    bytes an unassigned device carries is found by `_carrying`."""
+    return [t for t in _slowed_tiers(b, view) if t != UNASSIGNED_TIER]
+
+
+def _slowed_tiers(b: Baselines, view: NodeView) -> list[str]:
     if _no_tier_baseline(b, view):
         now = _reading_now(view)
         seen = {t: b.early((Kind.READ_BYTES, t)) for t in now}
