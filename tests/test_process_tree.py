@@ -72,6 +72,20 @@ def test_a_stat_scan_is_reused_until_it_is_due(tmp_path: Path) -> None:
     assert sorted(tree.with_descendants([100])) == [100, 101, 102]
 
 
+def test_one_tick_walks_once_for_every_collector_that_asks(tmp_path: Path) -> None:
+    now = [0.0]
+    proc = make_proc(tmp_path, {100: 1, 101: 100}, per_thread=True)
+    tree = ProcessTree(proc, clock=lambda: now[0])
+    assert sorted(tree.expand({"a": [100]})["a"]) == [100, 101]
+    make_proc(proc, {102: 100}, per_thread=True)  # forked since; 100's children file is old
+    (proc / "100" / "task" / "100" / "children").write_text("101 102 ")
+    now[0] = 0.3  # the next collector of the same tick
+    assert sorted(tree.expand({"a": [100]})["a"]) == [100, 101]
+    assert sorted(tree.expand({"a": [100], "b": [200]})["a"]) == [100, 101, 102]  # other jobs
+    now[0] = 1.0  # the next tick walks again
+    assert sorted(tree.expand({"a": [100]})["a"]) == [100, 101, 102]
+
+
 def test_a_fork_bomb_is_cut_at_the_cap(tmp_path: Path) -> None:
     n = MAX_PROCESSES_PER_JOB + 50
     (tmp_path / "1" / "task" / "1").mkdir(parents=True)

@@ -16,6 +16,7 @@ Two ways to find children, the cheaper first:
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,6 +26,9 @@ from gpufeed.jobs.identity import parse_proc_stat, read_text
 
 MAX_PROCESSES_PER_JOB = 4096  # a fork bomb must not make every tick walk it
 RESCAN_SECONDS = 10.0
+# Four collectors (job_io, job_cpu, job_cache, fabric) ask for the same jobs' processes in
+# one tick: within this the walk is done once and its answer shared.
+REUSE_SECONDS = 0.5
 
 
 def parse_children(text: str) -> list[int]:
@@ -47,10 +51,20 @@ class ProcessTree:
         self._per_thread: bool | None = None  # None: not known yet
         self._children_of: dict[int, list[int]] = {}
         self._scanned_at: float | None = None
+        self._expanded: tuple[float, tuple[tuple[str, tuple[int, ...]], ...], dict[str, list[int]]]
+        self._expanded = (-math.inf, (), {})
 
     def expand(self, pids_by_job: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
-        """Each job's pids followed by their descendants (each pid once, the known first)."""
-        return {job: self.with_descendants(pids) for job, pids in pids_by_job.items()}
+        """Each job's pids followed by their descendants (each pid once, the known first);
+        the same jobs asked again within REUSE_SECONDS get the same answer, not a new walk."""
+        now = self._clock()
+        key = tuple((job, tuple(pids)) for job, pids in sorted(pids_by_job.items()))
+        at, last_key, last = self._expanded
+        if key == last_key and now - at < REUSE_SECONDS:
+            return {job: list(pids) for job, pids in last.items()}
+        got = {job: self.with_descendants(pids) for job, pids in pids_by_job.items()}
+        self._expanded = (now, key, got)
+        return {job: list(pids) for job, pids in got.items()}
 
     def with_descendants(self, roots: Sequence[int]) -> list[int]:
         if not roots:
