@@ -135,7 +135,7 @@ def test_its_processes_die_with_a_sigkilled_runner(tmp_path: Path) -> None:
         _until("they run", lambda: all(_running(int(p)) for p in pids))
         runner.send_signal(signal.SIGKILL)
         runner.wait(10)
-        _until("they die with it", lambda: not any(_running(int(p)) for p in pids), 15)
+        _until("they die with it", lambda: not any(_running(int(p)) for p in pids))
     finally:
         if runner.poll() is None:
             runner.kill()
