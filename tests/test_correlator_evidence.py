@@ -430,6 +430,56 @@ def test_other_tenants_latency_on_a_disk_the_job_does_not_read_is_not_its_data_t
         assert F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT not in dict(w.evidence), w.evidence
 
 
+def io_processes(n: int) -> dict[str, float]:
+    """The agent's count of the processes it sums the job's /proc/PID/io over (its input
+    workers included): a gauge, so the counters' rate helper must not advance it."""
+    return {f"gpufeed_job_io_processes{{{JOB},{INST}}}": float(n)}
+
+
+@pytest.mark.parametrize("counted", [True, False], ids=["workers-counted", "older-agent"])
+def test_a_sleeping_loader_beside_other_works_disk_load_is_its_input_pipeline(
+    tmp_path: object, counted: bool
+) -> None:
+    """Issue 23: a sleep in `__getitem__` while a test suite loads the host's disk (I/O
+    pressure 56%, iowait 25% on the recorded run). The agent sums the job's workers with
+    it (`gpufeed_job_io_processes`) and they read nothing: the host's I/O stall is other
+    work's, and the wait is the job's own input pipeline (it was `unknown`). From an agent
+    that did not count its workers (no such gauge) nothing shows the job reads no tier:
+    then the host's stall still keeps the wait from being told as the pipeline's, and no
+    window names storage or a tier either way."""
+
+    def job(s: float) -> dict[str, float]:
+        shares = phases(0.05, 0.95) if in_fault(s) else phases(0.93, 0.07)
+        return {**shares, **job_io(0.0, 1e3)}
+
+    def host(s: float) -> dict[str, float]:
+        h = {**healthy_host(s), **tenant_disk(s)}
+        if in_fault(s):
+            h.update(tenant_disk(s, 0.0004 * 6.6))
+            h.update(psi(0.02, 0.56))
+            h.update(cpu(0.3, iowait=0.25))
+        return h
+
+    gen = node(job, host)
+
+    def with_gauge(t: float) -> Iterable[tuple[str, float | None]]:
+        yield from gen(t)
+        if counted:
+            yield from io_processes(3).items()
+
+    w = only_window(analyze_text(trace_text(with_gauge, 1500), tmp_path))
+    ev = dict(w.evidence)
+    assert Ctx.DATA_TIER not in ev, w.evidence
+    if counted:
+        assert (w.cause, ev.get(Ctx.DATA_SOURCE)) == (Cause.DATA_LOADING, "input_pipeline"), (
+            w.summary
+        )
+        assert F.IO_PRESSURE_RATIO not in ev or not ev[F.IO_PRESSURE_RATIO], w.evidence
+    else:
+        assert not (w.cause is Cause.DATA_LOADING and Ctx.DATA_SOURCE not in ev), w.summary
+        assert w.cause is Cause.UNKNOWN, w.summary
+
+
 def test_uncounted_input_workers_behind_a_read_limit_are_storage(tmp_path: object) -> None:
     """The lab's mn2-tier-throttle: the job's /proc/PID/io counts nothing, in healthy time
     as in the fault (its DataLoader workers read unseen until they are reaped), while the

@@ -93,6 +93,7 @@ def test_cgroup_v2_job_io_per_tier_with_proc_io_fallback() -> None:
         # job 44 has no io.stat: its processes' /proc/PID/io (pids 200 and 300)
         ("read_bytes_total", "44", "unattributed"): 5096,
         ("written_bytes_total", "44", "unattributed"): 8192,
+        ("gpufeed_job_io_processes", "44", ""): 2,
     }
 
 
@@ -107,9 +108,11 @@ def test_cgroup_v1_blkio_and_sdk_job_pids() -> None:
         # job 45: the kernel counted nothing ("Total 0"): /proc/PID/io of pid 301
         ("read_bytes_total", "45", "unattributed"): 65536,
         ("written_bytes_total", "45", "unattributed"): 512,
+        ("gpufeed_job_io_processes", "45", ""): 1,
         # an SDK job under no scheduler
         ("read_bytes_total", "my-run", "unattributed"): 4096,
         ("written_bytes_total", "my-run", "unattributed"): 8192,
+        ("gpufeed_job_io_processes", "my-run", ""): 1,
     }
 
 
@@ -162,10 +165,13 @@ def test_a_dataloader_workers_reads_count_before_it_is_reaped(tmp_path: Path) ->
         sdk_job_pids=lambda: tree.expand({"j": [200]}),
     )
     assert series(c)[("read_bytes_total", "j", "unattributed")] == 4096 + 1000
+    # and says it sums both: a job counted reading nothing then reads nothing (issue 23)
+    assert series(c)[("gpufeed_job_io_processes", "j", "")] == 2
     shutil.rmtree(procfs / "300")
     io = procfs / "200" / "io"
     io.write_text(io.read_text().replace("read_bytes: 4096", "read_bytes: 5096"))  # reaped
     assert series(c)[("read_bytes_total", "j", "unattributed")] == 4096 + 1000
+    assert series(c)[("gpufeed_job_io_processes", "j", "")] == 1
 
 
 def test_the_sdk_collectors_job_pids_hold_their_descendants(tmp_path: Path) -> None:

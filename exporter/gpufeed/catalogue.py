@@ -832,6 +832,20 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "job_io",
     ),
     MetricSpec(
+        "gpufeed_job_io_processes",
+        "gauge",
+        "Processes whose /proc/PID/io the job's `unattributed` read and written bytes sum now: "
+        "those that speak for it and their live descendants (its input workers). Absent "
+        "where its cgroup accounts its I/O; present, it says a worker's reads count before "
+        "the worker exits, so a job counted reading nothing reads nothing",
+        ("job_id",),
+        "",
+        "jobs",
+        "job_io",
+        # not in the contract: the simulated node's jobs are cgroup-accounted
+        contract=False,
+    ),
+    MetricSpec(
         "gpufeed_job_storage_written_bytes_total",
         "counter",
         "Bytes the job wrote per storage tier (cgroup io accounting, else /proc/PID/io)",

@@ -35,6 +35,7 @@ JobPids = Callable[[], Mapping[str, Sequence[int]]]
 
 READ = spec("gpufeed_job_storage_read_bytes_total")
 WRITTEN = spec("gpufeed_job_storage_written_bytes_total")
+IO_PROCESSES = spec("gpufeed_job_io_processes")
 
 
 FinalIo = Mapping[int, tuple[int, DeviceBytes]]  # pid -> (parent pid or 0, bytes)
@@ -169,6 +170,7 @@ class JobIoCollector:
         f = Families()
         f.declare_spec(READ)
         f.declare_spec(WRITTEN)
+        f.declare_spec(IO_PROCESSES)
         objects = self._sdk_object_bytes() if self._sdk_object_bytes is not None else {}
         for job_id in sorted(accounted.keys() | objects.keys()):
             per_tier: dict[str, list[int]] = {}
@@ -197,6 +199,7 @@ class JobIoCollector:
             labels = {"job_id": job_id, "tier": UNATTRIBUTED_TIER}
             f.put(READ, labels, total.read_bytes)
             f.put(WRITTEN, labels, total.written_bytes)
+            f.put(IO_PROCESSES, {"job_id": job_id}, len(s.last))
         self._proc_sums = sums
         return f.build()
 

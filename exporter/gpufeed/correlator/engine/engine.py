@@ -393,8 +393,16 @@ class NodeCorrelator:
             return t
         ts = compute.ts
         thr = self.p.threshold_ratio
-        earliest = t - self.timing.share_window_seconds
         i = bisect_right(ts, t) - 1
+        earliest = t - self.timing.share_window_seconds
+        # a recovery is looked for as far back as the share at t reached: the last sample
+        # at or before the share window's start (Series.rate_at), which a sample a few ms
+        # late puts one interval further back (the busy-disk recording's 5 s TSDB feed: the
+        # share over 15 s still read the ended stall, and a recovery looked for from the
+        # window's nominal start ended the window 10 s late)
+        k = bisect_right(ts, earliest) - 1
+        if recovered and k >= 0:
+            earliest = ts[k]
         # (start, signed margin x length) of each interval back from t: > 0 on the new side
         spans: list[tuple[float, float]] = []
         while i >= 1 and ts[i - 1] >= earliest:

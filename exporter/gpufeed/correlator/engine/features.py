@@ -14,7 +14,12 @@ from gpufeed import vocabulary
 from gpufeed.correlator.engine.baseline import Baselines, Kind
 from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.names import Feature as F
-from gpufeed.correlator.engine.rules import DATA_STALL_RULES, DATA_TIER_RULES, JOB_CPU_RULES
+from gpufeed.correlator.engine.rules import (
+    DATA_STALL_RULES,
+    DATA_TIER_RULES,
+    HOST_STORAGE_STALL_FEATURES,
+    JOB_CPU_RULES,
+)
 from gpufeed.correlator.engine.view import JobView, NodeView
 from gpufeed.vocabulary import UNASSIGNED_TIER, UNATTRIBUTED_TIER
 
@@ -321,6 +326,24 @@ def _reads_no_tier(jv: JobView, ev: Evidence) -> None:
     reads_none = jv.tier_read_bytes_per_second and Ctx.DATA_TIER not in ev.context
     if reads_none and F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT in f:
         f[F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT] = 0.0
+    if _reads_nothing(jv):
+        for name in (*HOST_STORAGE_STALL_FEATURES, F.IO_PRESSURE_WHILE_WAITING_FOR_INPUT):
+            if name in f:
+                f[name] = 0.0
+
+
+def _reads_nothing(jv: JobView) -> bool:
+    """Whether the job is shown to read nothing: every process whose I/O is summed for it
+    counted, its input workers included (`JobView.reads_fully_counted`), and no tier gives
+    it MIN_TIER_READ_BYTES. The host's I/O stall (PSI io, iowait) is then other work's and
+    does not keep a wait inside its own pipeline from being told as that: a sleep in
+    `__getitem__` beside a test suite (I/O pressure 56%) was `unknown` in all four feeds."""
+    reads = jv.tier_read_bytes_per_second
+    return (
+        jv.reads_fully_counted
+        and bool(reads)
+        and all(r <= MIN_TIER_READ_BYTES for r in reads.values())
+    )
 
 
 def _tier_candidates(b: Baselines, view: NodeView, job_id: str, jv: JobView | None) -> list[str]:
@@ -365,7 +388,8 @@ def _job_read_tiers(b: Baselines, view: NodeView, job_id: str, jv: JobView) -> l
         return cands
     rate, tier = max((b.median((Kind.JOB_READ, job_id, t)) or 0.0, t) for t in now)
     if rate <= MIN_TIER_READ_BYTES:
-        return _slowed_with_job(b, view) if set(now) == {UNATTRIBUTED_TIER} else []
+        unseen_workers = set(now) == {UNATTRIBUTED_TIER} and not jv.reads_fully_counted
+        return _slowed_with_job(b, view) if unseen_workers else []
     if tier != UNATTRIBUTED_TIER:
         return [tier] if tier in view.tiers else []
     # it reads nothing now: the tiers that carried its usual reads in healthy time
@@ -377,7 +401,8 @@ def _slowed_with_job(b: Baselines, view: NodeView) -> list[str]:
     reads to its parent's only when it reaps it: input workers the agent was not told of
     (DataLoader workers of an older `gpufeed run`) read their batches unseen until they
     exit (the lab's mn2-tier-throttle fixture: 0 B/s counted while its tier read 3 MB/s,
-    122 MB at the end). So counting nothing there does not show that the job reads no tier:
+    122 MB at the end; an agent that sums them says so, `JobView.reads_fully_counted`, and
+    this is not asked). So counting nothing there does not show that the job reads no tier:
     a tier the node's jobs usually read whose reads fell below CARRY_SHARE of its healthy
     median while the job stalls has slowed with it (a read limit, a slow device), and may
     feed it. A tier another tenant loads keeps or raises its reads: never a candidate.

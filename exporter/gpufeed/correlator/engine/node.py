@@ -151,6 +151,7 @@ USED_METRICS: tuple[str, ...] = (
     "gpufeed_job_phase_seconds_total",
     "gpufeed_job_steps_total",
     "gpufeed_job_processes",
+    "gpufeed_job_io_processes",
     "gpufeed_job_model_load_seconds_total",
     "gpufeed_job_model_load_bytes_total",
     "gpufeed_job_model_loading_bytes",
@@ -190,6 +191,9 @@ class JobColumns:
     # processes speaking for the job (SDK); > 0: registered and alive, stepping or not
     processes: Series | None = None
     checkpoint_bytes: Series | None = None
+    # processes whose /proc/PID/io its `unattributed` bytes sum (descendants included):
+    # present only from an agent that counts a worker's reads before it exits
+    io_processes: Series | None = None
     tier_read: dict[str, Series] = field(default_factory=dict)
     tier_written: dict[str, Series] = field(default_factory=dict)
     # per rank (the ranks running on this node): (rank, phase) -> seconds, rank -> presence
@@ -415,6 +419,10 @@ class NodeSeries:
             if j.processes is None:
                 j.processes = Series()
             return j.processes
+        if name == "gpufeed_job_io_processes":
+            if j.io_processes is None:
+                j.io_processes = Series()
+            return j.io_processes
         if name == "gpufeed_job_checkpoint_written_bytes_total":
             if j.checkpoint_bytes is None:
                 j.checkpoint_bytes = Series()
@@ -458,7 +466,11 @@ class NodeSeries:
             out += [*j.cpu.values(), *j.cache.values(), *j.cache_tier.values()]
             for m in (j.load_seconds, j.load_bytes, j.loading_bytes):
                 out += m.values()
-            out += [s for s in (j.steps, j.processes, j.checkpoint_bytes) if s is not None]
+            out += [
+                s
+                for s in (j.steps, j.processes, j.io_processes, j.checkpoint_bytes)
+                if s is not None
+            ]
         out += self.tier_latency_targets.values()
         for m in self.serving.values():
             out += m.values()

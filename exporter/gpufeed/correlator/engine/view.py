@@ -99,6 +99,9 @@ class JobView:
     steps_per_second: float | None = None
     checkpoint_bytes_per_second: float | None = None
     tier_read_bytes_per_second: dict[str, float] = field(default_factory=dict)
+    # its /proc/PID/io reads count its input workers' as they read (the agent says how many
+    # processes it sums): a job counted reading nothing there reads nothing
+    reads_fully_counted: bool = False
     tier_write_bytes_per_second: dict[str, float] = field(default_factory=dict)
     # mean over the job's ranks here of their collective wait, seconds per second, and
     # per GPU (uuid) where a rank names its GPU
@@ -250,6 +253,8 @@ def compute_view(node: NodeSeries, t: float, tm: Timing) -> NodeView:
             r = rate(s)
             if r is not None:
                 jv.tier_read_bytes_per_second[tier] = r
+        if j.io_processes is not None:
+            jv.reads_fully_counted = j.io_processes.value_at(t, tm.stale_seconds) is not None
         periods = rate(j.cpu.get("periods"))
         throttled = rate(j.cpu.get("throttled_periods"))
         if periods is not None and throttled is not None and periods > 0:
