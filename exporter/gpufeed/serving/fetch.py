@@ -5,8 +5,9 @@ fetch:
 
 - follows no redirect: a 3xx answer is a failure, "redirect to '...' refused". A loopback
   server a job runs must not send the agent on to another host or a metadata service, and
-  the URL to declare is the one the server serves on (today's vLLM, Triton and TGI answer
-  `/metrics` itself; vLLM before 0.4.1 redirected it to `/metrics/`);
+  the URL to declare is the one the server serves on (vLLM, Triton and TGI answer
+  `/metrics` itself; a vLLM whose metrics app was a Starlette `Mount` answered 307 to
+  `/metrics/`, which is then the URL to declare);
 - has one deadline for all of it (connect, request, status line, headers, every byte of
   the body): each read waits only for the time left, so a server that trickles a byte at a
   time fails at the deadline instead of holding a thread for good;
