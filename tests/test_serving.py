@@ -129,7 +129,7 @@ def test_collector_reads_a_real_endpoint_and_a_bad_one_spoils_nothing(
         for body, status, reason in (
             (b"oops", 500, "status"),
             (b"up 1\n", 200, "unrecognised"),
-            (b"", 0, "unreachable"),
+            (b"", 0, "timeout"),
         ):
             answer[0] = (body, status)
             t0 = time.monotonic()

@@ -648,8 +648,11 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpufeed_serving_scrape_failures_total",
         "counter",
-        "Scrapes of the serving endpoint that failed, by reason (unreachable: no connection "
-        "or no answer in time; status: an HTTP error; unrecognised: no queue metric in it).",
+        "Scrapes of the serving endpoint that failed, by reason (unreachable: no connection; "
+        "timeout: no whole answer in serving.timeout_seconds; status: an HTTP error or not "
+        "HTTP; redirect: a 3xx, never followed; too_large: a body over the limit; busy: not "
+        "scraped, its last scrape still running or the threads held by slower endpoints; "
+        "unrecognised: no queue metric in it).",
         ("job_id", "gpu", "endpoint", "reason"),
         "",
         "serving",

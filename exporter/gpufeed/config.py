@@ -16,7 +16,13 @@ from typing import Any
 import yaml
 
 from gpufeed import vocabulary
-from gpufeed.serving.endpoints import MAX_ENDPOINTS, ServingEndpoint, url_problem
+from gpufeed.serving.endpoints import (
+    MAX_BODY_BYTES,
+    MAX_ENDPOINTS,
+    MIN_BODY_BYTES,
+    ServingEndpoint,
+    url_problem,
+)
 from gpufeed.serving.stacks import SERVERS
 from gpufeed.storage.objects import ObjectTierEntry, normalise_endpoint, parse_s3_url
 
@@ -86,10 +92,15 @@ class NetworkConfig:
 @dataclass(frozen=True, slots=True)
 class ServingConfig:
     """Serving endpoints the agent scrapes for demand (docs/serving.md), beside those jobs
-    declare themselves; each scrape waits at most `timeout_seconds`."""
+    declare themselves; each scrape takes at most `timeout_seconds` in all, and reads at
+    most `max_body_bytes` of body (`job_max_body_bytes` from an endpoint a job declared)."""
 
     endpoints: tuple[ServingEndpoint, ...] = ()
     timeout_seconds: float = 0.5
+    # vLLM's /metrics is tens of KB per engine (its histograms, per model): 8 MiB leaves the
+    # administrator's endpoints room, and 1 MiB bounds what a job makes the agent parse
+    max_body_bytes: int = 8 << 20
+    job_max_body_bytes: int = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -516,9 +527,18 @@ class _Reader:
             return d
         m = self.mapping(entry[1], "serving")
         p = "serving."
-        self.no_unknown(m, {"endpoints", "timeout_seconds"}, p)
+        self.no_unknown(
+            m, {"endpoints", "timeout_seconds", "max_body_bytes", "job_max_body_bytes"}, p
+        )
         timeout = self.number(
             m, "timeout_seconds", d.timeout_seconds, minimum=0.01, maximum=10, prefix=p
+        )
+        body, job_body = (
+            self.integer(m, k, default, minimum=MIN_BODY_BYTES, maximum=MAX_BODY_BYTES, prefix=p)
+            for k, default in (
+                ("max_body_bytes", d.max_body_bytes),
+                ("job_max_body_bytes", d.job_max_body_bytes),
+            )
         )
         out: list[ServingEndpoint] = []
         node = m["endpoints"][1] if "endpoints" in m else None
@@ -529,7 +549,7 @@ class _Reader:
                 raise self.fail(node, p + "endpoints", f"at most {MAX_ENDPOINTS} endpoints")
             for i, item in enumerate(node.value):
                 out.append(self.serving_endpoint(item, f"{p}endpoints[{i}]"))
-        return ServingConfig(tuple(out), timeout)
+        return ServingConfig(tuple(out), timeout, body, job_body)
 
     def serving_endpoint(self, node: yaml.Node, key: str) -> ServingEndpoint:
         """{url, job_id and/or gpus, server?}: which job's or GPUs' serving stack it is."""

@@ -141,10 +141,23 @@ KEYS: dict[str, KeyDoc] = {
         "own endpoint instead (SDK `serving=True`, `gpufeed run --serving`)."
     ),
     "serving.timeout_seconds": KeyDoc(
-        "How long one scrape of a serving endpoint may take; a slower or failing endpoint "
-        "is `gpufeed_serving_up` 0 and leaves its demand absent, the rest is served.",
+        "How long one scrape of a serving endpoint may take in all (connecting, the "
+        "headers and the whole body); a slower or failing endpoint is `gpufeed_serving_up` "
+        "0 and leaves its demand absent, the rest is served.",
         0.01,
         10,
+    ),
+    "serving.max_body_bytes": KeyDoc(
+        "The most body one scrape of an endpoint in `serving.endpoints` reads; a larger "
+        'one fails (`reason="too_large"`). A vLLM answers tens of KB per engine.',
+        4096,
+        67108864,
+    ),
+    "serving.job_max_body_bytes": KeyDoc(
+        "The same for the endpoints jobs declare (SDK `metrics_url`, `gpufeed run "
+        "--serving-metrics`): what a job may make the agent, as root, read and parse.",
+        4096,
+        67108864,
     ),
 }
 

@@ -17,6 +17,9 @@ from urllib.parse import urlsplit
 MAX_URL_BYTES = 255  # a declared URL's length (the SDK's wire carries at most this)
 MAX_ENDPOINTS = 64  # on one node, config and jobs together
 MAX_ENDPOINTS_PER_JOB = 16
+# the range of serving.max_body_bytes and serving.job_max_body_bytes
+MIN_BODY_BYTES = 4 << 10
+MAX_BODY_BYTES = 64 << 20
 LOOPBACK_NAMES = ("localhost",)
 
 

@@ -21,7 +21,7 @@ endpoint gpufeed knows (None). Lines that are not samples are skipped, never gue
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -74,36 +74,77 @@ class Demand:
 def parse_serving_metrics(text: str, server: str = "") -> Demand | None:
     """The demand in a serving stack's exposition text; `server` (vllm|triton|tgi) says which
     stack, else it is recognised by its queue metric. None: no known queue metric in it."""
-    values: dict[str, list[float]] = {}
-    for name, value in _samples(text):
-        values.setdefault(name, []).append(value)
-    stacks = (_BY_SERVER[server],) if server else STACKS
+    return parse_serving_lines(text.splitlines(), server)
+
+
+def parse_serving_lines(lines: Iterable[str], server: str = "") -> Demand | None:
+    """`parse_serving_metrics` over the text's lines as they arrive: only the stack's own
+    metrics are kept, each as a running sum and maximum, so what a body costs in memory does
+    not grow with its size (an endpoint may answer megabytes of histograms)."""
+    stacks = stack_candidates(server)
+    wanted = set(metric_names(server))
+    values: dict[str, _Acc] = {}
+    for name, value in _samples(lines):
+        if name not in wanted or not math.isfinite(value) or value < 0:
+            continue
+        acc = values.get(name)
+        if acc is None:
+            values[name] = _Acc(value, value)
+        else:
+            acc.total += value
+            acc.highest = max(acc.highest, value)
     for st in stacks:
-        waiting = _first(values, st.waiting, sum)
+        waiting = _first(values, st.waiting, False)
         if waiting is None:
             continue
         return Demand(
             st.server,
             waiting,
-            _first(values, st.running, sum),
-            _first(values, st.kv_cache, max),
-            _first(values, st.completed, sum),
+            _first(values, st.running, False),
+            _first(values, st.kv_cache, True),
+            _first(values, st.completed, False),
         )
     return None
 
 
-def _first(values: dict[str, list[float]], names: tuple[str, ...], agg: object) -> float | None:
+def stack_candidates(server: str = "") -> tuple[Stack, ...]:
+    """The stacks an endpoint's text is read as: the one named, else every one."""
+    return (_BY_SERVER[server],) if server else STACKS
+
+
+def metric_names(server: str = "") -> tuple[str, ...]:
+    """Every metric name the stacks in question are read from (a line naming none of them
+    can be skipped before it is parsed)."""
+    return tuple(sorted({n for st in stack_candidates(server) for n in _names(st)}))
+
+
+def _names(st: Stack) -> tuple[str, ...]:
+    return st.waiting + st.running + st.kv_cache + st.completed
+
+
+class _Acc:
+    """The valid (finite, non-negative) samples of one metric so far: their sum and maximum."""
+
+    __slots__ = ("highest", "total")
+
+    def __init__(self, total: float, highest: float) -> None:
+        self.total = total
+        self.highest = highest
+
+
+def _first(values: dict[str, _Acc], names: tuple[str, ...], highest: bool) -> float | None:
+    """The first of `names` that has valid samples: their sum, or their maximum."""
     for n in names:
-        vs = [v for v in values.get(n, ()) if math.isfinite(v) and v >= 0]
-        if vs:
-            return float(agg(vs))  # type: ignore[operator]
+        acc = values.get(n)
+        if acc is not None:
+            return acc.highest if highest else acc.total
     return None
 
 
-def _samples(text: str) -> Iterator[tuple[str, float]]:
+def _samples(lines: Iterable[str]) -> Iterator[tuple[str, float]]:
     """(name, value) of each sample line of Prometheus/OpenMetrics text; label sets are
     skipped over (label values may hold '}' or spaces inside their quotes)."""
-    for raw in text.splitlines():
+    for raw in lines:
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
