@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpufeed.agent.web.compression import accepts_gzip
+from gpufeed.web.compression import accepts_gzip
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.outputs.api import WindowsJson
 from http_helpers import agent_process, get, percentile, timed_scrapes, wait_until_serving
@@ -222,7 +222,7 @@ def test_error_pages_never_quote_the_parsers_message() -> None:
     from aiohttp import web
     from aiohttp.http_exceptions import BadHttpMessage
 
-    from gpufeed.agent.web.listener import _QuietRequestHandler
+    from gpufeed.web.listener import _QuietRequestHandler, _ServerLog
     from gpufeed.logonce import LogOnce
 
     async def page() -> tuple[bytes, str]:
@@ -230,7 +230,7 @@ def test_error_pages_never_quote_the_parsers_message() -> None:
         handler = _QuietRequestHandler(
             server,
             loop=asyncio.get_running_loop(),
-            errors=LogOnce(logging.getLogger("test.quiet"), repeat_after_seconds=10.0),
+            logger=_ServerLog(LogOnce(logging.getLogger("test.quiet"), repeat_after_seconds=10.0)),  # type: ignore[arg-type]
         )
         request = SimpleNamespace(writer=SimpleNamespace(output_size=0), headers={}, remote="x")
         exc = BadHttpMessage("Invalid method encountered:\n\n  b'<script>alert(1)</script>'")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.agent.web.connections import ConnectionGuard, ConnectionLimits
+from gpufeed.web.connections import ConnectionGuard, ConnectionLimits
 from http_helpers import agent_process, get, wait_until_serving
 
 
@@ -179,7 +179,7 @@ def test_accept_out_of_descriptors_closes_the_stalest_then_pauses_and_logs_rarel
     async def scenario() -> tuple[int, bool, bool]:
         from aiohttp import web
 
-        from gpufeed.agent.web.listener import HttpListener
+        from gpufeed.web.listener import HttpListener
 
         app = web.Application()
         runner = web.AppRunner(app)
@@ -201,7 +201,7 @@ def test_accept_out_of_descriptors_closes_the_stalest_then_pauses_and_logs_rarel
         a.close()
         return listener.guard.evicted_total, evicted, paused
 
-    with caplog.at_level(logging.DEBUG, "gpufeed.agent.web"):
+    with caplog.at_level(logging.DEBUG, "gpufeed.web"):
         evicted_total, evicted, paused = asyncio.run(scenario())
     assert evicted_total == 1 and evicted and paused
     lines = [r for r in caplog.records if "cannot accept" in r.getMessage()]
