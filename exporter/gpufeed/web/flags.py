@@ -98,9 +98,7 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     IPv6 host is written in brackets ("[::1]:9842")."""
     host, sep, port_text = value.rpartition(":")
     if not sep or not port_text.isdigit():
-        raise WebFlagError(
-            f"--web.listen-address {value!r}: expected HOST:PORT, e.g. {DEFAULT_HOST}:9842"
-        )
+        raise WebFlagError(f"--web.listen-address {value!r}: expected HOST:PORT")
     port = int(port_text)
     if not 0 <= port < 65536:
         # 0 asks the kernel for a free port (tests, several services on one host); the
