@@ -125,9 +125,10 @@ class Poller:
             error = ""
         except (SlurmError, KubernetesError) as e:
             reading, error = None, str(e)
-        except Exception as e:  # an answer the reader did not expect: a failed read too,
-            # not a dead thread that leaves the last page (and /healthz "ok") forever
-            reading, error = None, f"unexpected answer: {type(e).__name__}: {e}"
+        except Exception as e:  # what the reader did not expect (bytes that are not text, a
+            # client that is not executable): a failed read too, not a dead thread that
+            # leaves the last page (and /healthz "ok") up for good
+            reading, error = None, f"{type(e).__name__}: {e}"
         self.error = error
         self.page = self._render(reading)
 
