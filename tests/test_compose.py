@@ -180,7 +180,7 @@ def test_compose_services_are_wired_together() -> None:
     # the fleet service reads this Prometheus and is scraped by it as the rules' fleet job
     fleet = build_parser().parse_args(services["fleet"]["command"])
     assert fleet.command == "fleet" and fleet.url == "http://prometheus:9090"
-    fleet_port = fleet.listen.rpartition(":")[2]
+    fleet_port = fleet.listen_address.rpartition(":")[2]
     assert scrape["gpufeed-fleet"]["static_configs"][0]["targets"] == [f"fleet:{fleet_port}"]
     assert alerts_config.RulesConfig().fleet_selector == 'job="gpufeed-fleet"'
     assert services["fleet"]["image"] == services["agent"]["image"]

@@ -273,7 +273,7 @@ def test_scheduler_exporter_reads_pods_and_nodes_and_nothing_else() -> None:
     (container,) = pod["containers"]
     args = build_parser().parse_args(container["args"])
     assert (args.command, args.kind) == ("scheduler", "kubernetes")
-    port = int(args.listen.rpartition(":")[2])
+    port = int(args.listen_address.rpartition(":")[2])
     assert {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"] == port
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
 
@@ -317,7 +317,7 @@ def test_fleet_runs_two_replicas_each_with_its_own_windows_log() -> None:
     assert fleet["securityContext"]["readOnlyRootFilesystem"] is True
     assert fleet["securityContext"]["capabilities"]["drop"] == ["ALL"]
     port = {p["name"]: p["containerPort"] for p in fleet["ports"]}["metrics"]
-    assert args.listen == f":{port}"
+    assert args.listen_address == f":{port}"
     for probe in ("livenessProbe", "readinessProbe"):
         # not /healthz: it is 503 while the TSDB is down, and a restart would not help
         assert fleet[probe]["httpGet"] == {"path": "/metrics", "port": port}

@@ -18,10 +18,19 @@ from typing import Any
 
 import pytest
 
-from gpufeed.agent.web.compression import accepts_gzip
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.outputs.api import WindowsJson
-from http_helpers import agent_process, get, percentile, timed_scrapes, wait_until_serving
+from gpufeed.web.compression import accepts_gzip
+from http_helpers import (
+    PATHS,
+    SERVICES,
+    agent_process,
+    get,
+    percentile,
+    service_process,
+    timed_scrapes,
+    wait_until_serving,
+)
 
 HELPERS = Path(__file__).parent / "helpers"
 HUGE = "<1e999>"
@@ -176,6 +185,43 @@ def test_headers_error_pages_gzip_and_strict_json(tmp_path: Path) -> None:
         assert "Traceback" not in log and "alert" not in log, log
 
 
+def _raw(port: int, data: bytes) -> tuple[bytes, bytes]:
+    """(head, page) of the server's answer to `data` on a new connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    head, _, page = reply.partition(b"\r\n\r\n")
+    return head, page
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", SERVICES)
+def test_every_service_says_gpufeed_and_never_quotes_a_bad_request(
+    tmp_path: Path, kind: str
+) -> None:
+    """No Python or aiohttp version in Server (the fleet and the scheduler said `Python/3.11
+    aiohttp/3.14.5`), fixed error pages, and a flood of bad requests logged once."""
+    with service_process(kind, tmp_path) as svc:
+        wait_until_serving(svc)
+        for path in (*PATHS[kind], "/nothing-here"):
+            status, headers, _ = get(svc.port, path)
+            assert headers["Server"] == "gpufeed", (path, headers)
+        assert status == 404
+        head, page = _raw(svc.port, b"<script>alert(1)</script> / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert head.split(b" ")[1] == b"400" and b"\r\nServer: gpufeed\r\n" in head, head
+        assert page == b"400 Bad Request\n", page
+        for _ in range(50):  # a header line without a colon: aiohttp logs it as an error
+            head, page = _raw(svc.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nalert(2)\r\n\r\n")
+            assert head.split(b" ")[1] == b"400" and b"alert" not in page, head + page
+        assert get(svc.port)[0] == 200
+        log = svc.log()
+        assert "Traceback" not in log and "alert" not in log, log
+        bad = [ln for ln in log.splitlines() if "Error handling request" in ln]
+        assert len(bad) == 1, log  # rate-limited: one line per kind per 10 s
+
+
 @pytest.mark.serial  # a time bound: runs alone, after the parallel pass
 @pytest.mark.slow
 def test_polling_windows_clients_do_not_slow_metrics(tmp_path: Path) -> None:
@@ -222,15 +268,15 @@ def test_error_pages_never_quote_the_parsers_message() -> None:
     from aiohttp import web
     from aiohttp.http_exceptions import BadHttpMessage
 
-    from gpufeed.agent.web.listener import _QuietRequestHandler
     from gpufeed.logonce import LogOnce
+    from gpufeed.web.listener import _QuietRequestHandler, _ServerLog
 
     async def page() -> tuple[bytes, str]:
         server = web.Server(lambda request: None)  # type: ignore[arg-type, return-value]
         handler = _QuietRequestHandler(
             server,
             loop=asyncio.get_running_loop(),
-            errors=LogOnce(logging.getLogger("test.quiet"), repeat_after_seconds=10.0),
+            logger=_ServerLog(LogOnce(logging.getLogger("test.quiet"), repeat_after_seconds=10.0)),  # type: ignore[arg-type]
         )
         request = SimpleNamespace(writer=SimpleNamespace(output_size=0), headers={}, remote="x")
         exc = BadHttpMessage("Invalid method encountered:\n\n  b'<script>alert(1)</script>'")

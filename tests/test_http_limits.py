@@ -1,6 +1,7 @@
 """Connection cap, header and idle timeouts, and rate-limited error logs of the HTTP server.
 
-The guard's rules table-driven on a fake clock; the timeouts on a real agent process."""
+The guard's rules table-driven on a fake clock; the timeouts and the cap on a real process
+of every service (the agent, the fleet, the scheduler: one web layer)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.agent.web.connections import ConnectionGuard, ConnectionLimits
-from http_helpers import agent_process, get, wait_until_serving
+from gpufeed.web.connections import ConnectionGuard, ConnectionLimits
+from http_helpers import SERVICES, get, service_process, wait_until_serving
 
 
 class FakeClock:
@@ -121,10 +122,22 @@ def _closed_after(sock: socket.socket, limit: float) -> float:
     return time.monotonic() - start
 
 
+def _is_closed(sock: socket.socket, wait_seconds: float) -> bool:
+    """Whether the server has closed `sock` (end of file or a reset within the wait)."""
+    sock.settimeout(wait_seconds)
+    try:
+        return sock.recv(65536) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
 @pytest.mark.slow
-def test_agent_closes_slow_and_idle_connections(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", SERVICES)
+def test_service_closes_slow_and_idle_connections(tmp_path: Path, kind: str) -> None:
     args = ("--web.header-timeout", "0.5", "--web.idle-timeout", "1.5")
-    with agent_process(tmp_path, *args) as agent:
+    with service_process(kind, tmp_path, *args) as agent:
         wait_until_serving(agent)
         with socket.create_connection(("127.0.0.1", agent.port)) as silent:
             assert 0.3 < _closed_after(silent, 5) < 2.0
@@ -137,18 +150,41 @@ def test_agent_closes_slow_and_idle_connections(tmp_path: Path) -> None:
             assert keep.recv(65536).startswith(b"HTTP/1.1 ")
             # kept past the header timeout (a finished request), closed at the idle one
             assert 1.0 < _closed_after(keep, 5) < 3.0
-        assert get(agent.port, "/healthz")[0] == 200
+        assert get(agent.port, "/metrics")[0] == 200
 
 
 @pytest.mark.slow
-def test_agent_lowers_its_cap_to_fit_the_descriptor_limit(tmp_path: Path) -> None:
-    with agent_process(tmp_path, "--web.max-connections", "5000", nofile=400) as agent:
+@pytest.mark.parametrize("kind", SERVICES)
+def test_beyond_the_cap_the_stalest_connection_makes_room(tmp_path: Path, kind: str) -> None:
+    """With a cap of 4, 8 connections that send nothing: each new one closes the stalest,
+    a scraper still gets its page, and the log says so once, not once per connection."""
+    with service_process(kind, tmp_path, "--web.max-connections", "4") as agent:
+        wait_until_serving(agent)
+        silent = [socket.create_connection(("127.0.0.1", agent.port)) for _ in range(8)]
+        try:
+            time.sleep(0.5)  # accepted, in order
+            assert get(agent.port, "/metrics")[0] == 200
+            closed = [_is_closed(s, 0.5) for s in silent]
+            # the oldest made room (for the newer ones, then for the scraper)
+            assert all(closed[:5]) and not all(closed), closed
+        finally:
+            for s in silent:
+                s.close()
+        lines = [ln for ln in agent.log().splitlines() if "the cap: closed the stalest" in ln]
+        assert len(lines) == 1, agent.log()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", SERVICES)
+def test_service_lowers_its_cap_to_fit_the_descriptor_limit(tmp_path: Path, kind: str) -> None:
+    with service_process(kind, tmp_path, "--web.max-connections", "5000", nofile=400) as agent:
         wait_until_serving(agent)
         assert "serving at most 272 connections, not 5000: the descriptor limit is 400" in (
             agent.log()
         )
 
 
+@pytest.mark.parametrize("kind", SERVICES)
 @pytest.mark.parametrize(
     ("flag", "value"),
     [
@@ -158,8 +194,10 @@ def test_agent_lowers_its_cap_to_fit_the_descriptor_limit(tmp_path: Path) -> Non
         ("--web.idle-timeout", "inf"),
     ],
 )
-def test_bad_limits_are_one_line_and_exit_2(tmp_path: Path, flag: str, value: str) -> None:
-    with agent_process(tmp_path, flag, value) as agent:
+def test_bad_limits_are_one_line_and_exit_2(
+    tmp_path: Path, flag: str, value: str, kind: str
+) -> None:
+    with service_process(kind, tmp_path, flag, value) as agent:
         assert agent.proc.wait(30) == 2
         lines = agent.log().strip().splitlines()
         assert len(lines) == 1 and flag in lines[0], lines
@@ -179,7 +217,7 @@ def test_accept_out_of_descriptors_closes_the_stalest_then_pauses_and_logs_rarel
     async def scenario() -> tuple[int, bool, bool]:
         from aiohttp import web
 
-        from gpufeed.agent.web.listener import HttpListener
+        from gpufeed.web.listener import HttpListener
 
         app = web.Application()
         runner = web.AppRunner(app)
@@ -201,7 +239,7 @@ def test_accept_out_of_descriptors_closes_the_stalest_then_pauses_and_logs_rarel
         a.close()
         return listener.guard.evicted_total, evicted, paused
 
-    with caplog.at_level(logging.DEBUG, "gpufeed.agent.web"):
+    with caplog.at_level(logging.DEBUG, "gpufeed.web"):
         evicted_total, evicted, paused = asyncio.run(scenario())
     assert evicted_total == 1 and evicted and paused
     lines = [r for r in caplog.records if "cannot accept" in r.getMessage()]

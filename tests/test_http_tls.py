@@ -1,13 +1,16 @@
 """TLS, client certificates, basic auth, headers and the rate limit of --web.config.file on
-a real agent, with real certificates (openssl), real HTTPS clients and a real Prometheus
-scraping over TLS with basic auth."""
+every real service (the agent, the fleet and the scheduler: one web layer), with real
+certificates (openssl), real HTTPS clients and a real Prometheus scraping the agent over TLS
+with basic auth."""
 
 from __future__ import annotations
 
 import base64
 import json
 import os
+import re
 import shutil
+import socket
 import ssl
 import time
 import urllib.parse
@@ -17,7 +20,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from http_helpers import Agent, agent_process, get
+from http_helpers import (
+    ERROR_PREFIX,
+    PATHS,
+    SERVICES,
+    Agent,
+    agent_process,
+    get,
+    service_process,
+)
 from procports import owned_server
 from tls_helpers import Pki, make_pki
 
@@ -41,6 +52,9 @@ def _web_config(pki: Pki, **extra: object) -> Path:
     path = pki.directory / f"web-{len(list(pki.directory.glob('web-*')))}.yml"
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+_UNHEALTHY = {("/healthz", "fleet"), ("/healthz", "scheduler")}
 
 
 def _client(pki: Pki, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
@@ -68,21 +82,23 @@ def _serving(agent: Agent, ctx: ssl.SSLContext, headers: dict[str, str]) -> None
 
 
 @pytest.mark.slow
-def test_tls_and_basic_auth_guard_every_endpoint(tmp_path: Path, pki: Pki) -> None:
+@pytest.mark.parametrize("kind", SERVICES)
+def test_tls_and_basic_auth_guard_every_endpoint(tmp_path: Path, pki: Pki, kind: str) -> None:
     ctx = _client(pki)
     good = _auth("prometheus", PASSWORD)
-    with agent_process(tmp_path, "--web.config.file", str(_web_config(pki))) as agent:
+    with service_process(kind, tmp_path, "--web.config.file", str(_web_config(pki))) as agent:
         _serving(agent, ctx, good)
         assert "listening on https://" in agent.log()
-        for path in ("/metrics", "/healthz", "/api/windows", "/"):
+        for path in PATHS[kind]:
             status, headers, _ = get(agent.port, path, context=ctx, headers=good)
-            assert status == 200, path
+            # a fleet without its TSDB, a scheduler without Slurm: unhealthy, and say so
+            assert status == 200 or (path, kind) in _UNHEALTHY, (path, status)
             assert headers["X-Content-Type-Options"] == "nosniff"
             assert headers["Server"] == "gpufeed"
-        for path in ("/metrics", "/healthz", "/api/windows", "/", "/nothing"):
+        for path in (*PATHS[kind], "/nothing"):
             status, headers, body = get(agent.port, path, context=ctx)
             assert status == 401 and headers["WWW-Authenticate"] == "Basic", path
-            assert b"gpufeed_" not in body
+            assert b"gpufeed_" not in body and b"windows" not in body
             assert headers["X-Content-Type-Options"] == "nosniff"
         for user, password in (("prometheus", "wrong"), ("nobody", PASSWORD), ("", "")):
             assert get(agent.port, context=ctx, headers=_auth(user, password))[0] == 401
@@ -91,8 +107,52 @@ def test_tls_and_basic_auth_guard_every_endpoint(tmp_path: Path, pki: Pki) -> No
         assert agent.proc.poll() is None
 
 
+def _request(path: str, auth: dict[str, str], version: str = "1.1", close: bool = False) -> bytes:
+    lines = [f"GET {path} HTTP/{version}", "Host: 127.0.0.1"]
+    lines += [f"{k}: {v}" for k, v in auth.items()]
+    lines += ["Connection: close"] if close else []
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def _exchange(port: int, ctx: ssl.SSLContext, data: bytes) -> list[bytes]:
+    """The status codes of the answers to `data`, sent at once on one TLS connection."""
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        ctx.wrap_socket(raw, server_hostname="127.0.0.1") as conn,
+    ):
+        conn.sendall(data)
+        reply = b""
+        while chunk := conn.recv(65536):
+            reply += chunk
+    return re.findall(rb"^HTTP/1\.[01] (\d{3}) ", reply, re.M)
+
+
 @pytest.mark.slow
-def test_client_certificates_and_allowed_sans(tmp_path: Path, pki: Pki) -> None:
+@pytest.mark.parametrize("kind", SERVICES)
+def test_every_request_of_a_connection_is_checked(tmp_path: Path, pki: Pki, kind: str) -> None:
+    """Pipelined requests (good credentials first, then none, then wrong ones, on the same
+    connection) and HTTP/1.0: each request is judged on its own credentials."""
+    ctx = _client(pki)
+    good, wrong = _auth("prometheus", PASSWORD), _auth("prometheus", "x")
+    with service_process(kind, tmp_path, "--web.config.file", str(_web_config(pki))) as agent:
+        _serving(agent, ctx, good)
+        pipelined = b"".join(
+            [
+                _request("/metrics", good),
+                _request("/metrics", {}),
+                _request("/healthz", wrong),
+                _request("/metrics", good, close=True),
+            ]
+        )
+        assert _exchange(agent.port, ctx, pipelined) == [b"200", b"401", b"401", b"200"]
+        assert _exchange(agent.port, ctx, _request("/metrics", {}, "1.0")) == [b"401"]
+        assert _exchange(agent.port, ctx, _request("/metrics", good, "1.0")) == [b"200"]
+        assert agent.proc.poll() is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", SERVICES)
+def test_client_certificates_and_allowed_sans(tmp_path: Path, pki: Pki, kind: str) -> None:
     config = _web_config(
         pki,
         tls_server_config={
@@ -105,7 +165,7 @@ def test_client_certificates_and_allowed_sans(tmp_path: Path, pki: Pki) -> None:
         },
         basic_auth_users={},
     )
-    with agent_process(tmp_path, "--web.config.file", str(config)) as agent:
+    with service_process(kind, tmp_path, "--web.config.file", str(config)) as agent:
         _serving(agent, _client(pki, pki.client_cert, pki.client_key), {})
         assert get(agent.port, context=_client(pki, pki.client_cert, pki.client_key))[0] == 200
         for refused in (
@@ -119,15 +179,17 @@ def test_client_certificates_and_allowed_sans(tmp_path: Path, pki: Pki) -> None:
 
 
 @pytest.mark.slow
-def test_rate_limit_answers_429_beyond_the_burst(tmp_path: Path, pki: Pki) -> None:
+@pytest.mark.parametrize("kind", SERVICES)
+def test_rate_limit_answers_429_beyond_the_burst(tmp_path: Path, pki: Pki, kind: str) -> None:
     config = _web_config(pki, basic_auth_users={}, rate_limit={"interval": "10s", "burst": 3})
-    with agent_process(tmp_path, "--web.config.file", str(config)) as agent:
+    with service_process(kind, tmp_path, "--web.config.file", str(config)) as agent:
         _serving(agent, _client(pki), {})  # takes one or more of the burst
         statuses = [get(agent.port, "/healthz", context=_client(pki))[0] for _ in range(4)]
         assert statuses.count(429) >= 2 and statuses[-1] == 429, statuses
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", SERVICES)
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -142,16 +204,16 @@ def test_rate_limit_answers_429_beyond_the_burst(tmp_path: Path, pki: Pki) -> No
         ),
     ],
 )
-def test_a_wrong_web_config_stops_the_agent_with_one_line(
-    tmp_path: Path, pki: Pki, text: str, message: str
+def test_a_wrong_web_config_stops_the_service_with_one_line(
+    tmp_path: Path, pki: Pki, text: str, message: str, kind: str
 ) -> None:
     path = pki.directory / "bad-web.yml"
     path.write_text(text)
-    with agent_process(tmp_path, "--web.config.file", str(path)) as agent:
+    with service_process(kind, tmp_path, "--web.config.file", str(path)) as agent:
         assert agent.proc.wait(30) == 2
         lines = agent.log().strip().splitlines()
         assert len(lines) == 1, lines
-        assert lines[0].startswith(f"gpufeed agent: error: {path}: line ") and message in lines[0]
+        assert lines[0].startswith(f"{ERROR_PREFIX[kind]}{path}: line ") and message in lines[0]
 
 
 @pytest.mark.slow
@@ -199,7 +261,10 @@ def test_prometheus_scrapes_the_agent_over_tls_with_basic_auth(tmp_path: Path, p
 
 
 @pytest.mark.slow
-def test_a_rotated_certificate_is_served_without_a_restart(tmp_path: Path, pki: Pki) -> None:
+@pytest.mark.parametrize("kind", SERVICES)
+def test_a_rotated_certificate_is_served_without_a_restart(
+    tmp_path: Path, pki: Pki, kind: str
+) -> None:
     live = tmp_path / "live"
     live.mkdir()
     shutil.copy(pki.server_cert, live / "server.crt")
@@ -207,7 +272,7 @@ def test_a_rotated_certificate_is_served_without_a_restart(tmp_path: Path, pki: 
     config = live / "web.yml"
     config.write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
     new = make_pki(tmp_path / "new-pki")
-    with agent_process(tmp_path, "--web.config.file", str(config)) as agent:
+    with service_process(kind, tmp_path, "--web.config.file", str(config)) as agent:
         _serving(agent, _client(pki), {})
         for name, source in (("server.key", new.server_key), ("server.crt", new.server_cert)):
             staged = live / f".{name}"

@@ -11,7 +11,10 @@ anything. A failure names the importing file, its line and the forbidden module.
 - The job layer's parts (jobs/) do not import collectors/: collectors are built by the
   agent's wiring (gpufeed/agent/wiring.py), which imports both.
 - The correlator's engine (correlator/engine/) imports neither its feeds, its outputs nor
-  the agent; the feeds do not import the agent.
+  the agent; the feeds do not import the agent, nor do its outputs (/api/windows).
+- The HTTP layer (web/) serves the agent, the fleet and the scheduler alike, so it lives
+  below all three and imports none of them (nor the correlator whose pages it serves); the
+  three services import each other not at all.
 """
 
 from __future__ import annotations
@@ -37,6 +40,18 @@ FORBIDDEN = [
     ("correlator/engine", "correlator/outputs"),
     ("correlator/engine", "agent"),
     ("correlator/feeds", "agent"),
+    ("correlator/outputs", "agent"),
+    # One web layer for every service: what the three share lives below them.
+    ("web", "agent"),
+    ("web", "fleet"),
+    ("web", "scheduler"),
+    ("web", "correlator"),
+    ("fleet", "agent"),
+    ("fleet", "scheduler"),
+    ("scheduler", "agent"),
+    ("scheduler", "fleet"),
+    ("agent", "fleet"),
+    ("agent", "scheduler"),
 ]
 
 

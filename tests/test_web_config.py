@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.agent.web.auth import TokenBucket, _basic_credentials
-from gpufeed.agent.web.webconfig import (
+from gpufeed.web.auth import TokenBucket, _basic_credentials
+from gpufeed.web.webconfig import (
     RateLimit,
     WebConfigError,
     _go_duration,

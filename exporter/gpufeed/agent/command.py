@@ -15,16 +15,11 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gpufeed.agent.signals import early_handlers, on_hup, on_usr1
-
-if TYPE_CHECKING:
-    from gpufeed.agent.web.connections import ConnectionLimits
-    from gpufeed.agent.web.webconfig import WebConfig
 from gpufeed.agent.sampler import Sampler
 from gpufeed.agent.sdnotify import ServiceNotifier
-from gpufeed.agent.web.webconfig import load_web_config
+from gpufeed.agent.signals import early_handlers, on_hup, on_usr1
 from gpufeed.agent.wiring import (
     COLLECTORS,
     Wiring,
@@ -44,11 +39,18 @@ from gpufeed.gpu.select import BACKEND_KINDS
 from gpufeed.hostpaths import HostPaths
 from gpufeed.snapshot import Processor, Sink
 from gpufeed.statepaths import RunStateDir, is_production_path, simulated_config
+from gpufeed.web.flags import (
+    ListenError,
+    WebFlagError,
+    WebSettings,
+    add_web_flags,
+    bind_listen_socket,
+    web_settings,
+)
 
 log = logging.getLogger("gpufeed.agent.command")
 
 DEFAULT_PORT = 9842
-DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
 SIMULATED_BANNER = "SIMULATED NODE: every value on this page is generated, not measured."
 
 
@@ -76,8 +78,12 @@ def register(subparsers: Any) -> None:
         ),
         formatter_class=_HelpFormatter,
     )
-    _add_config_and_listen_flags(p)
-    _add_web_flags(p)
+    _add_config_flag(p)
+    add_web_flags(
+        p,
+        default_port=DEFAULT_PORT,
+        listen_help=f"address to serve /metrics on; {DEFAULT_PORT} is used by no well-known exporter",
+    )
     _add_node_flags(p)
     _add_gpu_flags(p)
     _add_output_flags(p)
@@ -85,7 +91,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _add_config_and_listen_flags(p: argparse.ArgumentParser) -> None:
+def _add_config_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config",
         metavar="FILE",
@@ -93,13 +99,6 @@ def _add_config_and_listen_flags(p: argparse.ArgumentParser) -> None:
             "YAML config file (every key, its default and meaning: docs/configuration.md, "
             "or `python -m gpufeed.config_reference`); without it, the defaults"
         ),
-    )
-    p.add_argument(
-        "--web.listen-address",
-        dest="listen_address",
-        default=DEFAULT_LISTEN,
-        metavar="HOST:PORT",
-        help=f"address to serve /metrics on; {DEFAULT_PORT} is used by no well-known exporter",
     )
 
 
@@ -235,80 +234,6 @@ def _add_collector_switches(p: argparse.ArgumentParser) -> None:
         )
 
 
-def _add_web_flags(p: argparse.ArgumentParser) -> None:
-    from gpufeed.agent.web.connections import ConnectionLimits
-
-    d = ConnectionLimits()
-    p.add_argument(
-        "--web.config.file",
-        dest="web_config_file",
-        metavar="FILE",
-        help=(
-            "TLS, client certificates, basic auth, headers and a rate limit for every HTTP "
-            "endpoint, in the Prometheus exporter-toolkit format (docs/security.md); "
-            "plain HTTP without it"
-        ),
-    )
-    p.add_argument(
-        "--web.max-connections",
-        dest="web_max_connections",
-        type=int,
-        default=d.max_connections,
-        metavar="N",
-        help=(
-            "most HTTP connections held at once (lowered to fit the descriptor limit); "
-            "beyond it the stalest (slowest to send its request, else longest idle) is closed"
-        ),
-    )
-    p.add_argument(
-        "--web.header-timeout",
-        dest="web_header_timeout",
-        type=float,
-        default=d.header_timeout_seconds,
-        metavar="SECONDS",
-        help="close a connection whose request header is not complete in this time",
-    )
-    p.add_argument(
-        "--web.idle-timeout",
-        dest="web_idle_timeout",
-        type=float,
-        default=d.idle_timeout_seconds,
-        metavar="SECONDS",
-        help="close a keep-alive connection that starts no new request in this time",
-    )
-
-
-def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
-    from gpufeed.agent.web.connections import ConnectionLimits
-
-    if args.web_max_connections < 1:
-        raise UsageError(f"--web.max-connections {args.web_max_connections}: must be at least 1")
-    for flag, value in (
-        ("--web.header-timeout", args.web_header_timeout),
-        ("--web.idle-timeout", args.web_idle_timeout),
-    ):
-        if not 0 < value < float("inf"):
-            raise UsageError(f"{flag} {value:g}: must be a positive number of seconds")
-    return ConnectionLimits(
-        max_connections=args.web_max_connections,
-        header_timeout_seconds=args.web_header_timeout,
-        idle_timeout_seconds=args.web_idle_timeout,
-    )
-
-
-def parse_listen_address(value: str) -> tuple[str, int]:
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not port_text.isdigit():
-        raise UsageError(f"--web.listen-address {value!r}: expected HOST:PORT, e.g. 0.0.0.0:9842")
-    port = int(port_text)
-    if not 0 <= port < 65536:
-        # 0 asks the kernel for a free port (tests, several agents on one host); the
-        # "listening on" log line names the port it got.
-        raise UsageError(f"--web.listen-address {value!r}: port must be 0..65535")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, port
-
-
 def node_instance(flag: str | None, configured: str, port: int) -> str:
     """The one name of this node everywhere the agent names it (see `--instance`).
 
@@ -317,14 +242,6 @@ def node_instance(flag: str | None, configured: str, port: int) -> str:
     agree, and two agents on one host (a simulated one beside a real one) stay apart.
     """
     return flag or configured or f"{socket.gethostname()}:{port}"
-
-
-def bind_listen_socket(host: str, port: int) -> socket.socket:
-    """Binds the listen address before anything else is opened, so that a port in use
-    leaves nothing behind and port 0 is resolved before the instance name is made."""
-    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, _, _, _, addr = info[0]
-    return socket.create_server(addr[:2], family=family, backlog=128)
 
 
 def setup_logging(level: str) -> None:
@@ -497,17 +414,15 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     early_handlers()
     try:
-        host, port = parse_listen_address(args.listen_address)
-        limits = connection_limits(args)
-        config = load_config(args.config)  # a bad file is reported whatever the port does
-        web_config = load_web_config(args.web_config_file) if args.web_config_file else None
-    except (UsageError, ConfigError) as exc:
+        web = web_settings(args)  # bad files are reported whatever the port does
+        config = load_config(args.config)
+    except (WebFlagError, ConfigError) as exc:
         print(f"gpufeed agent: error: {exc}", file=sys.stderr)
         return 2
     try:
-        listener = bind_listen_socket(host, port)
-    except OSError as exc:
-        print(f"gpufeed agent: error: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        listener = bind_listen_socket(web.host, web.port)
+    except ListenError as exc:
+        print(f"gpufeed agent: error: {exc}", file=sys.stderr)
         return 1
     try:
         parts = build_parts(args, listener.getsockname()[1], config)
@@ -529,7 +444,7 @@ def run(args: argparse.Namespace) -> int:
         banner=parts.banner,
     )
     try:
-        return asyncio.run(_serve(sampler, parts, listener, limits, args.config, web_config))
+        return asyncio.run(_serve(sampler, parts, listener, web, args.config))
     finally:
         # Closing removes the SDK socket file and finalizes the recording.
         sampler.stop()
@@ -541,20 +456,22 @@ async def _serve(
     sampler: Sampler,
     parts: AgentParts,
     listener: socket.socket,
-    limits: ConnectionLimits,
+    web: WebSettings,
     config_path: str | None,
-    web_config: WebConfig | None,
 ) -> int:
     from gpufeed.agent.server import build_app
-    from gpufeed.agent.web.serve import serve
+    from gpufeed.web.serve import serve
 
     app = build_app(sampler, banner=parts.banner, extra_routes=parts.routes)
-    serving = await serve(app, [listener], limits=limits, web_config=web_config)
-    sampler.start()
     names = ", ".join(c.name for c in parts.collectors) or "none"
-    host, port = listener.getsockname()[:2]  # the port the kernel chose for port 0
-    scheme = "https" if web_config is not None and web_config.tls is not None else "http"
-    log.info("listening on %s://%s:%d/metrics, collectors: %s", scheme, host, port, names)
+    serving = await serve(
+        app,
+        [listener],
+        limits=web.limits,
+        web_config=web.web_config,
+        detail=f"collectors: {names}",
+    )
+    sampler.start()
     log.info("instance %s (traces, windows, OTLP)", parts.config.instance)
     # Type=notify and WatchdogSec= in the systemd unit; the watchdog's idea of progress is
     # the one /healthz answers with.

@@ -14,8 +14,8 @@ from aiohttp.typedefs import Handler
 
 from gpufeed import __version__
 from gpufeed.agent.sampler import Sampler
-from gpufeed.agent.web.compression import GzipMemo, body_response
 from gpufeed.exposition import CONTENT_TYPE
+from gpufeed.web.compression import GzipMemo, body_response
 
 SAMPLER_KEY = web.AppKey("sampler", Sampler)
 BANNER_KEY = web.AppKey("banner", str)

@@ -4,14 +4,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import math
 import signal
+import socket
 import sys
 import threading
 from typing import Any
 
 from gpufeed import vocabulary
+from gpufeed.config import ConfigError
 from gpufeed.correlator.feeds import access
+from gpufeed.web.flags import (
+    ListenError,
+    WebFlagError,
+    WebSettings,
+    add_web_flags,
+    bind_listen_socket,
+    web_settings,
+)
+
+DEFAULT_PORT = 9843
+
+log = logging.getLogger("gpufeed.fleet")
 
 DESCRIPTION = """\
 The live, job-level view of a fleet, from the Prometheus-compatible TSDB the agents are
@@ -24,6 +39,9 @@ joins each job's nodes, then:
   - exports on /metrics the culprit of each held-back job with its cause, and each job's
     GPU-time ledger (allocated GPU-seconds by state, and in money with --ledger.price);
   - serves the windows on /api/windows.
+It logs where it listens at start and one line for each cycle that fails (not one per
+retry). Its HTTP endpoints take the agent's --web.* flags: TLS, client certificates and
+basic auth from --web.config.file, the connection cap and timeouts (docs/security.md).
 A cycle reports what ended at least --fleet.settle plus the time a window needs to be known
 closed (about 90 s) before now. When the TSDB is slow or down, the cycle is retried and the
 service catches up afterwards; gpufeed_fleet_lag_seconds says how far behind it is.
@@ -113,7 +131,9 @@ def register(subparsers: Any) -> None:
     a("--output", "-o", metavar="FILE", help="with --fleet.once: write here, not to stdout")
     a("--ledger.price", dest="price", type=float, help="price per GPU-hour (for the money)")
     a("--ledger.currency", dest="currency", default="USD", help="currency label of the price")
-    a("--web.listen-address", dest="listen", default=":9843", help="HOST:PORT (port 0: any)")
+    add_web_flags(
+        p, default_port=DEFAULT_PORT, listen_help="address to serve /metrics and /api/windows on"
+    )
     a(
         "--threshold",
         type=float,
@@ -139,39 +159,38 @@ def run(args: argparse.Namespace) -> int:
     from gpufeed.correlator.engine.engine import WindowParams
     from gpufeed.correlator.feeds.access import AccessError
     from gpufeed.correlator.feeds.promql import parse_time
-    from gpufeed.correlator.outputs.windowlog import WindowLogInUse
     from gpufeed.fleet.memory import limit_malloc_arenas
     from gpufeed.fleet.metrics import Price
-    from gpufeed.fleet.service import FleetService, FleetSettings
-    from gpufeed.fleet.state import StateError
+    from gpufeed.fleet.service import FleetSettings
     from gpufeed.fleet.timing import CycleTiming
-
-    def fail(msg: str, code: int = 2) -> int:
-        print(f"gpufeed fleet: {msg}", file=sys.stderr)
-        return code
 
     timing = CycleTiming(
         args.interval, args.lookback, args.step, args.settle, args.merge_gap, args.min_window
     )
     problem = timing.problem()
     if problem:
-        return fail(problem)
+        return _fail(problem)
     if args.queries < 1:
-        return fail("--fleet.queries must be at least 1")
+        return _fail("--fleet.queries must be at least 1")
     if args.price is not None and not (math.isfinite(args.price) and args.price >= 0):
-        return fail("--ledger.price must be zero or a positive number")
-    host, _, port = args.listen.rpartition(":")
-    if not port.isdigit():
-        return fail(f"--web.listen-address {args.listen!r} must be HOST:PORT")
+        return _fail("--ledger.price must be zero or a positive number")
     try:
         url = access.server_url(args.url, args)
         start = parse_time(args.start) if args.start else None
         until = parse_time(args.until) if args.until else None
     except (AccessError, ValueError) as e:
-        return fail(str(e))
+        return _fail(str(e))
     limit_malloc_arenas()  # before any thread: see fleet/memory.py
     if args.once:
         return _once(args.once, url, args.match, timing, args.threshold, args)
+    logging.basicConfig(level=logging.INFO, format="gpufeed fleet: %(message)s")
+    listening: tuple[socket.socket, WebSettings] | None = None
+    if until is None:  # a backfill (--fleet.until) serves nothing
+        # bound before the windows log is opened: a port in use leaves it untouched
+        bound = _listen(args)
+        if isinstance(bound, int):
+            return bound
+        listening = bound
     settings = FleetSettings(
         url=url,
         match=args.match,
@@ -184,16 +203,48 @@ def run(args: argparse.Namespace) -> int:
         queries_in_flight=args.queries,
     )
     try:
+        return _run_service(settings, listening)
+    finally:
+        if listening is not None:
+            listening[0].close()
+
+
+def _fail(msg: str, code: int = 2) -> int:
+    print(f"gpufeed fleet: {msg}", file=sys.stderr)
+    return code
+
+
+def _listen(args: argparse.Namespace) -> tuple[socket.socket, WebSettings] | int:
+    """The bound listening socket and the web settings, or the exit status of a bad flag,
+    web config file (2) or listen address (1)."""
+    try:
+        settings = web_settings(args)
+    except (WebFlagError, ConfigError) as e:
+        return _fail(str(e))
+    try:
+        return bind_listen_socket(settings.host, settings.port), settings
+    except ListenError as e:
+        return _fail(str(e), 1)
+
+
+def _run_service(settings: Any, listening: tuple[socket.socket, WebSettings] | None) -> int:
+    """Runs the cycles: behind the HTTP face until stopped, or (`listening` None, a backfill
+    with --fleet.until) up to the last cycle, with no HTTP face."""
+    from gpufeed.correlator.outputs.windowlog import WindowLogInUse
+    from gpufeed.fleet.service import FleetService
+    from gpufeed.fleet.state import StateError
+
+    try:
         service = FleetService(settings)
     except (WindowLogInUse, StateError) as e:
-        return fail(str(e), 1)
+        return _fail(str(e), 1)
     except OSError as e:
-        return fail(f"--fleet.windows-log {args.windows_log}: {e.strerror or e}", 1)
+        return _fail(f"--fleet.windows-log {settings.windows_log}: {e.strerror or e}", 1)
     try:
-        if until is not None:
-            service.run()  # the backfill: no HTTP face, exits after the cycle at `until`
+        if listening is None:
+            service.run()  # exits after the cycle at `until`
             return 1 if service.healthy() else 0
-        return asyncio.run(_serve(service, host or "0.0.0.0", int(port)))
+        return asyncio.run(_serve(service, *listening))
     finally:
         service.close()
 
@@ -237,31 +288,17 @@ def _once(
     return 0
 
 
-async def _serve(service: Any, host: str, port: int) -> int:
+async def _serve(service: Any, listener: socket.socket, settings: WebSettings) -> int:
     from aiohttp import web
 
     from gpufeed.correlator.outputs.api import windows_routes
-    from gpufeed.exposition import CONTENT_TYPE
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=service.page, headers={"Content-Type": CONTENT_TYPE})
-
-    async def healthz(_: web.Request) -> web.Response:
-        problem = service.healthy()
-        return web.Response(status=503 if problem else 200, text=(problem or "ok") + "\n")
+    from gpufeed.web.pages import page_routes
+    from gpufeed.web.serve import serve
 
     app = web.Application()
-    app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz)])
+    app.add_routes(page_routes(lambda: service.page, service.healthy))
     app.add_routes(windows_routes(service))
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except OSError as e:
-        await runner.cleanup()
-        print(f"gpufeed fleet: --web.listen-address {host}:{port}: {e.strerror}", file=sys.stderr)
-        return 1
+    serving = await serve(app, [listener], limits=settings.limits, web_config=settings.web_config)
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -269,7 +306,8 @@ async def _serve(service: Any, host: str, port: int) -> int:
     worker = threading.Thread(target=service.run, name="fleet-cycles", daemon=True)
     worker.start()
     await done.wait()
+    log.info("shutting down")
     service.stop()
     await asyncio.to_thread(worker.join)
-    await runner.cleanup()
+    await serving.close()
     return 0

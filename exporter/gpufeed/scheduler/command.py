@@ -5,7 +5,10 @@ It runs where the scheduler can be asked: on a Slurm controller or login node (t
 in a Kubernetes cluster with a read-only service account. Not in the node agent: every
 node would ask the same controller the same question, and the answer is the cluster's,
 not the node's. The scheduler is read every --scheduler.interval in the background; a
-scrape returns the last page and computes nothing.
+scrape returns the last page and computes nothing. It logs where it listens at start and
+one line when a read fails (again when the error changes, and when reads work again). Its
+HTTP endpoints take the agent's --web.* flags: TLS, client certificates and basic auth
+from --web.config.file, the connection cap and timeouts (docs/security.md).
 """
 
 from __future__ import annotations
@@ -15,16 +18,28 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gpufeed.config import ConfigError
 from gpufeed.exposition import render_text
 from gpufeed.scheduler.backlog import SchedulerReading
+from gpufeed.web.flags import (
+    ListenError,
+    WebFlagError,
+    WebSettings,
+    add_web_flags,
+    bind_listen_socket,
+    web_settings,
+)
 
 log = logging.getLogger("gpufeed.scheduler")
+
+DEFAULT_PORT = 9844
 
 
 class Reader(Protocol):
@@ -64,8 +79,8 @@ def register(subparsers: Any) -> None:
     )
     a("--kubernetes.token-file", dest="token_file", default="", help="bearer token file")
     a("--kubernetes.ca-file", dest="ca_file", default="", help="CA bundle of the API server")
-    a("--web.listen-address", dest="listen", default=":9844", help="HOST:PORT (port 0: any)")
     a("--once", action="store_true", help="read once, print the page, exit (1 if it failed)")
+    add_web_flags(p, default_port=DEFAULT_PORT, listen_help="address to serve /metrics on")
     p.set_defaults(func=run)
 
 
@@ -110,18 +125,31 @@ class Poller:
             error = ""
         except (SlurmError, KubernetesError) as e:
             reading, error = None, str(e)
+        except Exception as e:  # what the reader did not expect (bytes that are not text, a
+            # client that is not executable): a failed read too, not a dead thread that
+            # leaves the last page (and /healthz "ok") up for good
+            reading, error = None, f"{type(e).__name__}: {e}"
         self.error = error
         self.page = self._render(reading)
 
     def run(self, interval_seconds: float) -> None:
-        logged = ""
+        logged, failed = "", 0
         while not self._stop.is_set():
             started = time.monotonic()
             self.poll()
-            if self.error and self.error != logged:  # once per new error, not every read
-                log.error("reading the scheduler failed: %s", self.error)
-            logged = self.error
+            logged, failed = self._log_outcome(logged, failed)
             self._stop.wait(max(interval_seconds - (time.monotonic() - started), 0.0))
+
+    def _log_outcome(self, logged: str, failed: int) -> tuple[str, int]:
+        """One line when a read fails with a new error (not one per read while the same
+        error lasts), and one when reads work again; returns (error logged, reads failed)."""
+        if not self.error:
+            if failed:
+                log.info("reading the scheduler works again (after %d failed reads)", failed)
+            return "", 0
+        if self.error != logged:
+            log.error("reading the scheduler failed: %s", self.error)
+        return self.error, failed + 1
 
     def stop(self) -> None:
         self._stop.set()
@@ -130,51 +158,56 @@ class Poller:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="gpufeed scheduler: %(message)s")
     if not args.interval > 0 or not args.timeout > 0:
-        print("gpufeed scheduler: interval and timeout must be positive", file=sys.stderr)
-        return 2
-    host, _, port = args.listen.rpartition(":")
-    if not port.isdigit():
-        print(f"gpufeed scheduler: --web.listen-address {args.listen!r} must be HOST:PORT")
-        return 2
-    poller = Poller(build_reader(args), args.kind)
+        return _fail("interval and timeout must be positive")
     if args.once:
+        poller = Poller(build_reader(args), args.kind)
         poller.poll()
         sys.stdout.write(poller.page.decode())
         if poller.error:
             print(f"gpufeed scheduler: {poller.error}", file=sys.stderr)
         return 1 if poller.error else 0
-    return asyncio.run(_serve(poller, args.interval, host or "0.0.0.0", int(port)))
+    try:
+        settings = web_settings(args)
+    except (WebFlagError, ConfigError) as e:
+        return _fail(str(e))
+    try:
+        listener = bind_listen_socket(settings.host, settings.port)
+    except ListenError as e:
+        return _fail(str(e), 1)
+    try:
+        poller = Poller(build_reader(args), args.kind)
+        return asyncio.run(_serve(poller, args.interval, listener, settings))
+    finally:
+        listener.close()
 
 
-async def _serve(poller: Poller, interval: float, host: str, port: int) -> int:
+def _fail(msg: str, code: int = 2) -> int:
+    print(f"gpufeed scheduler: {msg}", file=sys.stderr)
+    return code
+
+
+async def _serve(
+    poller: Poller, interval: float, listener: socket.socket, settings: WebSettings
+) -> int:
     from aiohttp import web
 
-    from gpufeed.exposition import CONTENT_TYPE
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=poller.page, headers={"Content-Type": CONTENT_TYPE})
-
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(status=503 if poller.error else 200, text=(poller.error or "ok") + "\n")
+    from gpufeed.web.pages import page_routes
+    from gpufeed.web.serve import serve
 
     app = web.Application()
-    app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz)])
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-    except OSError as e:
-        await runner.cleanup()
-        print(f"gpufeed scheduler: --web.listen-address {host}:{port}: {e.strerror}")
-        return 1
+    app.add_routes(page_routes(lambda: poller.page, lambda: poller.error))
+    serving = await serve(app, [listener], limits=settings.limits, web_config=settings.web_config)
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, done.set)
-    worker = threading.Thread(target=poller.run, args=(interval,), daemon=True)
+    worker = threading.Thread(
+        target=poller.run, args=(interval,), name="scheduler-reads", daemon=True
+    )
     worker.start()
     await done.wait()
+    log.info("shutting down")
     poller.stop()
     await asyncio.to_thread(worker.join)
-    await runner.cleanup()
+    await serving.close()
     return 0

@@ -71,7 +71,7 @@ def windows_routes(processor: WindowSource, *, simulated: bool = False) -> list[
     """Routes to add to the agent's aiohttp app: `app.add_routes(windows_routes(p))`."""
     from aiohttp import web
 
-    from gpufeed.agent.web.compression import GzipMemo, body_response
+    from gpufeed.web.compression import GzipMemo, body_response
 
     bodies = WindowsJson(processor, simulated=simulated)
     memo = GzipMemo()

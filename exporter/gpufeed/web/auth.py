@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
-from gpufeed.agent.web.webconfig import RateLimit
+from gpufeed.web.webconfig import RateLimit
 
 # A bcrypt hash of a password nobody has: an unknown user costs as much as a known one,
 # so that response times do not tell which users exist (as in the toolkit).

@@ -4,6 +4,19 @@ closed before the process runs out of descriptors (see `connections`).
 aiohttp's TCPSite hands accepting to asyncio, which on EMFILE logs one error per accept
 attempt (thousands a second) and keeps every slow connection. Here each accepted socket
 becomes a slot of the `ConnectionGuard` first, and only then an aiohttp request handler.
+
+What this relies on from aiohttp beyond its documented API, each pinned by
+tests/test_web_aiohttp.py (which fails, naming the part, on an aiohttp that changes it):
+
+- `web.RequestHandler` (in `aiohttp.web.__all__`) is the asyncio protocol of one
+  connection, made as `web.Server.__call__` makes it: `RequestHandler(server, loop=...,
+  keepalive_timeout=..., access_log=..., logger=...)`, the keywords its docstring lists.
+- It answers a request it cannot parse (and a handler's exception) through its method
+  `handle_error(request, status, exc, message)`, which `_QuietRequestHandler` overrides:
+  aiohttp has no public hook for that page, which it writes before the application (and
+  its middlewares and signals) sees anything.
+- It logs its errors with `logger.exception(...)` and its noise with `logger.debug(...)`:
+  the logger given is `_ServerLog`, an adapter that rate-limits them.
 """
 
 from __future__ import annotations
@@ -14,19 +27,19 @@ import logging
 import resource
 import socket
 import ssl
+import sys
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
 from aiohttp import hdrs, web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.http import HttpProcessingError
 
-from gpufeed.agent.web.connections import ConnectionGuard, ConnectionLimits, Slot
-from gpufeed.agent.web.headers import SERVER_NAME
 from gpufeed.logonce import FLOOD_REPEAT_SECONDS, LogOnce
+from gpufeed.web.connections import ConnectionGuard, ConnectionLimits, Slot
+from gpufeed.web.headers import SERVER_NAME
 
-log = logging.getLogger("gpufeed.agent.web")
+log = logging.getLogger("gpufeed.web")
 
 LISTEN_BACKLOG = 1024
 # Accepts per wake-up of the listening socket: enough to drain a burst, small enough that
@@ -37,17 +50,12 @@ OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.E
 ACCEPT_PAUSE_SECONDS = 0.1
 
 
-class _QuietRequestHandler(RequestHandler):
-    """aiohttp's request handler without its two leaks: its error page for a malformed
+class _QuietRequestHandler(web.RequestHandler):
+    """aiohttp's request handler without its error page's leak: the page for a malformed
     request can quote the request's bytes back to the client (the message of the parser's
-    exception, which depends on the aiohttp version and parser), and it logs a traceback
-    for every bad request (a flood of garbage would fill the disk)."""
+    exception, which depends on the aiohttp version and parser)."""
 
-    __slots__ = ("_errors",)
-
-    def __init__(self, manager: web.Server, *, errors: LogOnce, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
-        self._errors = errors
+    __slots__ = ()
 
     def handle_error(
         self,
@@ -64,14 +72,28 @@ class _QuietRequestHandler(RequestHandler):
         response.headers[hdrs.SERVER] = SERVER_NAME  # this response skips the app's hooks
         return response
 
-    def log_exception(self, *args: Any, **kw: Any) -> None:
-        exc = kw.get("exc_info")
-        msg, msg_args = (str(args[0]), args[1:]) if args else ("error", ())
+
+class _ServerLog(logging.LoggerAdapter[logging.Logger]):
+    """The `logger` of aiohttp's request handlers: their errors through `errors` (one line
+    per kind per FLOOD_REPEAT_SECONDS), a client's malformed request without a traceback
+    (a flood of garbage must not fill the disk), debug lines as they are."""
+
+    def __init__(self, errors: LogOnce) -> None:
+        super().__init__(log, {})
+        self._errors = errors
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        exc_info = kwargs.get("exc_info")
+        if level < logging.WARNING:
+            self.logger.log(level, msg, *args, exc_info=exc_info)
+            return
+        exc = sys.exc_info()[1] if exc_info is True else exc_info
         kind = type(exc).__name__ if isinstance(exc, BaseException) else "error"
+        text = str(msg)
         if isinstance(exc, HttpProcessingError):  # the client's fault: no traceback
-            self._errors.log(logging.WARNING, f"bad request {kind}", f"{msg}: %s", *msg_args, kind)
+            self._errors.log(logging.WARNING, f"bad request {kind}", f"{text}: %s", *args, kind)
         else:
-            self._errors.log(logging.ERROR, f"{msg} {kind}", msg, *msg_args, exc_info=exc)
+            self._errors.log(level, f"{text} {kind}", text, *args, exc_info=exc)
 
 
 # Whether a set-up connection may be served (the web config's client_allowed_sans).
@@ -86,7 +108,7 @@ class _GuardedProtocol(asyncio.Protocol):
 
     def __init__(
         self,
-        inner: RequestHandler,
+        inner: web.RequestHandler,
         guard: ConnectionGuard,
         slot: Slot,
         peer_check: PeerCheck | None,
@@ -158,10 +180,15 @@ class HttpListener:
         self._tls = tls
         self._peer_check = peer_check
         self._errors = errors or LogOnce(log, repeat_after_seconds=FLOOD_REPEAT_SECONDS)
+        self._server_log = _ServerLog(self._errors)
         self._loop = asyncio.get_running_loop()
         self._pending: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.TimerHandle | None = None
         self._paused: set[socket.socket] = set()
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        return tuple(self._sockets)
 
     @property
     def ports(self) -> list[int]:
@@ -241,9 +268,9 @@ class HttpListener:
             handler = _QuietRequestHandler(
                 self._server,
                 loop=self._loop,
-                errors=self._errors,
                 keepalive_timeout=self.guard.limits.idle_timeout_seconds,
-                access_log=None,
+                access_log=None,  # type: ignore[arg-type]  # documented: None turns it off
+                logger=self._server_log,  # type: ignore[arg-type]  # a Logger's interface
             )
             return _GuardedProtocol(handler, self.guard, slot, self._peer_check)
 

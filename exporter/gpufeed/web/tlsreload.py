@@ -12,16 +12,16 @@ import ssl
 import time
 from collections.abc import Callable
 
-from gpufeed.agent.web.webconfig import (
+from gpufeed.logonce import LogOnce
+from gpufeed.web.webconfig import (
     TlsSettings,
     WebConfig,
     WebConfigError,
     load_web_config,
     server_ssl_context,
 )
-from gpufeed.logonce import LogOnce
 
-log = logging.getLogger("gpufeed.agent.web")
+log = logging.getLogger("gpufeed.web")
 
 CHECK_EVERY_SECONDS = 1.0
 
