@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench import multinode_scenarios as mn
 from correlator_helpers import scenarios
 from gpufeed.correlator.engine import state
 from gpufeed.correlator.engine.engine import NodeCorrelator
@@ -91,6 +92,8 @@ def computed(tmp_path_factory: pytest.TempPathFactory) -> tuple[set[str], set[st
         texts.append(
             scenarios.single("network", guise, minutes=30, link_counters=True, roce=roce)[0]
         )
+    # two replicas gating by turns: the job below the threshold on the whole
+    texts.append(mn.build_parallel("rotating_imbalance", seed=2, dp=2, pp=2, tp=2, gpus=4).text)
     nodes = []
     for i, body in enumerate(texts):
         path = tmp_path_factory.mktemp("names") / f"trace-{i}.om"

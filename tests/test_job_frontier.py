@@ -15,7 +15,7 @@ from bench import multinode_scenarios as mn
 from correlator_helpers import analyze_text
 from gpufeed.correlator.engine.window import Window
 from gpufeed.correlator.job.culprit import correlate_jobs
-from gpufeed.correlator.job.frontier import Frontier
+from gpufeed.correlator.job.frontier import Frontier, by_turns
 from gpufeed.trace.reader import read_trace
 
 
@@ -124,6 +124,16 @@ def test_a_rotating_slowest_replica_is_an_input_imbalance(tmp_path: Path) -> Non
         ([{"a"}, {"a"}, {"a"}, {"a"}, {"c"}, {"c"}], {"a": 0, "c": 1}, {("n", "a")}, 0),
         # too few steps decide nothing
         ([{"a"}, {"c"}], {"a": 0, "c": 1}, set(), 0),
+        # two replicas by turns, one gating 6 of 9 (over PERSISTENT_SHARE, as turns at
+        # random give 25% of the time): still a rotation of 2
+        (
+            [{"a"}, {"c"}, {"a"}, {"a"}, {"c"}, {"a"}, {"c"}, {"a"}, {"a"}],
+            {"a": 0, "c": 1},
+            {("n", "a")},
+            2,
+        ),
+        # one of two replicas gates every one of 8 steps: no rotation
+        ([{"a"}] * 8, {"a": 0, "c": 1}, {("n", "a")}, 0),
     ],
 )
 def test_the_frontier_tells_persistent_from_rotating_gates(
@@ -134,6 +144,23 @@ def test_the_frontier_tells_persistent_from_rotating_gates(
     want = {k if isinstance(k, tuple) else ("n", k) for k in persistent}
     assert set(fr.persistent()) == want
     assert fr.rotating({("n", r): g for r, g in groups.items()}) == turns
+
+
+@pytest.mark.parametrize(
+    ("gated", "slices", "groups", "turns"),
+    [
+        (6, 9, 2, True),  # 25% of the time by chance
+        (5, 5, 2, False),  # 3%: a culprit
+        (9, 9, 2, False),
+        (3, 9, 8, True),  # 3 of 9 for one of 8 replicas: 5.3%
+        (5, 9, 8, False),
+        (4, 4, 1, False),  # one replica: no turns to take
+    ],
+)
+def test_a_share_turns_give_is_no_persistent_gate(
+    gated: int, slices: int, groups: int, turns: bool
+) -> None:
+    assert by_turns(gated, slices, groups) is turns
 
 
 def test_the_fleet_tells_the_jobs_owner_of_a_stage_imbalance_once(tmp_path: Path) -> None:
@@ -242,11 +269,13 @@ def test_the_frontiers_step_is_the_jobs_step_not_its_counters(tmp_path: Path) ->
     assert 35.0 <= got <= 60.0, got  # 2.4 x 0.9 x 20 s of the slow worker plus the rest
 
 
-def _rotating_in_windows(tmp_path: Path, guise: str, step: float, dp: int) -> float:
+def _rotating_in_windows(
+    tmp_path: Path, guise: str, step: float, dp: int, pp: int = 1, tp: int = 1, gpus: int = 2
+) -> float:
     from bench.parallel_culprit import score
 
     tr = mn.build_parallel(
-        "rotating_imbalance", seed=2, dp=dp, pp=1, tp=1, gpus=2, step_seconds=step,
+        "rotating_imbalance", seed=2, dp=dp, pp=pp, tp=tp, gpus=gpus, step_seconds=step,
         duration=max(900.0, 40 * step), guise=guise,
     )  # fmt: skip
     windows = analyze_text(tr.text, tmp_path)
@@ -274,3 +303,31 @@ def test_one_high_step_does_not_end_a_long_step_window(tmp_path: Path) -> None:
     recovery no longer than the step it was judged over is one step high now."""
     got = _rotating_in_windows(tmp_path, "compute_only", 46.0, dp=8)
     assert got >= 0.95, got
+
+
+@pytest.mark.parametrize(
+    ("guise", "step"), [("compute_only", 1.0), ("spin", 5.0), ("compute_only", 46.0)]
+)
+def test_two_replicas_that_gate_by_turns_are_judged_as_one_job(
+    tmp_path: Path, guise: str, step: float
+) -> None:
+    """Two replicas, the slower drawn each step (the 8-rank row of bench.parallel_culprit):
+    each rank gates about half the steps, working flat out then, and waits 40% of the
+    others; it works 0.77 of its time against the 0.80 threshold, so a sample or a step
+    read above it a third of the time and its windows came and went (0.47-0.86 of the
+    waiting time inside them). The job's GPUs average below the threshold at every
+    instant and each rank shares the job's wait over the long run (SHARED_WAIT_SECONDS):
+    a rank is low through the steps it gates too."""
+    got = _rotating_in_windows(tmp_path, guise, step, dp=2, pp=2, tp=2, gpus=4)
+    assert got >= 0.95, got
+
+
+def test_a_rank_that_gates_every_step_keeps_its_own_reading(tmp_path: Path) -> None:
+    """The job-wide judgement takes in only ranks that share the job's wait: a slow
+    worker's own ranks, flat out on every step, wait only their all-reduce and open no
+    window of their own (the join names them from their victims' windows)."""
+    tr, windows = _joined("slow_worker", tmp_path)
+    own = {(lab.culprit_instance, g) for lab in tr.labels for g in lab.culprit_gpu.split(",") if g}
+    assert own, "the slow worker names its GPUs"
+    mine = [w for w in windows if (w.instance, w.gpu) in own]
+    assert not mine, [(w.instance, w.gpu, w.cause.value, w.start_seconds) for w in mine]

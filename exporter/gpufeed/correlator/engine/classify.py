@@ -216,6 +216,8 @@ class Classifier:
             self._throttle_evidence(u, g, job, t, ev)
         self._clock_evidence(u, g, t, util, ev)
         self._nvlink_evidence(u, g, t, ev)
+        if u.shared_wait_x_allowance is not None:
+            ev.features[F.JOB_WAIT_X_ALLOWANCE] = u.shared_wait_x_allowance
         if job:
             self._job_gpus_evidence(u, job, t, ev)
             self._rank_evidence(u, job, ev)

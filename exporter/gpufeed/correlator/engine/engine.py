@@ -31,6 +31,7 @@ from gpufeed.correlator.engine.peers import (
     cpu_shares,
     cpu_wait_share,
     gpu_collective_wait,
+    ranks_collective_wait,
 )
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.state import (
@@ -63,6 +64,16 @@ MIN_SM_ACTIVE_BASELINE = 0.02  # below this, the healthy level itself is noise
 JOB_GPUS_REFERENCE = "job_gpus"  # SM activity against the job's busiest GPU now
 RANK_WAIT_REFERENCE = "rank_wait"  # the share of its time the rank waits in collectives
 
+
+# A job judged by its steps as a whole (issue 24): where its GPUs here work below the
+# threshold on the whole now (the mean of what each is judged at), and its ranks waited in
+# collectives at least 1 - threshold of their time over the last SHARED_WAIT_SECONDS, a
+# rank that waited at least SHARED_WAIT_SHARE of their mean there is low even while it
+# works: it gates some steps and waits in others (a rotating input imbalance), and the
+# job's exposed wait is its too. A rank that gates every step (a slow worker, a slow
+# stage) waits only its all-reduce and keeps its own reading.
+SHARED_WAIT_SECONDS = 600.0
+SHARED_WAIT_SHARE = 0.5
 
 # A GPU is judged over its job's steps where a step is longer than a sample: over the
 # fewest whole steps that span this many samples (_over_step); a step longer than
@@ -544,6 +555,7 @@ class NodeCorrelator:
         low_now.clear()
         any_busy = False
         todo: list[tuple[Unit, float, bool, bool]] = []
+        judged_now: list[tuple[Unit, float, float, bool]] = []
         for u in self.units.values():
             v, lost = self._util(u, t)
             if v is None:
@@ -552,7 +564,13 @@ class NodeCorrelator:
             # judged over its job's step; its samples keep what they read (the window's
             # mean utilization is theirs)
             judged = self._over_step(u, t, v) if u.cols is not None and not lost else v
-            low = lost or judged < thr
+            judged_now.append((u, v, judged, lost))
+        below = self._jobs_below(judged_now, t)
+        for u, v, judged, lost in judged_now:
+            u.shared_wait_x_allowance = None
+            if not (lost or judged < thr):
+                u.shared_wait_x_allowance = self._shared_job_wait(u, below, t)
+            low = lost or judged < thr or u.shared_wait_x_allowance is not None
             learning = self._learn_wait(u)
             if not low:
                 any_busy = True
@@ -572,6 +590,38 @@ class NodeCorrelator:
             view = self._classifier.view_at(t)
             observe_healthy(self.baselines, view)
             self._observe_units(t)
+
+    def _jobs_below(self, judged: list[tuple[Unit, float, float, bool]], t: float) -> set[str]:
+        """The jobs with two GPUs or more here whose GPUs' judged utilization averages
+        below the threshold at t (SHARED_WAIT_SECONDS)."""
+        per_job: dict[str, list[float]] = {}
+        jobs = self._classifier.gpu_jobs(t)
+        for u, _, x, lost in judged:
+            job = jobs.get(u.gpu, "") if u.cols is not None and not lost else ""
+            if job:
+                per_job.setdefault(job, []).append(x)
+        thr = self.p.threshold_ratio
+        return {j for j, xs in per_job.items() if len(xs) >= 2 and sum(xs) / len(xs) < thr}
+
+    def _shared_job_wait(self, u: Unit, below: set[str], t: float) -> float | None:
+        """Where a GPU of a job in `below` shares the job's exposed wait over the long run
+        (SHARED_WAIT_SECONDS), and is low then even at an instant it works flat out: the
+        job's ranks' wait there over what the threshold allows; else None."""
+        if not below or u.cols is None:
+            return None
+        job = self._classifier.gpu_jobs(t).get(u.gpu, "")
+        j = self.node.jobs.get(job) if job in below else None
+        if j is None:
+            return None
+        tm, window = self.timing, SHARED_WAIT_SECONDS
+        mine = gpu_collective_wait(j, u.uuid, t, tm, window)
+        if mine is None:
+            return None
+        waits = ranks_collective_wait(j, t, window, tm)
+        mean, allowance = sum(waits) / len(waits), 1.0 - self.p.threshold_ratio
+        if allowance <= 0.0 or mean < allowance or mine < SHARED_WAIT_SHARE * mean:
+            return None
+        return round(mean / allowance, 4)
 
     def _learn_wait(self, u: Unit) -> bool:
         """Until a CPU-only job's usual collective wait is known, learns it from every

@@ -96,6 +96,10 @@ class Feature:
     # counted 0.15 above its healthy median); the GPU reads busy but its SM activity is
     # far below its own healthy level (a collective kernel spinning for a peer)
     COLLECTIVE_WAIT_RATIO: Final = "collective_wait_ratio"
+    # a GPU of a job below the threshold on the whole whose rank shares the job's exposed
+    # wait (engine: SHARED_WAIT_SECONDS): the job's ranks' collective wait over that span,
+    # over what the threshold allows (1 - threshold); set only where that made it low
+    JOB_WAIT_X_ALLOWANCE: Final = "job_collective_wait_x_allowance"
     SM_ACTIVE_DROP_RATIO: Final = "sm_active_drop_ratio"
     # low_demand: the GPU's serving job (an inference server) has had no request waiting
     # in its queue over the last readings (1; 0 while requests wait)

@@ -172,8 +172,11 @@ class JobPeers:
         return got
 
 
-def gpu_collective_wait(j: JobColumns, uuid: str, t: float, timing: Timing) -> float | None:
-    """The collective-wait share at t of the rank on the GPU `uuid` (None: no rank names it)."""
+def gpu_collective_wait(
+    j: JobColumns, uuid: str, t: float, timing: Timing, window: float = WAIT_WINDOW_SECONDS
+) -> float | None:
+    """The collective-wait share at t of the rank on the GPU `uuid` (None: no rank names
+    it), over the last interval or about `window` seconds."""
     if not uuid:
         return None
     tm = timing
@@ -182,6 +185,16 @@ def gpu_collective_wait(j: JobColumns, uuid: str, t: float, timing: Timing) -> f
             s = j.rank_phases.get((rank, COLLECTIVE_WAIT))
             if s is None:
                 return None
-            r = s.rate_at(t, WAIT_WINDOW_SECONDS, tm.stale_seconds, tm.gap_seconds)
+            r = s.rate_at(t, window, tm.stale_seconds, tm.gap_seconds)
             return None if r is None else min(r, 1.0)
     return None
+
+
+def ranks_collective_wait(j: JobColumns, t: float, window: float, timing: Timing) -> list[float]:
+    """Each of the job's ranks here: its collective-wait share over about `window` s."""
+    stale, gap = timing.stale_seconds, timing.gap_seconds
+    return [
+        min(r, 1.0)
+        for (_, p), s in j.rank_phases.items()
+        if p == COLLECTIVE_WAIT and (r := s.rate_at(t, window, stale, gap)) is not None
+    ]

@@ -118,6 +118,10 @@ RULES: tuple[Rule, ...] = (
     # (the job-level correlation, correlator/job/, names it); a GPU that reads busy while
     # its SM activity is far below its own healthy level spins in a collective kernel
     Rule(C.STRAGGLER, F.COLLECTIVE_WAIT_RATIO, 0.25, 0.55, 0.9),
+    # its job is below the threshold on the whole and its ranks' waits take up what the
+    # threshold allows, this one's with them (a rotating imbalance: it gates some steps and
+    # waits in the others; the job-level join names the imbalance)
+    Rule(C.STRAGGLER, F.JOB_WAIT_X_ALLOWANCE, 0.8, 1.1, 0.9),
     Rule(C.STRAGGLER, F.JOB_FAILED_IN_COLLECTIVE, 0.5, 1.0, 0.9),
     Rule(C.STRAGGLER, F.SM_ACTIVE_DROP_RATIO, 0.5, 0.8, 0.4, primary=False),
     # the link itself: it went down (flapped) in the last minutes, is down now, or counts

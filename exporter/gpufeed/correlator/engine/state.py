@@ -131,6 +131,9 @@ class Unit:
     # the seconds its current sample was judged over (0: the sample alone): a recovery
     # shorter than that is one judged step high and does not end its window
     judged_seconds: float = 0.0
+    # at the current sample: low because its job is below the threshold on the whole and it
+    # shares the job's wait (engine: SHARED_WAIT_SECONDS): the job's wait over the allowance
+    shared_wait_x_allowance: float | None = None
 
 
 def segment_window(

@@ -187,6 +187,10 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
         F.GPU_LOST: "the GPU is lost (gpufeed_gpu_up 0)",
         F.XID_FATAL_EVENTS: f"fatal XID {ctx.get(Ctx.XIDS, '?')}",
         F.COLLECTIVE_WAIT_RATIO: f"its ranks here wait in collectives {_pct(v)} of the time",
+        F.JOB_WAIT_X_ALLOWANCE: (
+            f"its job's ranks wait in collectives {v:.1f}x what the threshold allows over "
+            "the last 10 minutes, this one with them (it gates some steps, waits in others)"
+        ),
         F.SM_ACTIVE_DROP_RATIO: f"SM activity {_pct(v)} below its healthy level",
         F.JOB_PEER_GPU_ERROR: f"GPU {ctx.get(Ctx.FAILED_PEERS, '?')} of the same job has failed",
         F.SERVING_NO_DEMAND: "no request waiting in its serving queue",

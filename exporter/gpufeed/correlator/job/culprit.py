@@ -63,7 +63,7 @@ from gpufeed.correlator.engine.node import NodeSeries, exit_words
 from gpufeed.correlator.engine.series import Series
 from gpufeed.correlator.engine.summary import HEADLINES, NETWORK_REASON_WORDS
 from gpufeed.correlator.engine.window import Culprit, Window
-from gpufeed.correlator.job.frontier import Frontier, RankKey, frontier
+from gpufeed.correlator.job.frontier import Frontier, RankKey, by_turns, frontier
 from gpufeed.correlator.job.linkuse import LinkUse, busiest_link
 from gpufeed.vocabulary import DEFAULT_THRESHOLD_RATIO, Cause, NetworkReason, StragglerReason
 
@@ -486,6 +486,11 @@ def _by_frontier(
     data-parallel rank that rotates (the job's imbalances); None: undecided."""
     gating = fr.persistent()
     coords = _coords(nodes, job_id)
+    group = {k: c["dp"] for k, c in coords.items() if "dp" in c}
+    if not group:  # no coordinates: every rank its own data-parallel replica
+        group = {k: i for i, k in enumerate(sorted(fr.busy_share))}
+    if gating and _replica_by_turns(gating, group, fr):
+        gating = frozenset()
     if gating:
         stage = _stage_of(gating, coords, fr)
         if stage is not None:
@@ -496,13 +501,29 @@ def _by_frontier(
             active = [r for i, r in fr.busy_share if i == inst]
             return _ranks_culprit(job_id, nodes, inst, [r for _, r in gating], active)
         return None
-    group = {k: c["dp"] for k, c in coords.items() if "dp" in c}
-    if not group:  # no coordinates: every rank its own data-parallel replica
-        group = {k: i for i, k in enumerate(sorted(fr.busy_share))}
     turns = fr.rotating(group)
     if turns:
         return Imbalance(StragglerReason.INPUT_IMBALANCE, groups=turns, steps=fr.attributed)
     return None
+
+
+def _replica_by_turns(
+    gating: frozenset[RankKey], group: Mapping[RankKey, int], fr: Frontier
+) -> bool:
+    """Whether the persistent gates are one whole data-parallel replica (every reporting
+    rank of it) whose share of the slices replicas taking turns at random give often
+    enough (`frontier.by_turns`): two replicas, one gating 6 of 9 slices, is a rotation
+    as likely as a culprit. A slow worker that is only part of its replica (one stage of
+    it) is judged as before, and a whole replica that gates every slice of enough of
+    them is persistent (5 of 5 of two replicas: 3% by turns)."""
+    ids = {group.get(k, -1) for k in gating}
+    if len(ids) != 1 or -1 in ids:
+        return False
+    (replica,) = ids
+    members = frozenset(k for k in fr.busy_share if group.get(k) == replica)
+    if gating != members:
+        return False
+    return by_turns(fr.gated_by(members), fr.attributed, len(set(group.values())))
 
 
 def _coords(nodes: Mapping[str, NodeSeries], job_id: str) -> dict[RankKey, dict[str, int]]:

@@ -21,9 +21,10 @@ Over a stall this tells three things apart (`Frontier`):
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from statistics import median
@@ -41,6 +42,10 @@ PERSISTENT_SHARE = 0.6
 # a rotation: the gating group changes from one step to the next at least this often
 MIN_CHANGE_SHARE = 1 / 3
 MIN_ATTRIBUTED_STEPS = 3  # fewer attributed steps decide nothing
+# a data-parallel replica's share of the gated slices that turns taken at random among
+# the job's replicas give at least this often is no persistent gate (two replicas that
+# gate by turns: one gated 6 of 9 slices, over PERSISTENT_SHARE, as often as not)
+TURNS_CHANCE = 0.05
 # persistent gates need clear last arrivers in at least this share of the waiting steps:
 # where most of the stall every rank waits alike (a slow link), a few steps' gates are
 # noise, not a culprit (a rotation is judged on its attributed steps: an imbalanced
@@ -84,9 +89,10 @@ class Frontier:
         """How many distinct groups (`group`: rank -> its data-parallel rank, or its own
         index without coordinates) gate the attributed slices in turn, where they rotate:
         most slices gated by ranks of one group, two groups or more, none gating
-        PERSISTENT_SHARE of the slices, and the gating group changing from one slice to
-        the next in at least MIN_CHANGE_SHARE of them; 0 otherwise."""
-        if self.attributed < MIN_ATTRIBUTED_STEPS or self.persistent():
+        PERSISTENT_SHARE of the slices unless turns taken at random give that share
+        (`by_turns`), and the gating group changing from one slice to the next in at
+        least MIN_CHANGE_SHARE of them; 0 otherwise."""
+        if self.attributed < MIN_ATTRIBUTED_STEPS:
             return 0
         seq: list[int] = []
         for g in self.gates:
@@ -96,10 +102,28 @@ class Frontier:
         per = Counter(seq)
         if len(per) < 2 or len(seq) < max(MIN_ATTRIBUTED_STEPS, 0.5 * self.attributed):
             return 0  # most slices gated by ranks of several groups: no rotation
-        if max(per.values()) >= PERSISTENT_SHARE * len(seq):
+        top = max(per.values())
+        groups = len(set(group.values()))
+        if top >= PERSISTENT_SHARE * len(seq) and not by_turns(top, len(seq), groups):
             return 0
         changes = sum(1 for a, b in pairwise(seq) if a != b)
         return len(per) if changes >= MIN_CHANGE_SHARE * (len(seq) - 1) else 0
+
+    def gated_by(self, ranks: frozenset[RankKey]) -> int:
+        """The attributed slices whose gates are all among `ranks`."""
+        return sum(1 for g in self.gates if g <= ranks)
+
+
+def by_turns(gated: int, slices: int, groups: int) -> bool:
+    """Whether one of `groups` replicas that gate the slices by turns at random gates
+    `gated` of `slices` or more at least TURNS_CHANCE of the time (the binomial tail)."""
+    if groups < 2 or slices <= 0:
+        return False
+    p = 1.0 / groups
+    tail = sum(
+        math.comb(slices, i) * p**i * (1.0 - p) ** (slices - i) for i in range(gated, slices + 1)
+    )
+    return tail >= TURNS_CHANCE
 
 
 def rank_waits(nodes: Mapping[str, NodeSeries], job_id: str, start: float) -> dict[RankKey, Series]:
@@ -172,10 +196,10 @@ def frontier(
         }
         if len(x) < 2:
             continue
-        mid = median(x.values())
-        if mid < MIN_SLICE_WAIT:
+        if waiting_level(x.values()) < MIN_SLICE_WAIT:
             continue
         steps += 1
+        mid = median(x.values())
         gate = frozenset(k for k, w in x.items() if w <= GATE_RATIO * mid)
         if not gate:
             continue
@@ -190,6 +214,19 @@ def frontier(
         if v[0] is not None and v[-1] is not None
     }
     return Frontier(steps, len(gates), size, tuple(gates), credit, busy)
+
+
+def waiting_level(waits: Iterable[float]) -> float:
+    """How long the ranks that wait in a slice wait, to tell whether the job waited in
+    it: the upper quartile (the value a quarter of the ranks reach). Not the median: where
+    half the ranks gate the step (one of two replicas) the median falls between the gates'
+    wait and the victims', under MIN_SLICE_WAIT: two replicas that gated by turns, each
+    rank waiting 40% of the steps the other gated, had 3 of 9 slices counted and nothing
+    named. Who gates is still judged against the median (GATE_RATIO): against the upper
+    quartile, of two ranks waiting alike in a slow all-reduce the one that waited a little
+    less read as a gate, and the pair as a rotation."""
+    xs = sorted(waits)
+    return xs[math.ceil(0.75 * len(xs)) - 1]
 
 
 def _reported(s: Series, edges: Sequence[float], stale: float) -> list[float | None]:
