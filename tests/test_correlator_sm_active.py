@@ -65,3 +65,32 @@ def test_healthy_job_at_a_third_of_its_sms_is_not_paged(tmp_path: object) -> Non
     """GPU 1 keeps SM activity 0.31-0.39 throughout: no window, whatever the threshold."""
     windows = analyze_text(trace_text(_gen(ranks=True), 1800.0), tmp_path)
     assert not [w for w in windows if w.gpu == "1"]
+
+
+def test_gpus_that_all_spin_from_their_first_sample_are_judged_by_the_device(
+    tmp_path: object,
+) -> None:
+    """Issue 24's physics reference: a two-GPU job hung in a collective from its first
+    sample, both GPUs at NVML 100% and SM activity 1% (a spinning kernel: 0.008 on the
+    real H200 run), no per-rank signals. No healthy past, and no busier GPU of the job to
+    compare with: judged against the device's own SMs, both are waiting (before: no
+    window at all)."""
+
+    def gen(t: float) -> list[tuple[str, float | None]]:
+        out: list[tuple[str, float | None]] = []
+        for gpu in ("0", "1"):
+            gl = f'gpu="{gpu}",uuid="GPU-{gpu}",{NODE}'
+            out += [
+                (f"gpufeed_gpu_up{{{gl}}}", 1.0),
+                (f"gpufeed_gpu_utilization_ratio{{{gl}}}", 0.99),
+                (f"gpufeed_gpu_sm_active_ratio{{{gl}}}", 0.01),
+                (f'gpufeed_job_info{{job_id="j",gpu="{gpu}",uuid="GPU-{gpu}",{NODE}}}', 1.0),
+            ]
+        return out
+
+    windows = analyze_text(trace_text(gen, 600.0), tmp_path)
+    assert sorted(w.gpu for w in windows) == ["0", "1"], windows
+    for w in windows:
+        assert w.mean_utilization_ratio < 0.05, w
+        assert dict(w.evidence).get("busy_reference") == "device_peak", w.evidence
+        assert w.start_seconds - T0 <= 90.0, w.start_seconds - T0

@@ -23,7 +23,7 @@ from gpufeed.correlator.engine.baseline import BUCKET_SECONDS, Baselines, Kind
 from gpufeed.correlator.engine.causes import Cause
 from gpufeed.correlator.engine.classify import Classifier
 from gpufeed.correlator.engine.features import COLLECTIVE_WAIT_RISE, observe_healthy
-from gpufeed.correlator.engine.names import Feature
+from gpufeed.correlator.engine.names import BusyReference, Feature
 from gpufeed.correlator.engine.node import JobColumns, NodeSeries
 from gpufeed.correlator.engine.peers import (
     STARTUP,
@@ -61,8 +61,15 @@ MIN_SM_ACTIVE_BASELINE = 0.02  # below this, the healthy level itself is noise
 # Where no healthy level says a busy GPU waits, the rest of its job at the same instant or
 # its rank's own collective wait may (_peer_working); the window's evidence names which
 # (Context.BUSY_REFERENCE).
-JOB_GPUS_REFERENCE = "job_gpus"  # SM activity against the job's busiest GPU now
-RANK_WAIT_REFERENCE = "rank_wait"  # the share of its time the rank waits in collectives
+JOB_GPUS_REFERENCE = BusyReference.JOB_GPUS
+RANK_WAIT_REFERENCE = BusyReference.RANK_WAIT
+DEVICE_PEAK_REFERENCE = BusyReference.DEVICE_PEAK
+# A GPU that reads busy while under this share of its SMs is active runs a kernel that
+# does next to nothing: a collective spinning for a peer (0.008 on the real H200 run,
+# docs/benchmarks.md), never the compute of a training step. Physics needs no healthy
+# past and no other GPU: a job whose every GPU spins alike from its first step has no
+# busier GPU to be compared with.
+DEVICE_IDLE_SM_RATIO = 0.05
 
 
 # A job judged by its steps as a whole (issue 24): where its GPUs here work below the
@@ -505,6 +512,9 @@ class NodeCorrelator:
         - its SM activity over the job's busiest GPU's now (`job_gpus`, engine/peers.py),
           a share below SM_WAITING_RATIO counting as the share it works at (as against
           its own level);
+        - its SM activity itself where under DEVICE_IDLE_SM_RATIO of the device's SMs
+          (`device_peak`): a kernel that keeps almost no SM busy is not computing, even
+          where every GPU of the job spins alike and none is busier;
         - one minus its rank's collective-wait share (`rank_wait`): time the rank spends
           blocked in a collective is time it does no work, whatever NVML's utilization
           says (NCCL's kernel spins) and whatever the job's other ranks do, as a
@@ -529,11 +539,13 @@ class NodeCorrelator:
         best: tuple[float, str] | None = None
         s = u.cols.fields.get("sm_active")
         busiest = self.peers.busiest_sm_active(job, t, tm) if s is not None else None
-        if s is not None and busiest is not None and busiest >= MIN_SM_ACTIVE_BASELINE:
-            sm = s.value_at(t, tm.stale_seconds)
-            ratio = None if sm is None else min(sm / busiest, 1.0)
-            if ratio is not None and ratio < SM_WAITING_RATIO:
+        sm = s.value_at(t, tm.stale_seconds) if s is not None else None
+        if sm is not None and busiest is not None and busiest >= MIN_SM_ACTIVE_BASELINE:
+            ratio = min(sm / busiest, 1.0)
+            if ratio < SM_WAITING_RATIO:
                 best = (ratio, JOB_GPUS_REFERENCE)
+        if sm is not None and sm < DEVICE_IDLE_SM_RATIO and (best is None or sm < best[0]):
+            best = (sm, DEVICE_PEAK_REFERENCE)
         # the wait of the interval since the last sample hides in a busy reading only if the
         # GPU read busy at both ends: one that read idle showed its wait itself (gloo), and
         # counting it again held a window one sample past the recovery

@@ -138,8 +138,9 @@ class Context:
     # serving endpoints of the GPU down or stale: its demand is unknown, never low demand
     SERVING_DOWN: Final = "serving_down"
     # what said a GPU that reads busy waits, where its own healthy level could not: the
-    # job's busiest GPU now (`job_gpus`) or its rank's own collective wait (`rank_wait`)
-    # (engine._peer_working); the job-level view names whom it waits for
+    # job's busiest GPU now (`job_gpus`), its rank's own collective wait (`rank_wait`), or
+    # the device's SMs (`device_peak`: almost none active) (engine._peer_working); the
+    # job-level view names whom it waits for
     BUSY_REFERENCE: Final = "busy_reference"
 
 
@@ -209,3 +210,11 @@ JOB_CPU_FEATURES: Final[frozenset[str]] = frozenset(
 DATA_TIER_FEATURES: Final[frozenset[str]] = frozenset(
     f for f in FEATURES if f.startswith("data_tier_")
 )
+
+
+class BusyReference:
+    """The values of Context.BUSY_REFERENCE: what said a GPU that reads busy waits."""
+
+    JOB_GPUS: Final = "job_gpus"  # SM activity against the job's busiest GPU now
+    RANK_WAIT: Final = "rank_wait"  # the share of its time the rank waits in collectives
+    DEVICE_PEAK: Final = "device_peak"  # SM activity against all of the device's SMs

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpufeed.correlator.engine.causes import Cause
-from gpufeed.correlator.engine.names import JOB_WAIT_SHARES, SERVING_DESCRIPTION
+from gpufeed.correlator.engine.names import JOB_WAIT_SHARES, SERVING_DESCRIPTION, BusyReference
 from gpufeed.correlator.engine.names import Context as Ctx
 from gpufeed.correlator.engine.names import Feature as F
 from gpufeed.vocabulary import UNATTRIBUTED_TIER, DataSource, NetworkReason
@@ -113,6 +113,18 @@ _SUPERSEDED = (
 _IN_STARTUP_HEADLINE = frozenset({F.STARTUP_LOAD_BYTES, F.STARTUP_READ_BYTES_PER_SECOND})
 
 
+# what a busy GPU's SM activity was compared with (Context.BUSY_REFERENCE)
+SM_REFERENCES = {
+    BusyReference.JOB_GPUS: "its job's busiest GPU",
+    BusyReference.RANK_WAIT: "what its rank's collective wait leaves",
+    BusyReference.DEVICE_PEAK: "the device's SMs (physics: no healthy level needed)",
+}
+
+
+def _sm_reference(ctx: Mapping[str, str]) -> str:
+    return SM_REFERENCES.get(ctx.get(Ctx.BUSY_REFERENCE, ""), "its healthy level")
+
+
 def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
     """The summary's words for feature `name` at value `v` (None: a name it does not know)."""
     tier = ctx.get(Ctx.DATA_TIER, "data")
@@ -191,7 +203,7 @@ def phrase(name: str, v: float, ctx: Mapping[str, str]) -> str | None:
             f"its job's ranks wait in collectives {v:.1f}x what the threshold allows over "
             "the last 10 minutes, this one with them (it gates some steps, waits in others)"
         ),
-        F.SM_ACTIVE_DROP_RATIO: f"SM activity {_pct(v)} below its healthy level",
+        F.SM_ACTIVE_DROP_RATIO: f"SM activity {_pct(v)} below {_sm_reference(ctx)}",
         F.JOB_PEER_GPU_ERROR: f"GPU {ctx.get(Ctx.FAILED_PEERS, '?')} of the same job has failed",
         F.SERVING_NO_DEMAND: "no request waiting in its serving queue",
         F.SERVING_REQUESTS_WAITING: f"{_requests(v)} waiting in its serving queue"
